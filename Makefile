@@ -1,0 +1,34 @@
+# megnode — the two commands the README promises: `make test` and `make demo`.
+# Everything runs inside .venv, created on first use and refreshed when
+# pyproject.toml changes.
+
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed-stamp
+
+.PHONY: venv test bench demo clean
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	@echo "==> installing megnode and its dev dependencies into $(VENV) (first run takes a few minutes)"
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[dev]'
+	@touch $(STAMP)
+
+# pytest exits 5 when it collected no test: that is a failure here, never a pass.
+test: venv
+	$(PY) -m pytest -q -p no:cacheprovider tests; rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests" >&2; exit 1; fi; exit $$rc
+
+bench: venv
+	$(PY) -m pytest -q -p no:cacheprovider tests/bench -s; rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "make bench: no benchmarks collected" >&2; exit 1; fi; exit $$rc
+
+demo: venv
+	$(PY) -m analytics.demo
+
+clean:
+	rm -rf $(VENV) bench-results demo-output .pytest_cache

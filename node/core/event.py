@@ -1,0 +1,247 @@
+"""Events: the vertices of the Matrix Event Graph, and their one canonical encoding.
+
+An event is a signed, content-addressed record. On the wire and on disk it is a
+msgpack array (never a map, so field order is fixed)::
+
+    [version, topic, author, seq, parents, auth, timestamp_ms, kind, state_key,
+     payload, signature]
+
+The signature is ed25519 over `SIGNING_DOMAIN || packb(first ten fields)`; the
+domain separation keeps a megnode signature from ever being valid for another
+protocol that signs msgpack with the same key. The event id is
+BLAKE2b-256 of the whole signed encoding, so two events with the same id are
+the same bytes, and every node recomputes ids rather than trusting them.
+
+There is exactly one valid encoding per event: decoding and re-encoding must
+give back the same bytes (`decode_event` checks this), so a relay cannot mint
+new ids for an existing event by re-encoding it.
+
+The topic's create event is the root vertex: it has no parents, its `topic`
+field is empty and its id becomes the topic id. Every other event names the
+topic it belongs to.
+
+State events (topic state: membership, power levels, metadata) are events
+whose `state_key` is not None; their `kind` is the Matrix event type
+(`m.room.member`, ...) and their payload is the msgpack map of the content.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from typing import Any
+
+import msgpack
+
+EVENT_VERSION = 1
+SIGNING_DOMAIN = b"megnode/event/v1\x00"
+
+ID_BYTES = 32
+KEY_BYTES = 32
+SIGNATURE_BYTES = 64
+
+MAX_EVENT_BYTES = 64 * 1024
+MAX_PARENTS = 20
+MAX_AUTH_REFS = 10
+MAX_STATE_KEY_BYTES = 255
+MAX_KIND_BYTES = 64
+MAX_SEQ = (1 << 63) - 1
+MAX_TIMESTAMP_MS = (1 << 63) - 1
+
+FIELD_COUNT = 11
+
+# Kinds with a meaning to the core. Any other kind is application-defined.
+KIND_CREATE = "m.room.create"
+KIND_MESSAGE = "message"
+KIND_DUMMY = "dummy"
+
+
+class EventFormatError(ValueError):
+    """Bytes that are not one canonical megnode event; `reason` names what is wrong."""
+
+    def __init__(self, reason: str, detail: str = "") -> None:
+        super().__init__(f"{reason}: {detail}" if detail else reason)
+        self.reason = reason
+        self.detail = detail
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    """A decoded, self-consistent event. `raw` is its canonical encoding, `id` its hash.
+
+    Construct with `sign_event` (local authors) or `decode_event` (bytes from
+    outside); both guarantee `id == event_id_of(raw)`. Signature validity is
+    checked separately (`verify_signature`) because it is the expensive part.
+    """
+
+    version: int
+    topic: bytes
+    author: bytes
+    seq: int
+    parents: tuple[bytes, ...]
+    auth: tuple[bytes, ...]
+    timestamp_ms: int
+    kind: str
+    state_key: str | None
+    payload: bytes
+    signature: bytes
+    raw: bytes
+    id: bytes
+
+    @property
+    def is_create(self) -> bool:
+        return self.kind == KIND_CREATE and not self.parents
+
+    @property
+    def is_state(self) -> bool:
+        return self.state_key is not None
+
+    def topic_id(self) -> bytes:
+        """The topic this event belongs to (for the create event: its own id)."""
+        return self.id if self.is_create else self.topic
+
+    def content(self) -> Any:
+        """The payload decoded as msgpack (state events carry a map here)."""
+        return unpack_payload(self.payload)
+
+    def signing_body(self) -> bytes:
+        return signing_body(
+            self.version, self.topic, self.author, self.seq, self.parents, self.auth,
+            self.timestamp_ms, self.kind, self.state_key, self.payload,
+        )
+
+    def __repr__(self) -> str:  # ids in hex: readable test failures and logs
+        return (
+            f"Event(id={self.id.hex()[:12]}, kind={self.kind!r}, author={self.author.hex()[:8]}, "
+            f"seq={self.seq}, parents={[p.hex()[:8] for p in self.parents]})"
+        )
+
+
+def event_id_of(raw: bytes) -> bytes:
+    return hashlib.blake2b(raw, digest_size=ID_BYTES).digest()
+
+
+def _body_fields(
+    version: int, topic: bytes, author: bytes, seq: int, parents: tuple[bytes, ...],
+    auth: tuple[bytes, ...], timestamp_ms: int, kind: str, state_key: str | None, payload: bytes,
+) -> list[Any]:
+    return [version, topic, author, seq, list(parents), list(auth), timestamp_ms, kind,
+            state_key, payload]
+
+
+def signing_body(
+    version: int, topic: bytes, author: bytes, seq: int, parents: tuple[bytes, ...],
+    auth: tuple[bytes, ...], timestamp_ms: int, kind: str, state_key: str | None, payload: bytes,
+) -> bytes:
+    fields = _body_fields(version, topic, author, seq, parents, auth, timestamp_ms, kind,
+                          state_key, payload)
+    return SIGNING_DOMAIN + msgpack.packb(fields, use_bin_type=True)
+
+
+def encode_signed(fields: list[Any], signature: bytes) -> bytes:
+    return msgpack.packb(fields + [signature], use_bin_type=True)
+
+
+def pack_payload(content: Any) -> bytes:
+    """Canonical msgpack for application content (maps are sorted by key)."""
+    return msgpack.packb(_canonical(content), use_bin_type=True)
+
+
+def unpack_payload(payload: bytes) -> Any:
+    return msgpack.unpackb(payload, raw=False, strict_map_key=False)
+
+
+def _canonical(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _canonical(value[k]) for k in sorted(value, key=_sort_key)}
+    if isinstance(value, (list, tuple)):
+        return [_canonical(v) for v in value]
+    return value
+
+
+def _sort_key(key: Any) -> tuple[str, Any]:
+    return (type(key).__name__, key)
+
+
+def _unpack_strict(raw: bytes) -> Any:
+    # Bounded decoding: nothing inside an event can be larger than the event.
+    return msgpack.unpackb(
+        raw,
+        raw=False,
+        use_list=True,
+        strict_map_key=True,
+        max_bin_len=MAX_EVENT_BYTES,
+        max_str_len=MAX_EVENT_BYTES,
+        max_array_len=MAX_EVENT_BYTES,
+        max_map_len=MAX_EVENT_BYTES,
+        max_ext_len=0,
+    )
+
+
+def _expect(condition: bool, reason: str, detail: str = "") -> None:
+    if not condition:
+        raise EventFormatError(reason, detail)
+
+
+def _is_id(value: Any) -> bool:
+    return isinstance(value, bytes) and len(value) == ID_BYTES
+
+
+def decode_event(raw: bytes) -> Event:
+    """Parse and structurally validate one event; raise EventFormatError with a reason.
+
+    Checks everything that needs no other event and no cryptography: size,
+    msgpack well-formedness, canonical encoding, field types and limits.
+    Signature, parents' existence and topic membership are the Reference
+    Monitor's job.
+    """
+    _expect(isinstance(raw, (bytes, bytearray)), "not_bytes")
+    raw = bytes(raw)
+    _expect(len(raw) <= MAX_EVENT_BYTES, "too_large", f"{len(raw)} > {MAX_EVENT_BYTES} bytes")
+    try:
+        fields = _unpack_strict(raw)
+    except Exception as exc:  # msgpack raises many types for malformed input
+        raise EventFormatError("not_msgpack", type(exc).__name__) from None
+    _expect(isinstance(fields, list) and len(fields) == FIELD_COUNT, "bad_shape",
+            f"expected an array of {FIELD_COUNT} fields")
+    (version, topic, author, seq, parents, auth, timestamp_ms, kind, state_key, payload,
+     signature) = fields
+    _expect(type(version) is int, "bad_field", "version")
+    _expect(version == EVENT_VERSION, "unknown_version", str(version))
+    _expect(isinstance(topic, bytes) and len(topic) in (0, ID_BYTES), "bad_field", "topic")
+    _expect(isinstance(author, bytes) and len(author) == KEY_BYTES, "bad_field", "author")
+    _expect(type(seq) is int and 0 <= seq <= MAX_SEQ, "bad_field", "seq")
+    _expect(isinstance(parents, list) and all(_is_id(p) for p in parents), "bad_field", "parents")
+    _expect(isinstance(auth, list) and all(_is_id(a) for a in auth), "bad_field", "auth")
+    _expect(type(timestamp_ms) is int and 0 <= timestamp_ms <= MAX_TIMESTAMP_MS, "bad_field",
+            "timestamp_ms")
+    _expect(isinstance(kind, str) and 0 < len(kind.encode()) <= MAX_KIND_BYTES, "bad_field",
+            "kind")
+    _expect(state_key is None or isinstance(state_key, str), "bad_field", "state_key")
+    _expect(isinstance(payload, bytes), "bad_field", "payload")
+    _expect(isinstance(signature, bytes) and len(signature) == SIGNATURE_BYTES, "bad_field",
+            "signature")
+    if state_key is not None:
+        _expect(len(state_key.encode()) <= MAX_STATE_KEY_BYTES, "state_key_too_long",
+                f"{len(state_key.encode())} > {MAX_STATE_KEY_BYTES} bytes")
+    _expect(len(parents) <= MAX_PARENTS, "too_many_parents", f"{len(parents)} > {MAX_PARENTS}")
+    _expect(len(auth) <= MAX_AUTH_REFS, "too_many_auth_refs", f"{len(auth)} > {MAX_AUTH_REFS}")
+    _expect(len(set(parents)) == len(parents), "duplicate_parents")
+    _expect(parents == sorted(parents), "not_canonical", "parents must be sorted")
+    _expect(len(set(auth)) == len(auth), "duplicate_auth_refs")
+    _expect(auth == sorted(auth), "not_canonical", "auth refs must be sorted")
+    is_create = kind == KIND_CREATE and not parents
+    if is_create:
+        _expect(topic == b"", "bad_field", "a create event carries no topic")
+        _expect(not auth, "bad_field", "a create event has no auth refs")
+    else:
+        _expect(len(parents) > 0, "no_parents", "only the create event may have no parents")
+        _expect(len(topic) == ID_BYTES, "bad_field", "topic")
+    # One encoding per event: re-encoding what we decoded must give the same bytes.
+    _expect(msgpack.packb(fields, use_bin_type=True) == raw, "not_canonical",
+            "re-encoding differs")
+    return Event(
+        version=version, topic=topic, author=author, seq=seq, parents=tuple(parents),
+        auth=tuple(auth), timestamp_ms=timestamp_ms, kind=kind, state_key=state_key,
+        payload=payload, signature=signature, raw=raw, id=event_id_of(raw),
+    )

@@ -1,0 +1,134 @@
+"""Identity keys: an ed25519 key pair per device, and signing/verifying events.
+
+The private key file holds the 32-byte seed as hex on one line, written with
+mode 0600 so other local users cannot read it. Loading a key file that is
+missing, unreadable, too open or malformed raises `KeyFileError` with a
+message a user can act on.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from dataclasses import dataclass
+from pathlib import Path
+
+import nacl.exceptions
+import nacl.signing
+
+from node.core.event import (
+    EVENT_VERSION,
+    Event,
+    KEY_BYTES,
+    _body_fields,
+    decode_event,
+    encode_signed,
+    signing_body,
+)
+
+KEY_FILE_MODE = 0o600
+SEED_BYTES = 32
+
+
+class KeyFileError(Exception):
+    """A key file could not be created or loaded; the message says why."""
+
+
+@dataclass(frozen=True)
+class Identity:
+    """A signing key and its public half (the author key in every event)."""
+
+    signing_key: nacl.signing.SigningKey
+
+    @classmethod
+    def generate(cls) -> "Identity":
+        return cls(nacl.signing.SigningKey.generate())
+
+    @classmethod
+    def from_seed(cls, seed: bytes) -> "Identity":
+        """Deterministic identity (simulations and tests pass seeded bytes)."""
+        if len(seed) != SEED_BYTES:
+            raise ValueError(f"seed must be {SEED_BYTES} bytes")
+        return cls(nacl.signing.SigningKey(seed))
+
+    @property
+    def public_key(self) -> bytes:
+        return bytes(self.signing_key.verify_key)
+
+    def sign(self, message: bytes) -> bytes:
+        return self.signing_key.sign(message).signature
+
+    def save(self, path: str | os.PathLike[str]) -> None:
+        """Write the seed to `path` (mode 0600); refuse to overwrite an existing file."""
+        path = Path(path)
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, KEY_FILE_MODE)
+        except FileExistsError:
+            raise KeyFileError(f"key file {path} already exists; not overwriting it") from None
+        except OSError as exc:
+            raise KeyFileError(f"cannot create key file {path}: {exc.strerror}") from None
+        with os.fdopen(fd, "w") as handle:
+            handle.write(bytes(self.signing_key).hex() + "\n")
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str]) -> "Identity":
+        path = Path(path)
+        try:
+            info = path.stat()
+            text = path.read_text(encoding="ascii")
+        except FileNotFoundError:
+            raise KeyFileError(f"key file {path} does not exist (create one with `megnode keygen`)") from None
+        except PermissionError:
+            raise KeyFileError(f"key file {path} is not readable by this user") from None
+        except UnicodeDecodeError:
+            raise KeyFileError(f"key file {path} is malformed: not a hex seed") from None
+        except OSError as exc:
+            raise KeyFileError(f"cannot read key file {path}: {exc.strerror}") from None
+        if info.st_mode & (stat.S_IRWXG | stat.S_IRWXO):
+            raise KeyFileError(
+                f"key file {path} is readable by other users (mode {oct(info.st_mode & 0o777)}); "
+                f"run: chmod 600 {path}"
+            )
+        try:
+            seed = bytes.fromhex(text.strip())
+        except ValueError:
+            raise KeyFileError(f"key file {path} is malformed: not a hex seed") from None
+        if len(seed) != SEED_BYTES:
+            raise KeyFileError(
+                f"key file {path} is malformed: seed is {len(seed)} bytes, expected {SEED_BYTES}"
+            )
+        return cls.from_seed(seed)
+
+
+def sign_event(
+    identity: Identity,
+    *,
+    topic: bytes,
+    seq: int,
+    parents: tuple[bytes, ...] | list[bytes],
+    timestamp_ms: int,
+    kind: str,
+    payload: bytes = b"",
+    state_key: str | None = None,
+    auth: tuple[bytes, ...] | list[bytes] = (),
+) -> Event:
+    """Build, sign and encode an event; parents and auth refs are sorted for the caller."""
+    parents_t = tuple(sorted(parents))
+    auth_t = tuple(sorted(auth))
+    fields = _body_fields(EVENT_VERSION, topic, identity.public_key, seq, parents_t, auth_t,
+                          timestamp_ms, kind, state_key, payload)
+    body = signing_body(EVENT_VERSION, topic, identity.public_key, seq, parents_t, auth_t,
+                        timestamp_ms, kind, state_key, payload)
+    raw = encode_signed(fields, identity.sign(body))
+    return decode_event(raw)
+
+
+def verify_signature(event: Event) -> bool:
+    """True if `event.signature` is the author's ed25519 signature over its body."""
+    if len(event.author) != KEY_BYTES:
+        return False
+    try:
+        nacl.signing.VerifyKey(event.author).verify(event.signing_body(), event.signature)
+    except (nacl.exceptions.BadSignatureError, nacl.exceptions.ValueError, ValueError):
+        return False
+    return True

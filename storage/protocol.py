@@ -1,0 +1,118 @@
+"""The storage protocol every megnode store implements.
+
+The MEG core never talks to LMDB directly: it sees a small ordered key-value
+store with a fixed set of named tables and one write primitive, `apply`, that
+commits a whole batch of puts and deletes atomically and durably. Keeping the
+protocol this narrow is what lets the same core run on LMDB in a node and on
+plain dictionaries in the simulator, and lets one conformance suite
+(`tests/storage/test_conformance.py`) hold both implementations to the same
+behaviour.
+
+Keys and values are bytes. Keys within a table are ordered bytewise, so
+composite keys (`topic || parent || child`) support prefix scans. A store may
+hold many topics: the core prefixes every key with the topic id.
+
+Durability contract: when `apply` returns, the batch is committed (for LMDB,
+fsynced); after a crash the store holds either all of a batch or none of it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+# The named tables. Adding one is a storage format change: bump STORE_FORMAT.
+TABLE_EVENTS = "events"  # topic|id -> stored event record (raw event + depth)
+TABLE_CHILDREN = "children"  # topic|parent|child -> b""
+TABLE_EXTREMITIES = "extremities"  # topic|id -> b""
+TABLE_BUFFER = "buffer"  # topic|id -> buffered raw event (parents missing)
+TABLE_BUFFER_INDEX = "buffer_index"  # topic|missing parent|id, topic|author|arrival|id, ...
+TABLE_AUTHORS = "authors"  # topic|author|seq|id -> b"" (per-author sequence index)
+TABLE_DELIVERY = "delivery"  # topic|position(8 bytes BE) -> id (causal delivery order)
+TABLE_META = "meta"  # anything small: counters, cursors, format version
+TABLE_STATE = "state"  # reserved for topic state (state groups)
+TABLE_ORDER = "order"  # reserved for the linearizer's persisted output
+
+TABLES: tuple[str, ...] = (
+    TABLE_EVENTS,
+    TABLE_CHILDREN,
+    TABLE_EXTREMITIES,
+    TABLE_BUFFER,
+    TABLE_BUFFER_INDEX,
+    TABLE_AUTHORS,
+    TABLE_DELIVERY,
+    TABLE_META,
+    TABLE_STATE,
+    TABLE_ORDER,
+)
+
+STORE_FORMAT = 1
+
+# Limits that every implementation enforces alike, so the conformance suite
+# can check them and callers get the same error everywhere.
+MAX_KEY_BYTES = 511  # LMDB's default maximum key size
+MAX_VALUE_BYTES = 1 << 20  # 1 MiB; events are <= 64 KiB, records stay far below
+MAX_BATCH_OPS = 1_000_000  # one apply() never carries more than this
+
+
+class StoreError(Exception):
+    """A store operation failed (bad arguments, closed store, I/O error)."""
+
+
+class StoreClosedError(StoreError):
+    """The store was used after `close()`."""
+
+
+@dataclass(frozen=True, slots=True)
+class Put:
+    """Write `value` under `key` in `table`."""
+
+    table: str
+    key: bytes
+    value: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class Delete:
+    """Remove `key` from `table`; deleting a missing key is not an error."""
+
+    table: str
+    key: bytes
+
+
+Op = Put | Delete
+
+
+@runtime_checkable
+class Store(Protocol):
+    """An ordered, transactional key-value store with named tables."""
+
+    def get(self, table: str, key: bytes) -> bytes | None:
+        """The committed value under `key`, or None."""
+        ...
+
+    def scan(
+        self,
+        table: str,
+        prefix: bytes,
+        *,
+        start: bytes | None = None,
+        reverse: bool = False,
+        limit: int | None = None,
+    ) -> Iterator[tuple[bytes, bytes]]:
+        """Committed (key, value) pairs whose key starts with `prefix`, in key order.
+
+        `start` (a full key, >= prefix) skips keys before it (or, with
+        `reverse`, after it). `limit` caps how many pairs are yielded. The
+        iterator reads a consistent snapshot taken when it starts.
+        """
+        ...
+
+    def apply(self, ops: Sequence[Op]) -> None:
+        """Commit all `ops` atomically and durably, in order; later ops win."""
+        ...
+
+    def close(self) -> None:
+        """Release the store; further calls raise StoreClosedError."""
+        ...
