@@ -245,3 +245,18 @@ def decode_event(raw: bytes) -> Event:
         auth=tuple(auth), timestamp_ms=timestamp_ms, kind=kind, state_key=state_key,
         payload=payload, signature=signature, raw=raw, id=event_id_of(raw),
     )
+
+
+def trusted_event(raw: bytes) -> Event:
+    """Rebuild an Event from bytes this node already validated and stored.
+
+    Skips the structural and canonical checks of `decode_event`: only for
+    reading back our own store, never for bytes from outside.
+    """
+    (version, topic, author, seq, parents, auth, timestamp_ms, kind, state_key, payload,
+     signature) = msgpack.unpackb(raw, raw=False)
+    return Event(
+        version=version, topic=topic, author=author, seq=seq, parents=tuple(parents),
+        auth=tuple(auth), timestamp_ms=timestamp_ms, kind=kind, state_key=state_key,
+        payload=payload, signature=signature, raw=raw, id=event_id_of(raw),
+    )

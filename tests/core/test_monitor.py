@@ -1,0 +1,230 @@
+"""The Reference Monitor: every rejection has a crafted event, and rejections leave no trace."""
+
+import msgpack
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from node.core.event import MAX_AUTH_REFS, MAX_EVENT_BYTES, MAX_PARENTS, MAX_STATE_KEY_BYTES
+from node.core.graph import GraphLimits
+from node.core.monitor import MAX_FUTURE_SKEW_MS
+from node.core.replica import Replica, ReplicaConfig
+from storage.memory import MemoryStore
+from storage.protocol import TABLES
+from tests.helpers import child, craft_raw, identity, new_topic, valid_fields
+
+NOW_MS = 10_000
+
+
+def dump(store) -> dict:
+    return {table: list(store.scan(table, b"")) for table in TABLES}
+
+
+@pytest.fixture
+def world():
+    """A creator's replica holding a small chain, and a receiving replica with the same events."""
+    origin = new_topic()
+    bob = identity("bob")
+    first = child(bob, origin.topic_id, [origin.topic_id], seq=1)
+    second = child(bob, origin.topic_id, [first.id], seq=2)
+    store = MemoryStore()
+    receiver = Replica(store, origin.topic_id, identity("carol"))
+    for event in (origin.graph.get(origin.topic_id), first, second):
+        assert receiver.receive(event.raw, NOW_MS).status == "applied"
+    receiver.commit()
+    return receiver, store, first, second
+
+
+def fields_of(world, **changes):
+    receiver, _, first, second = world
+    fields = valid_fields(identity("mallory"), receiver.topic_id, [second.id])
+    names = ["version", "topic", "author", "seq", "parents", "auth", "ts", "kind", "state_key",
+             "payload"]
+    for name, value in changes.items():
+        fields[names.index(name)] = value
+    return fields
+
+
+def assert_rejected(world, raw, reason, expected_id=None):
+    receiver, store, _, _ = world
+    before = dump(store)
+    outcome = receiver.receive(raw, NOW_MS, expected_id=expected_id)
+    receiver.commit()
+    assert outcome.status == "rejected", outcome
+    assert outcome.reason == reason
+    assert dump(store) == before, "a rejection must not touch the store"
+    assert receiver.counters[f"rejected.{reason}"] >= 1
+
+
+def test_valid_crafted_event_is_accepted(world):
+    receiver = world[0]
+    assert receiver.receive(craft_raw(fields_of(world), identity("mallory")), NOW_MS).status == "applied"
+
+
+def test_not_msgpack(world):
+    assert_rejected(world, b"\xc1 definitely not msgpack", "not_msgpack")
+
+
+def test_truncated_msgpack(world):
+    raw = craft_raw(fields_of(world), identity("mallory"))
+    assert_rejected(world, raw[:-5], "not_msgpack")
+
+
+def test_not_an_array(world):
+    assert_rejected(world, msgpack.packb({"id": 1}), "bad_shape")
+
+
+def test_unknown_version(world):
+    assert_rejected(world, craft_raw(fields_of(world, version=2), identity("mallory")), "unknown_version")
+
+
+def test_too_large(world):
+    big = fields_of(world, payload=b"x" * MAX_EVENT_BYTES)
+    assert_rejected(world, craft_raw(big, identity("mallory")), "too_large")
+
+
+def test_bad_signature(world):
+    # Signed by someone other than the author named in the event.
+    assert_rejected(world, craft_raw(fields_of(world), identity("eve")), "bad_signature")
+
+
+def test_tampered_payload_breaks_signature(world):
+    raw = craft_raw(fields_of(world), identity("mallory"))
+    fields = msgpack.unpackb(raw)
+    fields[9] = b"HELLO"
+    assert_rejected(world, msgpack.packb(fields, use_bin_type=True), "bad_signature")
+
+
+def test_id_mismatch(world):
+    raw = craft_raw(fields_of(world), identity("mallory"))
+    assert_rejected(world, raw, "id_mismatch", expected_id=b"\x07" * 32)
+
+
+def test_too_many_parents(world):
+    parents = sorted(bytes([i]) * 32 for i in range(MAX_PARENTS + 1))
+    assert_rejected(world, craft_raw(fields_of(world, parents=parents), identity("mallory")),
+                    "too_many_parents")
+
+
+def test_no_parents_on_a_non_create_event(world):
+    assert_rejected(world, craft_raw(fields_of(world, parents=[]), identity("mallory")), "no_parents")
+
+
+def test_duplicate_parents(world):
+    _, _, first, _ = world
+    fields = fields_of(world, parents=[first.id, first.id])
+    assert_rejected(world, craft_raw(fields, identity("mallory")), "duplicate_parents")
+
+
+def test_unsorted_parents_are_not_canonical(world):
+    _, _, first, _ = world
+    other = b"\x00" * 32 if first.id > b"\x00" * 32 else b"\xff" * 32
+    fields = fields_of(world, parents=sorted([first.id, other], reverse=True))
+    assert_rejected(world, craft_raw(fields, identity("mallory")), "not_canonical")
+
+
+def test_too_many_auth_refs(world):
+    auth = sorted(bytes([i]) * 32 for i in range(MAX_AUTH_REFS + 1))
+    assert_rejected(world, craft_raw(fields_of(world, auth=auth), identity("mallory")),
+                    "too_many_auth_refs")
+
+
+def test_state_key_too_long(world):
+    fields = fields_of(world, state_key="k" * (MAX_STATE_KEY_BYTES + 1), kind="m.room.topic")
+    assert_rejected(world, craft_raw(fields, identity("mallory")), "state_key_too_long")
+
+
+def test_timestamp_in_future(world):
+    fields = fields_of(world, ts=NOW_MS + MAX_FUTURE_SKEW_MS + 1)
+    assert_rejected(world, craft_raw(fields, identity("mallory")), "timestamp_in_future")
+
+
+def test_timestamp_just_within_skew_is_accepted(world):
+    receiver = world[0]
+    fields = fields_of(world, ts=NOW_MS + MAX_FUTURE_SKEW_MS)
+    assert receiver.receive(craft_raw(fields, identity("mallory")), NOW_MS).status == "applied"
+
+
+def test_wrong_topic(world):
+    assert_rejected(world, craft_raw(fields_of(world, topic=b"\x42" * 32), identity("mallory")),
+                    "wrong_topic")
+
+
+def test_second_create_event_of_another_topic(world):
+    other = new_topic(author="dave")
+    root = other.graph.get(other.topic_id)
+    assert_rejected(world, root.raw, "wrong_topic")
+
+
+@pytest.mark.parametrize(
+    "field, value",
+    [("author", b"short"), ("seq", -1), ("seq", "1"), ("kind", ""), ("payload", "text not bytes"),
+     ("topic", b"\x01" * 5), ("ts", 1.5), ("parents", [b"\x01" * 31])],
+)
+def test_malformed_fields(world, field, value):
+    assert_rejected(world, craft_raw(fields_of(world, **{field: value}), identity("mallory")),
+                    "bad_field")
+
+
+def test_parents_not_an_antichain(world):
+    # second's parent is first: naming both makes one parent an ancestor of the other.
+    _, _, first, second = world
+    fields = fields_of(world, parents=sorted([first.id, second.id]))
+    assert_rejected(world, craft_raw(fields, identity("mallory")), "parents_not_antichain")
+
+
+def test_antichain_search_is_bounded_and_deterministic():
+    origin = new_topic()
+    bob = identity("bob")
+    chain = [origin.topic_id]
+    for seq in range(1, 40):
+        event = child(bob, origin.topic_id, [chain[-1]], seq=seq)
+        origin.receive(event.raw, NOW_MS)
+        chain.append(event.id)
+    side = child(identity("carol"), origin.topic_id, [origin.topic_id], seq=1)
+    origin.receive(side.raw, NOW_MS)
+    merge = craft_raw(valid_fields(identity("mallory"), origin.topic_id, sorted([side.id, chain[-1]])),
+                      identity("mallory"))
+    verdicts = []
+    for visits in (10, 10, 1_000):
+        replica = Replica(MemoryStore(), origin.topic_id, identity("x"),
+                          ReplicaConfig(limits=GraphLimits(antichain_visits=visits)))
+        for _, event in origin.graph.deliveries():
+            replica.receive(event.raw, NOW_MS)
+        verdicts.append(replica.receive(merge, NOW_MS).reason)
+    assert verdicts == ["antichain_search_exhausted", "antichain_search_exhausted", None]
+
+
+def test_equivocation_is_accepted_and_recorded(world):
+    receiver, _, first, second = world
+    bob = identity("bob")
+    twin = child(bob, receiver.topic_id, [first.id], seq=2, payload=b"the other story")
+    outcome = receiver.receive(twin.raw, NOW_MS)
+    assert outcome.status == "applied"
+    assert [e.id for e in outcome.equivocations] == [twin.id]
+    assert receiver.graph.equivocation_count == 1
+    assert sorted(receiver.graph.events_by(bob.public_key, 2)) == sorted([second.id, twin.id])
+
+
+@settings(max_examples=300, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.binary(max_size=600))
+def test_random_bytes_only_ever_give_named_rejections(world, data):
+    outcome = world[0].receive(data, NOW_MS)
+    assert outcome.status == "rejected" and outcome.reason
+
+
+@settings(max_examples=300, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(position=st.integers(min_value=0), value=st.integers(min_value=0, max_value=255),
+       cut=st.booleans())
+def test_mutated_valid_events_never_raise(world, position, value, cut):
+    receiver, _, first, _ = world
+    raw = bytearray(child(identity("bob"), receiver.topic_id, [first.id], seq=9).raw)
+    index = position % len(raw)
+    if cut:
+        raw = raw[:index]
+    else:
+        raw[index] = value
+    outcome = receiver.receive(bytes(raw), NOW_MS)
+    assert outcome.status in {"rejected", "applied", "buffered", "duplicate"}
+    if outcome.status == "rejected":
+        assert outcome.reason

@@ -1,0 +1,71 @@
+"""Small builders shared by the tests: deterministic identities, topics and events."""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import msgpack
+
+from node.core.event import EVENT_VERSION, KIND_MESSAGE, SIGNING_DOMAIN, Event, decode_event
+from node.core.identity import Identity, sign_event
+from node.core.replica import Replica
+from storage.memory import MemoryStore
+
+
+def identity(name: str) -> Identity:
+    """A deterministic identity named for readable tests."""
+    return Identity.from_seed(name.encode().ljust(32, b"\0")[:32])
+
+
+def new_topic(store=None, author: str = "alice", now_ms: int = 1_000, **kwargs) -> Replica:
+    return Replica.create_topic(store or MemoryStore(), identity(author), now_ms, **kwargs)
+
+
+def child(
+    author: Identity, topic: bytes, parents: list[bytes], seq: int, ts: int = 2_000,
+    payload: bytes = b"", kind: str = KIND_MESSAGE,
+) -> Event:
+    return sign_event(author, topic=topic, seq=seq, parents=parents, timestamp_ms=ts, kind=kind,
+                      payload=payload, auth=(topic,))
+
+
+def craft_raw(fields: list[Any], signer: Identity | None = None, signature: bytes | None = None) -> bytes:
+    """Encode arbitrary (possibly invalid) event fields, signing them like a real author would."""
+    if signature is None:
+        body = SIGNING_DOMAIN + msgpack.packb(fields, use_bin_type=True)
+        signature = (signer or identity("mallory")).sign(body)
+    return msgpack.packb(list(fields) + [signature], use_bin_type=True)
+
+
+def valid_fields(author: Identity, topic: bytes, parents: list[bytes], seq: int = 1) -> list[Any]:
+    return [EVENT_VERSION, topic, author.public_key, seq, sorted(parents), [topic], 2_000,
+            KIND_MESSAGE, None, b"hello"]
+
+
+def random_dag(replica: Replica, writers: list[Identity], count: int, rng: random.Random,
+               max_parents: int = 3) -> list[Event]:
+    """Events by several writers with random concurrent structure, in a valid causal order."""
+    events: list[Event] = []
+    heads = [replica.topic_id]
+    known = [replica.topic_id]
+    seqs = {w.public_key: 0 for w in writers}
+    for i in range(count):
+        writer = rng.choice(writers)
+        # pick an antichain: a few current heads, or an older event to create a fork
+        if rng.random() < 0.3 and len(known) > 1:
+            parents = [rng.choice(known)]
+        else:
+            parents = rng.sample(heads, min(len(heads), rng.randint(1, max_parents)))
+        seqs[writer.public_key] += 1
+        event = sign_event(writer, topic=replica.topic_id, seq=seqs[writer.public_key],
+                           parents=parents, timestamp_ms=2_000 + i, kind=KIND_MESSAGE,
+                           payload=i.to_bytes(4, "big"), auth=(replica.topic_id,))
+        events.append(event)
+        known.append(event.id)
+        heads = [h for h in heads if h not in parents] + [event.id]
+    return events
+
+
+def decode(raw: bytes) -> Event:
+    return decode_event(raw)
