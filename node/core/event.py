@@ -260,3 +260,18 @@ def trusted_event(raw: bytes) -> Event:
         auth=tuple(auth), timestamp_ms=timestamp_ms, kind=kind, state_key=state_key,
         payload=payload, signature=signature, raw=raw, id=event_id_of(raw),
     )
+
+
+def check_local_event(
+    raw: bytes, parents: tuple[bytes, ...], auth: tuple[bytes, ...], kind: str,
+    state_key: str | None,
+) -> None:
+    """The limits a locally built event must meet (the full decode is for foreign bytes)."""
+    _expect(len(raw) <= MAX_EVENT_BYTES, "too_large", f"{len(raw)} > {MAX_EVENT_BYTES} bytes")
+    _expect(len(parents) <= MAX_PARENTS, "too_many_parents", f"{len(parents)} > {MAX_PARENTS}")
+    _expect(len(set(parents)) == len(parents), "duplicate_parents")
+    _expect(len(auth) <= MAX_AUTH_REFS, "too_many_auth_refs", f"{len(auth)} > {MAX_AUTH_REFS}")
+    _expect(0 < len(kind.encode()) <= MAX_KIND_BYTES, "bad_field", "kind")
+    if state_key is not None:
+        _expect(len(state_key.encode()) <= MAX_STATE_KEY_BYTES, "state_key_too_long",
+                f"{len(state_key.encode())} > {MAX_STATE_KEY_BYTES} bytes")

@@ -79,6 +79,7 @@ MAX_WALK = 100_000  # default bound for ancestor/descendant walks
 NODE_CACHE_SIZE = 65_536  # (depth, parents) of recently used events
 EVENT_CACHE_SIZE = 4_096  # decoded events
 MAX_REJECTED_REMEMBERED = 4_096
+LATEST_SEQ_CACHE_SIZE = 4_096  # authors whose latest sequence number is cached
 
 _WAIT = b"w"
 _BY_AUTHOR = b"a"
@@ -163,6 +164,7 @@ class Graph:
         self._nodes: OrderedDict[bytes, tuple[int, tuple[bytes, ...]]] = OrderedDict()
         self._events: OrderedDict[bytes, Event] = OrderedDict()
         self._rejected: OrderedDict[bytes, str] = OrderedDict()
+        self._latest_seq: OrderedDict[bytes, int | None] = OrderedDict()
 
     # ------------------------------------------------------------------ queries
 
@@ -257,6 +259,13 @@ class Graph:
         return out
 
     def author_latest_seq(self, author: bytes) -> int | None:
+        if author in self._latest_seq:
+            return self._latest_seq[author]
+        latest = self._scan_latest_seq(author)
+        self._remember(self._latest_seq, author, latest, LATEST_SEQ_CACHE_SIZE)
+        return latest
+
+    def _scan_latest_seq(self, author: bytes) -> int | None:
         found = self._w.scan(TABLE_AUTHORS, self._t + author, reverse=True, limit=1)
         if not found:
             return None
@@ -384,6 +393,7 @@ class Graph:
         self._w.discard()
         self._nodes.clear()
         self._events.clear()
+        self._latest_seq.clear()
         self._extremities = {
             key[ID_BYTES:] for key, _ in self._w.store.scan(TABLE_EXTREMITIES, self._t)
         }
@@ -446,6 +456,8 @@ class Graph:
             event = ready.pop()
             if not self._apply_one(event, cascade):
                 continue
+            if not self.buffered_count:
+                continue  # nothing can be waiting: skip the index scan on the hot path
             for waiting_id in self._waiting_on(event.id):
                 self._w.delete(TABLE_BUFFER_INDEX, self._t + _WAIT + event.id + waiting_id)
                 waiting = self.buffered_event(waiting_id)
@@ -478,11 +490,15 @@ class Graph:
                 self._w.delete(TABLE_EXTREMITIES, t + parent)
         self._extremities.add(event.id)
         self._w.put(TABLE_EXTREMITIES, t + event.id, b"")
-        if self.events_by(event.author, event.seq):
+        latest = self.author_latest_seq(event.author)
+        # Only a sequence number at or below the author's latest can already be taken.
+        if latest is not None and event.seq <= latest and self.events_by(event.author, event.seq):
             cascade.equivocations.append(event)
             count = _from_u64(self._w.get(TABLE_META, t + _META_EQUIVOCATIONS))
             self._w.put(TABLE_META, t + _META_EQUIVOCATIONS, _u64(count + 1))
         self._w.put(TABLE_AUTHORS, t + event.author + _u64(event.seq) + event.id, b"")
+        if latest is None or event.seq > latest:
+            self._remember(self._latest_seq, event.author, event.seq, LATEST_SEQ_CACHE_SIZE)
         self._remember(self._nodes, event.id, (depth, event.parents), NODE_CACHE_SIZE)
         self._remember(self._events, event.id, event, EVENT_CACHE_SIZE)
         cascade.applied.append(event)

@@ -18,11 +18,12 @@ import nacl.signing
 
 from node.core.event import (
     EVENT_VERSION,
-    Event,
     KEY_BYTES,
+    Event,
     _body_fields,
-    decode_event,
+    check_local_event,
     encode_signed,
+    event_id_of,
     signing_body,
 )
 
@@ -119,8 +120,14 @@ def sign_event(
                           timestamp_ms, kind, state_key, payload)
     body = signing_body(EVENT_VERSION, topic, identity.public_key, seq, parents_t, auth_t,
                         timestamp_ms, kind, state_key, payload)
-    raw = encode_signed(fields, identity.sign(body))
-    return decode_event(raw)
+    signature = identity.sign(body)
+    raw = encode_signed(fields, signature)
+    check_local_event(raw, parents_t, auth_t, kind, state_key)
+    return Event(
+        version=EVENT_VERSION, topic=topic, author=identity.public_key, seq=seq, parents=parents_t,
+        auth=auth_t, timestamp_ms=timestamp_ms, kind=kind, state_key=state_key, payload=payload,
+        signature=signature, raw=raw, id=event_id_of(raw),
+    )
 
 
 def verify_signature(event: Event) -> bool:

@@ -12,7 +12,18 @@ from __future__ import annotations
 from sortedcontainers import SortedDict
 
 from storage.memory import prefix_upper_bound
-from storage.protocol import Delete, Op, Put, Store
+from storage.protocol import (
+    TABLE_AUTHORS,
+    TABLE_BUFFER_INDEX,
+    TABLE_CHILDREN,
+    Delete,
+    Op,
+    Put,
+    Store,
+)
+
+# Tables the graph reads by prefix while writes are pending.
+SCANNED_TABLES = frozenset({TABLE_CHILDREN, TABLE_BUFFER_INDEX, TABLE_AUTHORS})
 
 _TOMBSTONE = None
 
@@ -22,16 +33,18 @@ class PendingWrites:
 
     def __init__(self, store: Store) -> None:
         self.store = store
-        self._tables: dict[str, SortedDict] = {}
+        self._tables: dict[str, dict] = {}
         self._count = 0
 
     def __len__(self) -> int:
         return self._count
 
-    def _table(self, table: str) -> SortedDict:
+    def _table(self, table: str) -> dict:
         pending = self._tables.get(table)
         if pending is None:
-            pending = self._tables[table] = SortedDict()
+            # Sorted only where the core scans by prefix; plain dicts elsewhere are
+            # several times cheaper per write on the hot path.
+            pending = self._tables[table] = SortedDict() if table in SCANNED_TABLES else {}
         return pending
 
     def get(self, table: str, key: bytes) -> bytes | None:
@@ -59,13 +72,19 @@ class PendingWrites:
         pending = self._tables.get(table)
         if not pending:
             return list(self.store.scan(table, prefix, reverse=reverse, limit=limit))
+        if isinstance(pending, SortedDict):
+            high = prefix_upper_bound(prefix)
+            overlay = list(pending.irange(prefix, high, inclusive=(True, False)))
+        else:
+            overlay = sorted(k for k in pending if k.startswith(prefix))
+        if not overlay:
+            return list(self.store.scan(table, prefix, reverse=reverse, limit=limit))
         merged: dict[bytes, bytes | None] = {}
-        # Read enough committed pairs to fill `limit` even if some are deleted here.
-        committed_limit = None if limit is None else limit + len(pending)
+        # Read enough committed pairs to fill `limit` even if the overlay deletes some.
+        committed_limit = None if limit is None else limit + len(overlay)
         for key, value in self.store.scan(table, prefix, reverse=reverse, limit=committed_limit):
             merged[key] = value
-        high = prefix_upper_bound(prefix)
-        for key in pending.irange(prefix, high, inclusive=(True, False)):
+        for key in overlay:
             merged[key] = pending[key]
         keys = sorted((k for k, v in merged.items() if v is not _TOMBSTONE), reverse=reverse)
         if limit is not None:
