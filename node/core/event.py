@@ -138,6 +138,27 @@ def signing_body(
     return SIGNING_DOMAIN + msgpack.packb(fields, use_bin_type=True)
 
 
+# The canonical encoding is an array of ten body fields plus the signature. msgpack
+# writes an array of up to 15 elements as one header byte (0x90 | n) followed by
+# the elements, and a 64-byte bin as 0xc4 0x40 + bytes, so the signed encoding is
+# the packed body with its header bumped from 10 to 11 and the signature appended.
+_BODY_HEADER = 0x90 | (FIELD_COUNT - 1)
+_SIGNED_HEADER = bytes([0x90 | FIELD_COUNT])
+_SIGNATURE_PREFIX = bytes([0xC4, SIGNATURE_BYTES])
+_SIGNATURE_TAIL = len(_SIGNATURE_PREFIX) + SIGNATURE_BYTES
+
+
+def signed_encoding(packed_body: bytes, signature: bytes) -> bytes:
+    """The event's bytes from its packed ten-field body and signature."""
+    assert packed_body[0] == _BODY_HEADER and len(signature) == SIGNATURE_BYTES
+    return _SIGNED_HEADER + packed_body[1:] + _SIGNATURE_PREFIX + signature
+
+
+def body_of_signed(raw: bytes) -> bytes:
+    """The packed ten-field body inside a canonical event encoding (inverse of the above)."""
+    return bytes([_BODY_HEADER]) + raw[1:-_SIGNATURE_TAIL]
+
+
 def encode_signed(fields: list[Any], signature: bytes) -> bytes:
     return msgpack.packb(fields + [signature], use_bin_type=True)
 

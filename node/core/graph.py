@@ -169,6 +169,8 @@ class Graph:
     # ------------------------------------------------------------------ queries
 
     def has(self, event_id: bytes) -> bool:
+        if event_id in self._nodes:  # cached nodes are present: events are never removed
+            return True
         return self._w.get(TABLE_EVENTS, self._t + event_id) is not None
 
     def get(self, event_id: bytes) -> Event | None:
@@ -208,6 +210,8 @@ class Graph:
         return [key[len(prefix):] for key, _ in self._w.scan(TABLE_CHILDREN, prefix)]
 
     def is_buffered(self, event_id: bytes) -> bool:
+        if not self.buffered_count:
+            return False
         return self._w.get(TABLE_BUFFER, self._t + event_id) is not None
 
     def buffered_event(self, event_id: bytes) -> Event | None:
@@ -470,8 +474,8 @@ class Graph:
         return [key[len(prefix):] for key, _ in self._w.scan(TABLE_BUFFER_INDEX, prefix)]
 
     def _apply_one(self, event: Event, cascade: _Cascade) -> bool:
-        if self.has(event.id):
-            return False
+        # Callers guarantee the event is new: `add` checked, and a buffered event
+        # cannot also be in the graph.
         reason = self._antichain_violation(event.parents)
         if reason is not None:
             cascade.rejected.append(Rejection(event.id, reason))

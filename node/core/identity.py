@@ -13,18 +13,22 @@ import stat
 from dataclasses import dataclass
 from pathlib import Path
 
+import msgpack
+import nacl.bindings
 import nacl.exceptions
 import nacl.signing
 
 from node.core.event import (
     EVENT_VERSION,
     KEY_BYTES,
+    SIGNATURE_BYTES,
+    SIGNING_DOMAIN,
     Event,
     _body_fields,
+    body_of_signed,
     check_local_event,
-    encode_signed,
     event_id_of,
-    signing_body,
+    signed_encoding,
 )
 
 KEY_FILE_MODE = 0o600
@@ -57,7 +61,12 @@ class Identity:
         return bytes(self.signing_key.verify_key)
 
     def sign(self, message: bytes) -> bytes:
-        return self.signing_key.sign(message).signature
+        # The binding directly: SigningKey.sign wraps the result in objects we slice anyway.
+        return nacl.bindings.crypto_sign(message, self._secret)[:SIGNATURE_BYTES]
+
+    @property
+    def _secret(self) -> bytes:
+        return self.signing_key._signing_key  # libsodium's 64-byte secret key
 
     def save(self, path: str | os.PathLike[str]) -> None:
         """Write the seed to `path` (mode 0600); refuse to overwrite an existing file."""
@@ -116,15 +125,17 @@ def sign_event(
     """Build, sign and encode an event; parents and auth refs are sorted for the caller."""
     parents_t = tuple(sorted(parents))
     auth_t = tuple(sorted(auth))
-    fields = _body_fields(EVENT_VERSION, topic, identity.public_key, seq, parents_t, auth_t,
-                          timestamp_ms, kind, state_key, payload)
-    body = signing_body(EVENT_VERSION, topic, identity.public_key, seq, parents_t, auth_t,
-                        timestamp_ms, kind, state_key, payload)
-    signature = identity.sign(body)
-    raw = encode_signed(fields, signature)
+    author = identity.public_key
+    packed_body = msgpack.packb(
+        _body_fields(EVENT_VERSION, topic, author, seq, parents_t, auth_t, timestamp_ms, kind,
+                     state_key, payload),
+        use_bin_type=True,
+    )
+    signature = identity.sign(SIGNING_DOMAIN + packed_body)
+    raw = signed_encoding(packed_body, signature)
     check_local_event(raw, parents_t, auth_t, kind, state_key)
     return Event(
-        version=EVENT_VERSION, topic=topic, author=identity.public_key, seq=seq, parents=parents_t,
+        version=EVENT_VERSION, topic=topic, author=author, seq=seq, parents=parents_t,
         auth=auth_t, timestamp_ms=timestamp_ms, kind=kind, state_key=state_key, payload=payload,
         signature=signature, raw=raw, id=event_id_of(raw),
     )
@@ -132,10 +143,11 @@ def sign_event(
 
 def verify_signature(event: Event) -> bool:
     """True if `event.signature` is the author's ed25519 signature over its body."""
-    if len(event.author) != KEY_BYTES:
+    if len(event.author) != KEY_BYTES or len(event.signature) != SIGNATURE_BYTES:
         return False
     try:
-        nacl.signing.VerifyKey(event.author).verify(event.signing_body(), event.signature)
+        nacl.bindings.crypto_sign_open(
+            event.signature + SIGNING_DOMAIN + body_of_signed(event.raw), event.author)
     except (nacl.exceptions.BadSignatureError, nacl.exceptions.ValueError, ValueError):
         return False
     return True
