@@ -1,0 +1,75 @@
+"""A read-only view of a state map: the questions the auth rules and roles ask.
+
+A state map only holds event ids; answering "is bob joined?" or "what is the
+invite level?" means fetching the event and decoding its content. `StateView`
+does that in one place, with Matrix's defaults for everything absent:
+
+- no member event             -> membership "leave" (Matrix: not in the room)
+- no join rules event         -> join rule "invite" (as Synapse does)
+- no power levels event       -> `PowerLevels.without_event(creator)`
+- an id the source lacks      -> treated as an absent entry
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from node.core.event import Event
+from node.state.power_levels import PowerLevels
+from node.state.types import (
+    CREATE_KEY,
+    JOIN_RULES_KEY,
+    LEAVE,
+    POWER_LEVELS_KEY,
+    RULE_INVITE,
+    TYPE_MEMBER,
+    EventSource,
+    StateKey,
+    StateMap,
+    content_of,
+    user_id,
+)
+
+
+@dataclass(frozen=True)
+class StateView:
+    state: StateMap
+    source: EventSource
+
+    def event(self, key: StateKey) -> Event | None:
+        event_id = self.state.get(key)
+        return None if event_id is None else self.source.get(event_id)
+
+    def content(self, key: StateKey) -> Mapping[str, Any] | None:
+        event = self.event(key)
+        return None if event is None else content_of(event)
+
+    def create(self) -> Event | None:
+        return self.event(CREATE_KEY)
+
+    def creator(self) -> str | None:
+        """User id of the create event's author (Matrix v11: the create's sender)."""
+        create = self.create()
+        return None if create is None else user_id(create.author)
+
+    def power_levels(self) -> PowerLevels:
+        content = self.content(POWER_LEVELS_KEY)
+        if content is None:
+            return PowerLevels.without_event(self.creator())
+        return PowerLevels.from_content(content)
+
+    def member_content(self, user: str) -> Mapping[str, Any] | None:
+        """Content of `user`'s member event, None if there is none."""
+        return self.content((TYPE_MEMBER, user))
+
+    def membership(self, user: str) -> str:
+        content = self.member_content(user)
+        value = None if content is None else content.get("membership")
+        return value if isinstance(value, str) else LEAVE
+
+    def join_rule(self) -> str:
+        content = self.content(JOIN_RULES_KEY)
+        value = None if content is None else content.get("join_rule")
+        return value if isinstance(value, str) else RULE_INVITE

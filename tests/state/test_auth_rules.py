@@ -1,0 +1,311 @@
+"""The authorization rules, one allowed and one refused case per rule.
+
+Every test starts from the base chain (alice 100 and creator; bob, charlie,
+zara joined at 0; join rules public), adds the state it needs on top of START,
+and asks whether one more event would be accepted there.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import pytest
+
+from node.core.event import KIND_CREATE, KIND_DUMMY, pack_payload
+from node.core.identity import sign_event
+from node.state import EventFields, auth_types_for_event, check_auth, select_auth_refs
+from node.state.types import CREATE_KEY, JOIN_RULES_KEY, POWER_LEVELS_KEY, member_key
+from tests.state.builder import (
+    CAST, Graph, Node, build, create, join_rules, member, message, on_top, power, topic, uid,
+)
+
+HEAD = ["START"]
+
+
+def verdict(graph: Graph, node: Node, parents: Sequence[str] = HEAD) -> str | None:
+    return graph.check(graph.make(node, parents), parents)
+
+
+def state_event(name: str, sender: str, kind: str, key: str, **content: Any) -> Node:
+    return Node(name, sender, kind, key, content)
+
+
+# --- rule 1: the create event ----------------------------------------------------
+
+
+def test_base_chain_is_accepted_including_the_creators_first_join(base: Graph) -> None:
+    assert base.rejected == {}
+
+
+def test_create_with_parents_is_refused(base: Graph) -> None:
+    assert verdict(base, create("C2", "alice")) == "create_has_parents"
+
+
+def test_create_needs_empty_state_key() -> None:
+    graph = build([Node("C", "alice", KIND_CREATE, "x", {})], [["C"]])
+    assert graph.rejected == {"C": "bad_create"}
+
+
+# --- rule 2: the event's own auth refs ------------------------------------------------
+
+
+def _signed(graph: Graph, auth: list[bytes], kind: str = "message",
+            state_key: str | None = None, sender: str = "bob") -> Any:
+    return sign_event(CAST[sender], topic=graph.topic_id, seq=99, parents=[graph.id("START")],
+                      timestamp_ms=999, kind=kind, payload=pack_payload({}),
+                      state_key=state_key, auth=auth)
+
+
+def test_auth_refs_as_selected_pass(base: Graph) -> None:
+    assert verdict(base, message("M", "bob")) is None
+
+
+@pytest.mark.parametrize(
+    "refs, reason",
+    [
+        (lambda g: [g.id("CREATE"), b"\x01" * 32], "auth_ref_missing"),
+        (lambda g: [g.id("CREATE"), g.id("START")], "auth_ref_not_state"),
+        (lambda g: [g.id("CREATE"), g.id("IJR")], "unexpected_auth_ref"),
+        (lambda g: [g.id("IPOWER"), g.id("IMB")], "no_create_ref"),
+    ],
+)
+def test_bad_auth_refs_are_refused(base: Graph, refs: Any, reason: str) -> None:
+    assert base.check(_signed(base, refs(base)), HEAD) == reason
+
+
+def test_two_refs_for_one_state_key_are_refused(base: Graph) -> None:
+    on_top(base, power("PA", "alice", {"alice": 100, "bob": 50}))
+    event = _signed(base, [base.id("CREATE"), base.id("IPOWER"), base.id("PA")])
+    assert base.check(event, HEAD) == "duplicate_auth_type"
+
+
+def test_auth_refs_from_another_topic_are_refused(base: Graph) -> None:
+    other = build([create("CREATE", "bob"), member("J", "bob", "bob", "join")], [["CREATE", "J"]])
+    base.source.update(other.source)
+    event = _signed(base, [base.id("CREATE"), other.id("J")])
+    assert base.check(event, HEAD) == "auth_ref_other_topic"
+
+
+def test_auth_state_must_hold_this_topics_create(base: Graph) -> None:
+    event = base.make(message("M", "bob"), HEAD)
+    assert check_auth(event, {}, base.source) == "no_create"
+    other = build([create("CREATE", "bob")], [["CREATE"]])
+    base.source.update(other.source)
+    assert check_auth(event, other.state_after["CREATE"], base.source) == "wrong_topic"
+
+
+def test_auth_selection_names_create_power_sender_target_and_join_rules(base: Graph) -> None:
+    join = base.make(member("ME", "evelyn", "evelyn", "join"), HEAD)
+    assert auth_types_for_event(join) == {
+        CREATE_KEY, POWER_LEVELS_KEY, member_key(CAST["evelyn"].public_key), JOIN_RULES_KEY,
+    }
+    kick = base.make(member("K", "alice", "bob", "leave"), HEAD)
+    assert JOIN_RULES_KEY not in auth_types_for_event(kick)
+    assert member_key(CAST["bob"].public_key) in auth_types_for_event(kick)
+    fields = EventFields("message", CAST["bob"].public_key)
+    assert select_auth_refs(fields, base.state_after["START"]) == sorted(
+        [base.id("CREATE"), base.id("IPOWER"), base.id("IMB")]
+    )
+
+
+# --- rule 4: membership -------------------------------------------------------------------
+
+
+def test_public_join_allowed(base: Graph) -> None:
+    assert verdict(base, member("ME", "evelyn", "evelyn", "join")) is None
+
+
+def test_only_the_creator_joins_straight_after_create(base: Graph) -> None:
+    # Right after CREATE there are no join rules (= invite): bob is not invited.
+    assert verdict(base, member("MB", "bob", "bob", "join"), ["CREATE"]) == "not_invited"
+
+
+def test_join_for_somebody_else_refused(base: Graph) -> None:
+    assert verdict(base, member("ME", "alice", "evelyn", "join")) == "join_for_other"
+
+
+def test_banned_user_cannot_join(base: Graph) -> None:
+    head = on_top(base, member("BAN", "alice", "evelyn", "ban"))
+    assert verdict(base, member("ME", "evelyn", "evelyn", "join"), head) == "banned"
+
+
+@pytest.mark.parametrize("rule", ["invite", "knock", "restricted", "knock_restricted"])
+def test_invite_only_rules_admit_the_invited_only(base: Graph, rule: str) -> None:
+    head = on_top(base, join_rules("JR", "alice", rule))
+    assert verdict(base, member("ME", "evelyn", "evelyn", "join"), head) == "not_invited"
+    head = on_top(
+        base, join_rules("JR2", "alice", rule), member("INV", "alice", "evelyn", "invite")
+    )
+    assert verdict(base, member("ME", "evelyn", "evelyn", "join"), head) is None
+
+
+def test_private_join_rule_refuses_joins(base: Graph) -> None:
+    head = on_top(base, join_rules("JR", "alice", "private"))
+    assert verdict(base, member("ME", "evelyn", "evelyn", "join"), head) == "join_rule_forbids"
+
+
+def test_invite_rules(base: Graph) -> None:
+    assert verdict(base, member("I", "bob", "evelyn", "invite")) is None  # invite level 0
+    assert verdict(base, member("I", "evelyn", "evelyn", "invite")) == "sender_not_joined"
+    assert verdict(base, member("I", "alice", "bob", "invite")) == "target_joined_or_banned"
+    head = on_top(base, power("PA", "alice", {"alice": 100}, invite=50))
+    assert verdict(base, member("I", "bob", "evelyn", "invite"), head) == "insufficient_power"
+
+
+def test_leaving_yourself(base: Graph) -> None:
+    assert verdict(base, member("L", "bob", "bob", "leave")) is None
+    assert verdict(base, member("L", "evelyn", "evelyn", "leave")) == "not_a_member"
+
+
+def test_kicks(base: Graph) -> None:
+    assert verdict(base, member("K", "alice", "bob", "leave")) is None
+    assert verdict(base, member("K", "bob", "charlie", "leave")) == "insufficient_power"
+    assert verdict(base, member("K", "evelyn", "bob", "leave")) == "sender_not_joined"
+    head = on_top(base, power("PA", "alice", {"alice": 100, "bob": 50}))
+    # bob reaches the kick level but not above alice's level
+    assert verdict(base, member("K", "bob", "alice", "leave"), head) == "insufficient_power"
+    assert verdict(base, member("K", "bob", "charlie", "leave"), head) is None
+
+
+def test_unban_needs_the_ban_level(base: Graph) -> None:
+    head = on_top(
+        base,
+        power("PA", "alice", {"alice": 100, "bob": 60}, ban=75),
+        member("BAN", "alice", "evelyn", "ban"),
+    )
+    assert verdict(base, member("U", "bob", "evelyn", "leave"), head) == "insufficient_power"
+    assert verdict(base, member("U", "alice", "evelyn", "leave"), head) is None
+
+
+def test_bans(base: Graph) -> None:
+    assert verdict(base, member("B", "alice", "bob", "ban")) is None
+    assert verdict(base, member("B", "bob", "charlie", "ban")) == "insufficient_power"
+    assert verdict(base, member("B", "evelyn", "bob", "ban")) == "sender_not_joined"
+    head = on_top(base, power("PA", "alice", {"alice": 100, "bob": 50}))
+    assert verdict(base, member("B", "bob", "alice", "ban"), head) == "insufficient_power"
+
+
+def test_knocks(base: Graph) -> None:
+    assert verdict(base, member("KN", "evelyn", "evelyn", "knock")) == "join_rule_forbids"
+    head = on_top(base, join_rules("JR", "alice", "knock"))
+    assert verdict(base, member("KN", "evelyn", "evelyn", "knock"), head) is None
+    assert verdict(base, member("KN", "alice", "evelyn", "knock"), head) == "knock_for_other"
+    assert verdict(base, member("KN", "bob", "bob", "knock"), head) == "already_member"
+
+
+@pytest.mark.parametrize(
+    "node, reason",
+    [
+        (state_event("M", "alice", "m.room.member", "not-a-user", membership="join"),
+         "bad_state_key"),
+        (state_event("M", "alice", "m.room.member", uid("alice")), "no_membership"),
+        (state_event("M", "alice", "m.room.member", uid("alice"), membership="dance"),
+         "unknown_membership"),
+        (member("M", "alice", "evelyn", "invite", third_party_invite={"signed": {}}),
+         "third_party_invite_unsupported"),
+    ],
+)
+def test_malformed_member_events_refused(base: Graph, node: Node, reason: str) -> None:
+    assert verdict(base, node) == reason
+
+
+# --- rules 5-8: everything else -----------------------------------------------------------
+
+
+def test_sender_must_be_joined(base: Graph) -> None:
+    assert verdict(base, message("M", "zara")) is None
+    assert verdict(base, message("M", "evelyn")) == "sender_not_joined"
+    head = on_top(base, member("L", "zara", "zara", "leave"))
+    assert verdict(base, message("M", "zara"), head) == "sender_not_joined"
+
+
+def test_third_party_invite_events_refused(base: Graph) -> None:
+    node = state_event("T", "alice", "m.room.third_party_invite", "token")
+    assert verdict(base, node) == "third_party_invite_unsupported"
+
+
+def test_state_needs_state_default(base: Graph) -> None:
+    assert verdict(base, topic("T", "alice")) is None
+    assert verdict(base, topic("T", "bob")) == "insufficient_power"  # state_default 50
+
+
+def test_messages_need_their_level_and_dummies_need_none(base: Graph) -> None:
+    head = on_top(base, power("PA", "alice", {"alice": 100}, events={"message": 20}))
+    assert verdict(base, message("M", "bob"), head) == "insufficient_power"
+    assert verdict(base, message("M", "alice"), head) is None
+    assert verdict(base, Node("D", "bob", KIND_DUMMY), head) is None
+    assert verdict(base, Node("D", "evelyn", KIND_DUMMY), head) == "sender_not_joined"
+
+
+def test_at_state_keys_belong_to_their_user(base: Graph) -> None:
+    head = on_top(base, power("PA", "alice", {"alice": 100}, state_default=0))
+    mine = state_event("S", "bob", "app.profile", "@" + uid("bob"), nick="b")
+    theirs = state_event("S", "bob", "app.profile", "@" + uid("alice"), nick="a")
+    assert verdict(base, mine, head) is None
+    assert verdict(base, theirs, head) == "state_key_owned_by_other"
+
+
+# --- rule 9: power levels -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "content",
+    [
+        {"users_default": "5"},
+        {"ban": True},
+        {"indexer_level": 1.5},
+        {"events": {"m.room.name": "50"}},
+        {"events": ["m.room.name"]},
+        {"users": {"@alice:example.org": 100}},
+        {"users": {uid("alice"): "100"}},
+    ],
+)
+def test_malformed_power_levels_refused(base: Graph, content: dict[str, Any]) -> None:
+    node = Node("P", "alice", "m.room.power_levels", "", {"users": {uid("alice"): 100}, **content})
+    assert verdict(base, node) == "bad_power_levels"
+
+
+def test_first_power_levels_are_free(base: Graph) -> None:
+    head = ["IMA"]  # alice joined, no power levels yet
+    node = power("P", "alice", {"alice": 100, "bob": 100}, ban=0, indexer_level=1)
+    assert verdict(base, node, head) is None
+
+
+BOB_AT_50 = {"alice": 100, "bob": 50, "charlie": 50}
+
+
+@pytest.mark.parametrize(
+    "before, after, reason",
+    [
+        # thresholds: old and new values must both be within the sender's level
+        ({}, {"kick": 40}, None),
+        ({}, {"ban": 60}, "insufficient_power"),
+        ({"ban": 75}, {"ban": 40}, "insufficient_power"),
+        ({"indexer_level": 100}, {"indexer_level": 50}, "insufficient_power"),
+        # per-type levels
+        ({}, {"events": {"m.room.name": 40}}, None),
+        ({}, {"events": {"m.room.name": 60}}, "insufficient_power"),
+        ({"events": {"m.room.name": 80}}, {"events": {"m.room.name": 40}}, "insufficient_power"),
+    ],
+)
+def test_power_level_thresholds(
+    base: Graph, before: dict[str, Any], after: dict[str, Any], reason: str | None
+) -> None:
+    head = on_top(base, power("PA", "alice", BOB_AT_50, **before))
+    assert verdict(base, power("PB", "bob", BOB_AT_50, **after), head) == reason
+
+
+@pytest.mark.parametrize(
+    "users, reason",
+    [
+        ({"alice": 100, "bob": 50, "charlie": 50, "zara": 50}, None),    # up to own level
+        ({"alice": 100, "bob": 50, "charlie": 50, "zara": 60}, "insufficient_power"),
+        ({"alice": 100, "bob": 50, "charlie": 0}, "insufficient_power"),  # demoting a peer
+        ({"alice": 100, "bob": 10, "charlie": 50}, None),                # demoting oneself
+        ({"bob": 50, "charlie": 50}, "insufficient_power"),              # removing alice
+    ],
+)
+def test_power_level_user_changes(base: Graph, users: dict[str, int], reason: str | None) -> None:
+    head = on_top(base, power("PA", "alice", BOB_AT_50))
+    assert verdict(base, power("PB", "bob", users), head) == reason
