@@ -9,6 +9,7 @@ interchangeable.
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
+from itertools import islice
 
 from sortedcontainers import SortedDict
 
@@ -16,6 +17,8 @@ from storage.protocol import (
     MAX_BATCH_OPS,
     MAX_KEY_BYTES,
     MAX_VALUE_BYTES,
+    STORE_FORMAT,
+    TABLE_META,
     TABLES,
     Delete,
     Op,
@@ -24,15 +27,45 @@ from storage.protocol import (
     StoreError,
 )
 
+# Every store records its format in TABLE_META under this key (the LMDB store
+# checks it on open). The key is reserved: a batch that writes or deletes it is
+# rejected, so a caller can never make a data dir unreadable by accident.
+STORE_FORMAT_KEY = b"store_format"
+
+
+def encode_store_format(version: int) -> bytes:
+    """The format record's value: ASCII decimal, readable in `mdb_dump` output."""
+    return str(version).encode("ascii")
+
+
+def check_key(key: bytes) -> None:
+    """Reject a key that no store can hold (used for puts, deletes and gets alike)."""
+    if not isinstance(key, bytes) or not key:
+        raise StoreError("keys must be non-empty bytes")
+    if len(key) > MAX_KEY_BYTES:
+        raise StoreError(f"key of {len(key)} bytes exceeds MAX_KEY_BYTES={MAX_KEY_BYTES}")
+
+
+def check_scan_args(prefix: bytes, start: bytes | None, limit: int | None) -> None:
+    """Reject scan arguments that would make implementations disagree or fail."""
+    if not isinstance(prefix, bytes) or len(prefix) > MAX_KEY_BYTES:
+        raise StoreError(f"prefix must be bytes of at most MAX_KEY_BYTES={MAX_KEY_BYTES}")
+    if start is not None and (not isinstance(start, bytes) or len(start) > MAX_KEY_BYTES):
+        raise StoreError(f"start must be bytes of at most MAX_KEY_BYTES={MAX_KEY_BYTES}")
+    # bool is an int; a True/False limit is a caller bug, not "1" or "0".
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 0):
+        raise StoreError(f"limit must be None or a non-negative int, not {limit!r}")
+
 
 def check_op(op: Op) -> None:
     """Reject an op that no store may accept (shared by every implementation)."""
+    if not isinstance(op, (Put, Delete)):
+        raise StoreError(f"ops must be Put or Delete, not {type(op).__name__}")
     if op.table not in TABLES:
         raise StoreError(f"unknown table {op.table!r}")
-    if not isinstance(op.key, bytes) or not op.key:
-        raise StoreError("keys must be non-empty bytes")
-    if len(op.key) > MAX_KEY_BYTES:
-        raise StoreError(f"key of {len(op.key)} bytes exceeds MAX_KEY_BYTES={MAX_KEY_BYTES}")
+    check_key(op.key)
+    if op.table == TABLE_META and op.key == STORE_FORMAT_KEY:
+        raise StoreError(f"meta key {STORE_FORMAT_KEY!r} is reserved for the store itself")
     if isinstance(op, Put):
         if not isinstance(op.value, bytes):
             raise StoreError("values must be bytes")
@@ -43,6 +76,7 @@ def check_op(op: Op) -> None:
 
 
 def check_batch(ops: Sequence[Op]) -> None:
+    """Reject the whole batch if any op is bad, before anything is written."""
     if len(ops) > MAX_BATCH_OPS:
         raise StoreError(f"batch of {len(ops)} ops exceeds MAX_BATCH_OPS={MAX_BATCH_OPS}")
     for op in ops:
@@ -62,6 +96,9 @@ class MemoryStore:
 
     def __init__(self) -> None:
         self._tables: dict[str, SortedDict] = {name: SortedDict() for name in TABLES}
+        # Hold the same format record a fresh LMDB store holds, so the two stay
+        # indistinguishable through get and scan.
+        self._tables[TABLE_META][STORE_FORMAT_KEY] = encode_store_format(STORE_FORMAT)
         self._closed = False
         self.commits = 0  # how many batches were applied (group-commit statistics)
 
@@ -74,7 +111,9 @@ class MemoryStore:
             raise StoreError(f"unknown table {table!r}") from None
 
     def get(self, table: str, key: bytes) -> bytes | None:
-        return self._table(table).get(key)
+        data = self._table(table)
+        check_key(key)
+        return data.get(key)
 
     def scan(
         self,
@@ -86,21 +125,23 @@ class MemoryStore:
         limit: int | None = None,
     ) -> Iterator[tuple[bytes, bytes]]:
         data = self._table(table)
+        check_scan_args(prefix, start, limit)
+        # Every key in [prefix, prefix_upper_bound(prefix)) starts with prefix,
+        # so bounding the range is the whole filter and `limit` counts only
+        # matching keys. `start` narrows that range; it never widens it.
         low: bytes = prefix
         high = prefix_upper_bound(prefix)
+        high_inclusive = False
         if start is not None:
-            if reverse:
-                high = start
-            else:
+            if not reverse:
                 low = max(low, start)
-        inclusive_high = reverse and start is not None
-        keys = list(
-            data.irange(low, high, inclusive=(True, inclusive_high), reverse=reverse)
-        )
-        if limit is not None:
-            keys = keys[:limit]
+            elif high is None or start < high:
+                high, high_inclusive = start, True
+        if high is not None and (low > high or (low == high and not high_inclusive)):
+            return iter(())
+        keys = data.irange(low, high, inclusive=(True, high_inclusive), reverse=reverse)
         # A snapshot: later writes do not disturb an iterator already handed out.
-        pairs = [(k, data[k]) for k in keys if k.startswith(prefix)]
+        pairs = [(k, data[k]) for k in islice(keys, limit)]
         return iter(pairs)
 
     def apply(self, ops: Sequence[Op]) -> None:

@@ -45,13 +45,19 @@ Key layout (every key starts with the 32-byte topic id T)::
     authors       T|author|seq|id           -> b""   (per-author sequence index)
     delivery      T|position                -> id
     meta          T|name[|...]              -> counters (8-byte big-endian)
+
+Layers built on the graph (topic state, the linearizer) keep their records in
+the tables the graph does not own (`EXTENSION_TABLES`) through `table(name)`:
+a topic-prefixed view over the same PendingWrites, so their writes commit in
+the same transaction as the events they describe and can never disagree with
+the graph after a crash.
 """
 
 from __future__ import annotations
 
 import heapq
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 import msgpack
@@ -67,8 +73,13 @@ from storage.protocol import (
     TABLE_EVENTS,
     TABLE_EXTREMITIES,
     TABLE_META,
+    TABLE_ORDER,
+    TABLE_STATE,
     Store,
 )
+
+# Tables the graph itself never writes: layers above it own them (`Graph.table`).
+EXTENSION_TABLES = frozenset({TABLE_STATE, TABLE_ORDER})
 
 # Limits. Each is a named bound on memory, time or disk that a peer could
 # otherwise push without end.
@@ -141,6 +152,35 @@ class AddResult:
         return None
 
 
+class TopicTable:
+    """One extension table of one topic, read and written through the graph's write-set.
+
+    Keys are given without the topic prefix; writes are pending until
+    `Graph.commit()`, reads see them at once (as for the graph's own tables).
+    """
+
+    def __init__(self, writes: PendingWrites, table: str, topic_id: bytes) -> None:
+        self._w = writes
+        self._table = table
+        self._t = topic_id
+
+    def get(self, key: bytes) -> bytes | None:
+        return self._w.get(self._table, self._t + key)
+
+    def put(self, key: bytes, value: bytes) -> None:
+        self._w.put(self._table, self._t + key, value)
+
+    def delete(self, key: bytes) -> None:
+        self._w.delete(self._table, self._t + key)
+
+    def scan(self, prefix: bytes, *, reverse: bool = False,
+             limit: int | None = None) -> list[tuple[bytes, bytes]]:
+        """(key without the topic prefix, value) pairs under `prefix`, in key order."""
+        cut = len(self._t)
+        pairs = self._w.scan(self._table, self._t + prefix, reverse=reverse, limit=limit)
+        return [(key[cut:], value) for key, value in pairs]
+
+
 @dataclass
 class _Cascade:
     applied: list[Event] = field(default_factory=list)
@@ -165,6 +205,19 @@ class Graph:
         self._events: OrderedDict[bytes, Event] = OrderedDict()
         self._rejected: OrderedDict[bytes, str] = OrderedDict()
         self._latest_seq: OrderedDict[bytes, int | None] = OrderedDict()
+        self._discard_listeners: list[Callable[[], None]] = []
+
+    # ------------------------------------------------------------ extensions
+
+    def table(self, name: str) -> TopicTable:
+        """This topic's slice of an extension table, written in the graph's transactions."""
+        if name not in EXTENSION_TABLES:
+            raise ValueError(f"{name!r} is not an extension table ({sorted(EXTENSION_TABLES)})")
+        return TopicTable(self._w, name, self._t)
+
+    def on_discard(self, listener: Callable[[], None]) -> None:
+        """Call `listener` whenever pending writes are discarded (its caches are stale)."""
+        self._discard_listeners.append(listener)
 
     # ------------------------------------------------------------------ queries
 
@@ -401,6 +454,8 @@ class Graph:
         self._extremities = {
             key[ID_BYTES:] for key, _ in self._w.store.scan(TABLE_EXTREMITIES, self._t)
         }
+        for listener in self._discard_listeners:
+            listener()
 
     # ----------------------------------------------------------------- internals
 

@@ -1,0 +1,15 @@
+"""PySpark jobs over the dissemination logs (schema: `analytics.logschema`).
+
+Each job is a function of a SparkSession or a records DataFrame that returns
+DataFrames or frozen dataclasses, so tests can assert numbers and the report
+can render them:
+
+- `load`          read JSON lines / Parquet, count malformed lines; `to_parquet`
+- `events`        shared definitions: members, origins, first deliveries
+- `dissemination` latency per (event, node), summaries, never-delivered, duplicates
+- `coverage`      fraction of members holding an event t ms after creation
+- `catchup`       bursts of anti-entropy deliveries after falling behind
+- `width`         width samples, distribution, dummy events
+- `convergence`   time from a width peak until it stays in a band
+- `modelcheck`    measured width vs the paper's fixed point; Figures 4 and 5
+"""

@@ -1,0 +1,116 @@
+"""Hold the measured width against the paper's model (section VIII).
+
+The model (`analytics.model`) predicts that k replicas, each adding one event
+with d random parents per round, keep the width near `fixed_point_width(d, k)`.
+Here the measured width of a run is compared with that number: the mean over
+all samples, and the mean over each series' steady window (the last
+`STEADY_FRACTION` of its time span, as in `jobs.convergence`), which leaves the
+warm-up and disturbances out. The model is a worst case (every replica writes
+every round, concurrently), and a node samples its width between rounds too,
+so a ratio near 1 is agreement, not a coincidence to demand exactly.
+
+k is the run's number of writing replicas; when not given it is the number of
+distinct nodes that created events in the topic. d must be given: the logs
+do not record parent counts.
+
+It also reproduces the paper's Figures 4 and 5 (tables and PNGs) through
+`analytics.figures`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+
+from analytics import logschema as ls
+from analytics.jobs.convergence import STEADY_FRACTION, steady_samples
+from analytics.jobs.width import width_samples
+
+
+class ModelUnavailable(RuntimeError):
+    """analytics.model / analytics.figures cannot be imported (not built yet, or broken)."""
+
+
+def _import(name: str) -> Any:
+    try:
+        return __import__(f"analytics.{name}", fromlist=["_"])
+    except ImportError as error:
+        raise ModelUnavailable(f"analytics.{name} is not available: {error}") from error
+
+
+@dataclass(frozen=True)
+class ModelCheck:
+    """Measured vs predicted width for one topic."""
+
+    topic: str
+    k: int
+    d: int
+    samples: int
+    measured_mean: float
+    steady_mean: float
+    predicted: float  # fixed_point_width(d, k)
+    steady_over_predicted: float
+
+
+def writer_counts(records: DataFrame) -> dict[str, int]:
+    """Topic -> number of distinct nodes that created events in it (the run's k)."""
+    rows = (
+        records.where(F.col("type") == ls.CREATED)
+        .groupBy("topic")
+        .agg(F.countDistinct("node").alias("k"))
+        .collect()
+    )
+    return {row["topic"]: row["k"] for row in rows}
+
+
+def model_check(
+    records: DataFrame, *, d: int, k: int | None = None, steady_fraction: float = STEADY_FRACTION
+) -> tuple[ModelCheck, ...]:
+    """One comparison per topic that has width samples (and, if k is inferred, writers)."""
+    fixed_point_width = _import("model").fixed_point_width
+    samples = width_samples(records)
+    overall = samples.groupBy("topic").agg(F.count("*").alias("samples"), F.avg("width").alias("mean"))
+    steady = steady_samples(samples, steady_fraction).groupBy("topic").agg(F.avg("width").alias("steady"))
+    rows = overall.join(steady, "topic").orderBy("topic").collect()
+    writers = writer_counts(records) if k is None else {}
+    checks = []
+    for row in rows:
+        run_k = k if k is not None else writers.get(row["topic"], 0)
+        if run_k < 1:
+            continue  # no writers, nothing to model
+        predicted = fixed_point_width(d, run_k)
+        checks.append(
+            ModelCheck(
+                topic=row["topic"], k=run_k, d=d, samples=row["samples"],
+                measured_mean=row["mean"], steady_mean=row["steady"], predicted=predicted,
+                steady_over_predicted=row["steady"] / predicted,
+            )
+        )
+    return tuple(checks)
+
+
+@dataclass(frozen=True)
+class PaperFigures:
+    figure4_table: str
+    figure5_table: str
+    figure4_png: Path
+    figure5_png: Path
+
+
+def paper_figures(outdir: str | Path) -> PaperFigures:
+    """Figures 4 and 5 of the paper as text tables and PNGs in `outdir`."""
+    figures = _import("figures")
+    rows4 = figures.figure4_rows()
+    rows5 = figures.figure5_rows()
+    # The plot's grid is too dense for a table; print the sample the figures module picks.
+    table_us = set(getattr(figures, "FIGURE4_TABLE_US", (row.u for row in rows4)))
+    return PaperFigures(
+        figure4_table=figures.format_table([row for row in rows4 if row.u in table_us]),
+        figure5_table=figures.format_table(rows5),
+        figure4_png=Path(figures.plot_figure4(rows4, Path(outdir) / "figure4.png")),
+        figure5_png=Path(figures.plot_figure5(rows5, Path(outdir) / "figure5.png")),
+    )

@@ -1,0 +1,411 @@
+"""The analysis report: run every job on a log set, print a summary, write a folder.
+
+`analyze` loads the logs, runs the dissemination, width and model-check jobs,
+and writes `<out>/index.html` with every table and the PNG plots beside it.
+It returns the tables so the CLI can print the short ones on the terminal and
+tests can read the numbers. Stage messages ("[1/5] loading logs ...") go to
+`progress` (stderr by default) because Spark can take a while on large sets.
+
+Only small, aggregated results ever reach the driver: tables are capped at
+MAX_TABLE_ROWS rows and plots at MAX_PLOTTED_SERIES series of at most
+MAX_POINTS_PER_SERIES points (width series are reduced to the per-bucket
+maximum, so peaks survive the downsampling).
+"""
+
+from __future__ import annotations
+
+import html
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final, TextIO, TypeVar
+
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from analytics import logschema as ls
+from analytics.jobs import catchup, convergence, coverage, dissemination, load, modelcheck, width
+
+STAGES: Final = ("loading logs", "dissemination", "width", "model check", "writing report")
+MAX_TABLE_ROWS: Final = 50
+MAX_PLOTTED_SERIES: Final = 12
+MAX_POINTS_PER_SERIES: Final = 2_000
+PLOT_DPI: Final = 110
+NUMBER_DECIMALS: Final = 2
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Table:
+    """A titled table of already computed values."""
+
+    title: str
+    columns: tuple[str, ...]
+    rows: tuple[tuple[Any, ...], ...]
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class Report:
+    outdir: Path
+    index_html: Path
+    plots: tuple[Path, ...]
+    summary: tuple[Table, ...]  # the short tables for the terminal
+    tables: tuple[Table, ...]  # everything, as in index.html
+    texts: tuple[tuple[str, str], ...] = ()  # preformatted blocks (title, text)
+
+
+class _Stages:
+    """Prints "[i/n] name ..." when a stage starts and its duration when it ends."""
+
+    def __init__(self, out: TextIO) -> None:
+        self._out = out
+        self._index = 0
+
+    def run(self, action: Callable[[], T]) -> T:
+        self._index += 1
+        name = STAGES[self._index - 1]
+        self._out.write(f"[{self._index}/{len(STAGES)}] {name} ...\n")
+        self._out.flush()
+        started = time.monotonic()
+        result = action()
+        self._out.write(f"[{self._index}/{len(STAGES)}] {name} done in {time.monotonic() - started:.1f} s\n")
+        self._out.flush()
+        return result
+
+
+def table_from(df: DataFrame, title: str, note: str = "", limit: int = MAX_TABLE_ROWS) -> Table:
+    """Collect at most `limit` rows of `df` as a Table (the note says when rows were cut)."""
+    rows = df.limit(limit + 1).collect()
+    if len(rows) > limit:
+        note = f"{note} First {limit} rows shown.".strip()
+    return Table(title, tuple(df.columns), tuple(tuple(row) for row in rows[:limit]), note)
+
+
+def analyze(
+    spark: SparkSession,
+    log_paths: str | Sequence[str],
+    outdir: str | Path,
+    *,
+    k: int | None = None,
+    d: int | None = None,
+    progress: TextIO = sys.stderr,
+) -> Report:
+    """Run every analysis on the logs and write the report folder."""
+    out = Path(outdir)
+    out.mkdir(parents=True, exist_ok=True)
+    stages = _Stages(progress)
+    loaded = stages.run(lambda: load.load_logs(spark, log_paths))
+    records = loaded.records
+    spread, spread_plots = stages.run(lambda: _dissemination(records))
+    widths, width_plots = stages.run(lambda: _width(records))
+    checks, texts, figure_paths = stages.run(lambda: _model(records, out, k, d))
+    input_table = _input_table(loaded.report, records)
+    summary = (input_table, spread[0], spread[1], widths[0], *checks)
+    tables = (input_table, _malformed_samples(loaded.report), *spread, *widths, *checks)
+
+    def write() -> tuple[Path, ...]:
+        plots = [path for plot in (*spread_plots, *width_plots) if (path := plot(out)) is not None]
+        plots.extend(figure_paths)
+        _write_html(out / "index.html", tables, texts, plots)
+        return tuple(plots)
+
+    plots = stages.run(write)
+    loaded.release()
+    return Report(out, out / "index.html", plots, summary, tables, texts)
+
+
+# --------------------------------------------------------------------------- stages
+
+_Plot = Callable[[Path], Path | None]
+
+
+def _input_table(report: load.LoadReport, records: DataFrame) -> Table:
+    counts = records.agg(
+        F.countDistinct("node").alias("nodes"),
+        F.countDistinct("topic").alias("topics"),
+        F.countDistinct(F.when(F.col("type") == ls.CREATED, F.struct("topic", "event"))).alias("events"),
+    ).collect()[0]
+    rows = [
+        ("lines read", report.lines),
+        ("valid records", report.records),
+        *[(f"malformed: {reason}", count) for reason, count in report.malformed.items()],
+        ("nodes", counts["nodes"]),
+        ("topics", counts["topics"]),
+        ("events created", counts["events"]),
+    ]
+    return Table("Input", ("what", "count"), tuple(rows))
+
+
+def _malformed_samples(report: load.LoadReport) -> Table:
+    rows = tuple((s.reason, s.file, s.line) for s in report.samples)
+    return Table("Malformed lines (samples)", ("reason", "file", "line"), rows, "" if rows else "None.")
+
+
+def _dissemination(records: DataFrame) -> tuple[tuple[Table, ...], tuple[_Plot, ...]]:
+    latencies = dissemination.latencies(records).cache()
+    overall = dissemination.latency_summary(latencies).select(F.lit("all").alias("channel"), "*")
+    per_channel = overall.unionByName(dissemination.latency_summary(latencies, ("channel",)))
+    missing = dissemination.never_delivered(records).cache()
+    duplicates = dissemination.duplicate_totals(dissemination.duplicates_per_event(records))
+    curve = coverage.coverage_curve(records).collect()
+    episodes = catchup.catchup_episodes(records)
+    facts = missing.agg(F.count("*").alias("pairs"), F.countDistinct("topic", "event").alias("events")).collect()[0]
+    totals = Table(
+        "Dissemination",
+        ("what", "value"),
+        (
+            ("events", duplicates.events),
+            ("remote deliveries", duplicates.deliveries),
+            ("(event, node) never delivered", facts["pairs"]),
+            ("events some member never delivered", facts["events"]),
+            ("duplicates", duplicates.duplicates),
+            ("duplicates per delivery", duplicates.duplicates_per_delivery),
+            ("final coverage", curve[-1]["coverage"] if curve else None),
+            ("catch-up episodes", episodes.count()),
+        ),
+    )
+    tables = (
+        table_from(per_channel, "Latency by channel (ms)", "created at the author -> first delivery elsewhere."),
+        totals,
+        table_from(dissemination.latency_summary(latencies, ("node",)), "Latency by node (ms)"),
+        table_from(missing, "Never delivered", "Members that never delivered an event."),
+        table_from(dissemination.duplicates_by_channel(records), "Duplicates by channel"),
+        table_from(episodes, "Catch-up episodes", f"Runs of sync deliveries <= {catchup.CATCHUP_GAP_MS} ms apart, "
+                   f">= {catchup.CATCHUP_MIN_EVENTS} events."),
+    )
+    cdf = latencies.groupBy("channel", "latency_ms").count().orderBy("channel", "latency_ms").collect()
+    latencies.unpersist()
+    missing.unpersist()
+    return tables, (lambda out: _plot_coverage(curve, out), lambda out: _plot_latency_cdf(cdf, out))
+
+
+def _width(records: DataFrame) -> tuple[tuple[Table, ...], tuple[_Plot, ...]]:
+    converged = convergence.convergence(records).cache()
+    dummies = width.dummy_counts(records)
+    per_topic = (
+        width.width_summary(records, ("topic",))
+        .join(dummies.groupBy("topic").agg(F.sum("dummies").alias("dummies")), "topic", "left")
+        .join(
+            converged.groupBy("topic").agg(
+                F.sum(F.col("converged").cast("int")).alias("converged_nodes"),
+                F.count("*").alias("series"),
+                F.max("convergence_ms").alias("max_convergence_ms"),
+            ),
+            "topic",
+            "left",
+        )
+        .orderBy("topic")
+    )
+    tables = (
+        table_from(per_topic, "Width by topic", "Forward extremities sampled by every node."),
+        table_from(width.width_summary(records, ("topic", "node")), "Width by node"),
+        table_from(
+            converged,
+            "Width convergence",
+            f"From the peak until the width stays within max({convergence.BAND_MIN}, "
+            f"{convergence.BAND_FRACTION} x median) of the median of the last "
+            f"{convergence.STEADY_FRACTION:.0%} of the series.",
+        ),
+        table_from(dummies, "Dummy events by node"),
+    )
+    histogram = width.width_histogram(records, ()).collect()
+    series = _width_plot_series(records)
+    dummy_rows = dummies.orderBy(F.desc("dummies")).limit(MAX_TABLE_ROWS).collect()
+    converged.unpersist()
+    return tables, (
+        lambda out: _plot_width_series(series, out),
+        lambda out: _plot_width_histogram(histogram, out),
+        lambda out: _plot_dummies(dummy_rows, out),
+    )
+
+
+def _model(
+    records: DataFrame, out: Path, k: int | None, d: int | None
+) -> tuple[tuple[Table, ...], tuple[tuple[str, str], ...], tuple[Path, ...]]:
+    tables: list[Table] = []
+    texts: list[tuple[str, str]] = []
+    paths: tuple[Path, ...] = ()
+    try:
+        if d is not None:
+            checks = modelcheck.model_check(records, d=d, k=k)
+            columns = ("topic", "k", "d", "samples", "measured_mean", "steady_mean", "predicted", "steady/predicted")
+            rows = tuple(
+                (c.topic, c.k, c.d, c.samples, c.measured_mean, c.steady_mean, c.predicted, c.steady_over_predicted)
+                for c in checks
+            )
+            note = "predicted = fixed_point_width(d, k)" + ("" if k is not None else "; k = writers in the topic")
+            tables.append(Table("Model check: width", columns, rows, note))
+        figures = modelcheck.paper_figures(out)
+        texts = [("Paper Figure 4 (table)", figures.figure4_table), ("Paper Figure 5 (table)", figures.figure5_table)]
+        paths = (figures.figure4_png, figures.figure5_png)
+    except modelcheck.ModelUnavailable as error:
+        texts.append(("Model", f"Model check skipped: {error}"))
+    return tuple(tables), tuple(texts), paths
+
+
+def _width_plot_series(records: DataFrame) -> list[tuple[str, list[tuple[int, int]]]]:
+    """Up to MAX_PLOTTED_SERIES (topic, node) series, each cut to per-bucket maxima."""
+    samples = width.width_samples(records)
+    chosen = samples.select("topic", "node").distinct().orderBy("topic", "node").limit(MAX_PLOTTED_SERIES)
+    span = samples.agg(F.min("ts_ms").alias("lo"), F.max("ts_ms").alias("hi")).collect()[0]
+    if span["lo"] is None:
+        return []
+    bucket_ms = max(1, (span["hi"] - span["lo"]) // MAX_POINTS_PER_SERIES + 1)
+    bucket = F.floor((F.col("ts_ms") - span["lo"]) / bucket_ms)
+    rows = (
+        samples.join(chosen, ["topic", "node"])
+        .groupBy("topic", "node", bucket.alias("bucket"))
+        .agg(F.min("ts_ms").alias("ts_ms"), F.max("width").alias("width"))
+        .orderBy("topic", "node", "ts_ms")
+        .collect()
+    )
+    series: dict[str, list[tuple[int, int]]] = {}
+    for row in rows:
+        series.setdefault(f"{row['topic'][:8]}/{row['node'][:8]}", []).append((row["ts_ms"], row["width"]))
+    return list(series.items())
+
+
+# --------------------------------------------------------------------------- plots
+
+
+def _figure() -> tuple[Figure, Any]:
+    figure = Figure(figsize=(7, 4.2), dpi=PLOT_DPI, layout="constrained")
+    FigureCanvasAgg(figure)  # no pyplot: the process-wide backend stays untouched
+    return figure, figure.add_subplot(1, 1, 1)
+
+
+def _save(figure: Figure, path: Path) -> Path:
+    figure.savefig(path, format="png")
+    return path
+
+
+def _plot_coverage(curve: list[Any], out: Path) -> Path | None:
+    if not curve:
+        return None
+    figure, axes = _figure()
+    axes.step([r["t_ms"] for r in curve], [r["coverage"] for r in curve], where="post")
+    axes.set(xlabel="ms after creation", ylabel="fraction of members holding the event",
+             title="Coverage over time (mean over events)", ylim=(0, 1.05))
+    axes.grid(alpha=0.3)
+    return _save(figure, out / "coverage.png")
+
+
+def _plot_latency_cdf(counts: list[Any], out: Path) -> Path | None:
+    if not counts:
+        return None
+    figure, axes = _figure()
+    for channel in sorted({r["channel"] for r in counts}):
+        rows = [r for r in counts if r["channel"] == channel]
+        total = sum(r["count"] for r in rows)
+        running, ys = 0, []
+        for r in rows:
+            running += r["count"]
+            ys.append(running / total)
+        axes.step([r["latency_ms"] for r in rows], ys, where="post", label=f"{channel} ({total})")
+    axes.set(xlabel="latency (ms)", ylabel="fraction of deliveries", title="Delivery latency CDF by channel")
+    axes.legend()
+    axes.grid(alpha=0.3)
+    return _save(figure, out / "latency_cdf.png")
+
+
+def _plot_width_series(series: list[tuple[str, list[tuple[int, int]]]], out: Path) -> Path | None:
+    if not series:
+        return None
+    figure, axes = _figure()
+    for label, points in series:
+        axes.plot([p[0] for p in points], [p[1] for p in points], drawstyle="steps-post", label=label)
+    axes.set(xlabel="node clock (ms)", ylabel="forward extremities", title="Width over time (topic/node)")
+    axes.legend(fontsize="small", ncol=2)
+    axes.grid(alpha=0.3)
+    return _save(figure, out / "width_over_time.png")
+
+
+def _plot_width_histogram(histogram: list[Any], out: Path) -> Path | None:
+    if not histogram:
+        return None
+    figure, axes = _figure()
+    axes.bar([r["width"] for r in histogram], [r["samples"] for r in histogram])
+    axes.set(xlabel="forward extremities", ylabel="samples", title="Width distribution (all nodes)")
+    axes.grid(alpha=0.3, axis="y")
+    return _save(figure, out / "width_histogram.png")
+
+
+def _plot_dummies(rows: list[Any], out: Path) -> Path | None:
+    if not rows:
+        return None
+    figure, axes = _figure()
+    axes.bar([f"{r['node'][:8]}" for r in rows], [r["dummies"] for r in rows])
+    axes.set(xlabel="node", ylabel="dummy events issued", title="Extremity-depletion dummies by node")
+    axes.tick_params(axis="x", labelrotation=60, labelsize="small")
+    return _save(figure, out / "dummies.png")
+
+
+# --------------------------------------------------------------------------- text
+
+
+def format_value(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        text = f"{value:.{NUMBER_DECIMALS}f}".rstrip("0").rstrip(".")
+        return "0" if text == "-0" else text
+    return str(value)
+
+
+def format_table(table: Table) -> str:
+    """A plain-text table: title, header, rule, right-aligned cells, note."""
+    cells = [list(table.columns)] + [[format_value(v) for v in row] for row in table.rows]
+    widths = [max(len(line[i]) for line in cells) for i in range(len(table.columns))]
+    lines = [table.title, "  ".join(c.rjust(w) for c, w in zip(cells[0], widths))]
+    lines.append("  ".join("-" * w for w in widths))
+    lines.extend("  ".join(c.rjust(w) for c, w in zip(line, widths)) for line in cells[1:])
+    if not table.rows:
+        lines.append("(none)")
+    if table.note:
+        lines.append(table.note)
+    return "\n".join(lines)
+
+
+def format_summary(report: Report) -> str:
+    blocks = [format_table(table) for table in report.summary]
+    blocks.append(f"Report: {report.index_html}")
+    return "\n\n".join(blocks)
+
+
+def _html_table(table: Table) -> str:
+    head = "".join(f"<th>{html.escape(c)}</th>" for c in table.columns)
+    body = "".join(
+        "<tr>" + "".join(f"<td>{html.escape(format_value(v))}</td>" for v in row) + "</tr>" for row in table.rows
+    )
+    note = f"<p class=note>{html.escape(table.note)}</p>" if table.note else ""
+    return f"<h2>{html.escape(table.title)}</h2><table><tr>{head}</tr>{body}</table>{note}"
+
+
+def _write_html(path: Path, tables: Sequence[Table], texts: Sequence[tuple[str, str]], plots: Sequence[Path]) -> None:
+    images = "".join(
+        f'<figure><a href="{html.escape(p.name)}"><img src="{html.escape(p.name)}" alt="{html.escape(p.stem)}">'
+        f"</a><figcaption>{html.escape(p.name)}</figcaption></figure>"
+        for p in plots
+    )
+    blocks = "".join(f"<h2>{html.escape(title)}</h2><pre>{html.escape(text)}</pre>" for title, text in texts)
+    page = f"""<!doctype html>
+<html><head><meta charset="utf-8"><title>megnode analytics report</title>
+<style>
+body {{ font-family: sans-serif; margin: 2em; }} table {{ border-collapse: collapse; }}
+td, th {{ border: 1px solid #ccc; padding: 2px 8px; text-align: right; }}
+figure {{ display: inline-block; margin: 0.5em; }} img {{ max-width: 640px; }} .note {{ color: #555; }}
+</style></head><body>
+<h1>megnode analytics report</h1>
+<p>Generated {html.escape(time.strftime("%Y-%m-%d %H:%M:%S %Z"))}. Log schema v{ls.SCHEMA_VERSION}.</p>
+<h2>Plots</h2>{images or "<p>No plots (no data).</p>"}
+{"".join(_html_table(t) for t in tables)}
+{blocks}
+</body></html>
+"""
+    path.write_text(page, encoding="utf-8")

@@ -1,0 +1,263 @@
+"""A local cluster of real `megnode run` processes on 127.0.0.1.
+
+Used by the end-to-end tests, the benchmarks and `make demo`: it starts N
+daemons, each in its own data dir under one base dir, each dialling the
+nodes started before it (a full mesh for small N), waits until every node
+sees the others, and tears everything down — even when the caller fails.
+
+    with LocalCluster(Path("run"), nodes=3) as cluster:
+        topic = cluster.cli(0, "topic", "create", "kitchen")["topic"]
+        for i in (1, 2):
+            cluster.cli(i, "topic", "join", topic)
+        cluster.cli(1, "publish", topic, "hello")
+
+Every wait is bounded (named timeouts); a node that dies is reported with
+the tail of its stderr. `python -m deploy.cluster --nodes 5 --dir run/`
+starts a cluster and keeps it up until Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+START_TIMEOUT_S = 30.0  # one daemon from exec to its "started" line
+CONNECT_TIMEOUT_S = 30.0  # all nodes seeing each other
+CLI_TIMEOUT_S = 60.0
+STOP_TIMEOUT_S = 15.0  # SIGTERM to exit before SIGKILL
+POLL_INTERVAL_S = 0.1
+STDERR_TAIL_BYTES = 4_000
+MAX_NODES = 64
+
+
+class ClusterError(Exception):
+    """A node failed to start, connect or answer; the message includes its stderr tail."""
+
+
+@dataclass
+class NodeProcess:
+    index: int
+    data_dir: Path
+    process: subprocess.Popen | None = None
+    info: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def address(self) -> str:
+        return self.info["addresses"][0]
+
+    @property
+    def node_id(self) -> str:
+        return self.info["node"]
+
+    def stderr_tail(self) -> str:
+        path = self.data_dir / "stderr.log"
+        try:
+            return path.read_bytes()[-STDERR_TAIL_BYTES:].decode("utf-8", "replace")
+        except OSError:
+            return ""
+
+
+def megnode_command(*args: str) -> list[str]:
+    """The command line running this checkout's megnode with the current interpreter."""
+    return [sys.executable, "-m", "node.cli", *args]
+
+
+class LocalCluster:
+    def __init__(self, base_dir: Path, nodes: int, *, fast_path: str = "push",
+                 extra_args: tuple[str, ...] = (), env: dict[str, str] | None = None) -> None:
+        if not 1 <= nodes <= MAX_NODES:
+            raise ValueError(f"nodes must be in [1, {MAX_NODES}]")
+        self.base_dir = Path(base_dir)
+        self.fast_path = fast_path
+        self.extra_args = extra_args
+        self.env = {**os.environ, **(env or {})}
+        self.nodes = [NodeProcess(i, self.base_dir / f"node{i}") for i in range(nodes)]
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def __enter__(self) -> "LocalCluster":
+        try:
+            self.start()
+            self.wait_connected()
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def start(self) -> None:
+        for node in self.nodes:
+            self.start_node(node.index)
+
+    def start_node(self, index: int, bootstrap: list[str] | None = None) -> NodeProcess:
+        node = self.nodes[index]
+        node.data_dir.mkdir(parents=True, exist_ok=True)
+        if bootstrap is None:
+            bootstrap = [n.address for n in self.nodes if n.info and n.index != index
+                         and n.process is not None and n.process.poll() is None]
+        args = ["run", "--data-dir", str(node.data_dir), "--listen", "/ip4/127.0.0.1/tcp/0",
+                "--fast-path", self.fast_path, *self.extra_args]
+        for address in bootstrap:
+            args += ["--bootstrap", address]
+        stderr = open(node.data_dir / "stderr.log", "ab")  # noqa: SIM115 - owned by the child
+        node.process = subprocess.Popen(megnode_command(*args), stdout=subprocess.PIPE,
+                                        stderr=stderr, env=self.env, start_new_session=True)
+        stderr.close()
+        node.info = self._read_started(node)
+        return node
+
+    def _read_started(self, node: NodeProcess) -> dict[str, Any]:
+        assert node.process is not None and node.process.stdout is not None
+        os.set_blocking(node.process.stdout.fileno(), False)
+        deadline = time.monotonic() + START_TIMEOUT_S
+        buffer = b""
+        while time.monotonic() < deadline:
+            chunk = node.process.stdout.read()
+            if chunk:
+                buffer += chunk
+                for line in buffer.split(b"\n"):
+                    if line.startswith(b"{"):
+                        info = json.loads(line)
+                        if info.get("event") == "started":
+                            return info
+            if node.process.poll() is not None:
+                raise ClusterError(f"node {node.index} exited with {node.process.returncode}:\n"
+                                   f"{node.stderr_tail()}")
+            time.sleep(POLL_INTERVAL_S)
+        raise ClusterError(f"node {node.index} did not start within {START_TIMEOUT_S} s:\n"
+                           f"{node.stderr_tail()}")
+
+    def wait_connected(self, timeout_s: float = CONNECT_TIMEOUT_S,
+                       indices: list[int] | None = None) -> None:
+        """Wait until each running node has every other running node as a peer."""
+        running = indices if indices is not None else [n.index for n in self.nodes if self.alive(n.index)]
+        peer_ids = {self.nodes[i].info["peer_id"] for i in running}
+        deadline = time.monotonic() + timeout_s
+        while True:
+            missing = {}
+            for i in running:
+                peers = set(self.status(i)["peers"])
+                lacking = peer_ids - {self.nodes[i].info["peer_id"]} - peers
+                if lacking:
+                    missing[i] = len(lacking)
+            if not missing:
+                return
+            if time.monotonic() > deadline:
+                raise ClusterError(f"nodes not connected after {timeout_s} s: {missing}")
+            time.sleep(POLL_INTERVAL_S * 3)
+
+    def alive(self, index: int) -> bool:
+        process = self.nodes[index].process
+        return process is not None and process.poll() is None
+
+    def signal(self, index: int, sig: int) -> None:
+        process = self.nodes[index].process
+        if process is not None and process.poll() is None:
+            process.send_signal(sig)
+
+    def kill(self, index: int) -> None:
+        """SIGKILL: no clean shutdown, as a power cut or OOM kill would do."""
+        process = self.nodes[index].process
+        if process is not None and process.poll() is None:
+            process.kill()
+            process.wait(timeout=STOP_TIMEOUT_S)
+
+    def stop(self, index: int) -> None:
+        process = self.nodes[index].process
+        if process is None or process.poll() is not None:
+            return
+        process.send_signal(signal.SIGCONT)  # a stopped process cannot handle SIGTERM
+        process.terminate()
+        try:
+            process.wait(timeout=STOP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(timeout=STOP_TIMEOUT_S)
+
+    def close(self) -> None:
+        for node in self.nodes:  # ask all first, so their shutdowns overlap
+            if self.alive(node.index):
+                self.signal(node.index, signal.SIGCONT)
+                self.signal(node.index, signal.SIGTERM)
+        for node in self.nodes:
+            self.stop(node.index)
+            if node.process is not None and node.process.stdout is not None:
+                node.process.stdout.close()
+
+    # ------------------------------------------------------------------ driving nodes
+
+    def cli(self, index: int, *args: str, timeout_s: float = CLI_TIMEOUT_S) -> dict[str, Any]:
+        """Run a `megnode` command against node `index`; its JSON output (last line)."""
+        result = self.cli_raw(index, *args, timeout_s=timeout_s)
+        if result.returncode != 0:
+            raise ClusterError(f"megnode {' '.join(args)} on node {index} failed "
+                               f"({result.returncode}): {result.stderr.strip()}")
+        text = result.stdout.strip()
+        try:
+            try:
+                return json.loads(text)  # one JSON document (possibly indented)
+            except json.JSONDecodeError:
+                return json.loads(text.splitlines()[-1])  # JSON lines: the last one
+        except (json.JSONDecodeError, IndexError):
+            raise ClusterError(f"megnode {' '.join(args)} printed non-JSON: {text[:500]}") from None
+
+    def cli_raw(self, index: int, *args: str, timeout_s: float = CLI_TIMEOUT_S,
+                input_text: str | None = None) -> subprocess.CompletedProcess:
+        command = megnode_command(*args, "--data-dir", str(self.nodes[index].data_dir))
+        return subprocess.run(command, capture_output=True, text=True, timeout=timeout_s,
+                              env=self.env, input=input_text)
+
+    def status(self, index: int) -> dict[str, Any]:
+        return self.cli(index, "status")
+
+    def topic_status(self, index: int, topic: str) -> dict[str, Any]:
+        for entry in self.status(index)["topics"]:
+            if entry["topic"] == topic:
+                return entry
+        raise ClusterError(f"node {index} is not in topic {topic}")
+
+    def wait_delivered(self, topic: str, count: int, timeout_s: float,
+                       indices: list[int] | None = None) -> float:
+        """Wait until the given (default: all running) nodes delivered `count` events."""
+        indices = indices if indices is not None else [n.index for n in self.nodes if self.alive(n.index)]
+        start = time.monotonic()
+        while True:
+            counts = {i: self.topic_status(i, topic)["delivered"] for i in indices}
+            if all(c >= count for c in counts.values()):
+                return time.monotonic() - start
+            if time.monotonic() - start > timeout_s:
+                raise ClusterError(f"delivered counts {counts} short of {count} after {timeout_s} s")
+            time.sleep(POLL_INTERVAL_S * 3)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m deploy.cluster",
+                                     description="Run N megnode daemons on 127.0.0.1 until Ctrl-C.")
+    parser.add_argument("--nodes", type=int, default=3)
+    parser.add_argument("--dir", default="cluster-run")
+    parser.add_argument("--fast-path", default="push", choices=("push", "gossipsub", "none"))
+    args = parser.parse_args(argv)
+    with LocalCluster(Path(args.dir), args.nodes, fast_path=args.fast_path) as cluster:
+        for node in cluster.nodes:
+            print(f"node{node.index}: {node.address}  (data dir {node.data_dir})", flush=True)
+        print("all connected; Ctrl-C stops the cluster", flush=True)
+        try:
+            while all(cluster.alive(n.index) for n in cluster.nodes):
+                time.sleep(1)
+        except KeyboardInterrupt:
+            pass
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,296 @@
+"""The `megnode` command line.
+
+    megnode keygen --data-dir D              create the node's identity key
+    megnode run --data-dir D [...]           run the daemon (Ctrl-C stops it cleanly)
+    megnode topic create NAME --data-dir D   create a topic; prints its id
+    megnode topic join TOPIC --data-dir D    join a topic by id
+    megnode topic leave TOPIC --data-dir D
+    megnode publish TOPIC MESSAGE --data-dir D      (MESSAGE "-" reads stdin;
+                                                      --lines: one event per line)
+    megnode subscribe TOPIC --data-dir D [--since N] [--count N]   JSON lines
+    megnode status --data-dir D              peers, topics, extremities, buffer, rejections
+    megnode connect ADDRESS --data-dir D     dial a peer by its /p2p/ address
+    megnode export-logs --data-dir D OUT     copy the dissemination logs for analysis
+    megnode analyze LOGDIR --out REPORT      Spark analysis of collected logs
+    megnode simulate [...]                   the deterministic simulator
+
+Every command but `run`, `keygen`, `export-logs`, `analyze` and `simulate`
+talks to the daemon over its control socket. User mistakes (bad address,
+bad topic id, unreadable key, data dir in use, no daemon running) give one
+clear line on stderr and exit status 2; nothing prints a traceback for them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import shutil
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+from node.config import FAST_PATHS, ConfigError, load_config
+from node.control_client import ControlError, control_call, control_lines
+from node.core.identity import Identity, KeyFileError
+
+EXIT_OK = 0
+EXIT_USAGE = 2
+EXIT_FAILURE = 1
+DEFAULT_DATA_DIR = "megnode-data"
+KEY_FILE = "node.key"  # the same name node.runtime uses
+CONTROL_SOCKET = "control.sock"
+PUBLISH_BATCH = 1_000  # events per control request with --lines
+
+
+class UserError(Exception):
+    """A mistake the user can fix; printed as one line."""
+
+
+def _data_dir(args: argparse.Namespace) -> Path:
+    return Path(args.data_dir)
+
+
+def _socket(args: argparse.Namespace) -> Path:
+    return _data_dir(args) / CONTROL_SOCKET
+
+
+def _print_json(obj: Any) -> None:
+    print(json.dumps(obj, indent=None, separators=(",", ":")), flush=True)
+
+
+# ---------------------------------------------------------------------- commands
+
+
+def cmd_keygen(args: argparse.Namespace) -> int:
+    path = Path(args.key_file) if args.key_file else _data_dir(args) / KEY_FILE
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UserError(f"cannot create {path.parent}: {exc.strerror}") from None
+    identity = Identity.generate()
+    try:
+        identity.save(path)
+    except KeyFileError as exc:
+        raise UserError(str(exc)) from None
+    from transport.libp2p_host import peer_id_of_public_key
+
+    _print_json({"key_file": str(path), "public_key": identity.public_key.hex(),
+                 "peer_id": peer_id_of_public_key(identity.public_key)})
+    return EXIT_OK
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    import trio
+
+    from node.control import serve_control
+    from node.runtime import CONTROL_SOCKET as SOCKET_NAME
+    from node.runtime import Node, NodeError
+
+    try:
+        config = load_config(args.config).with_overrides(
+            listen=args.listen or None, bootstrap=args.bootstrap or None,
+            fast_path=args.fast_path, log_dir=args.log_dir)
+    except ConfigError as exc:
+        raise UserError(str(exc)) from None
+    logging.basicConfig(level=logging.WARNING if not args.verbose else logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+    async def main() -> None:
+        async with Node.open(args.data_dir, config=config) as node:
+            async with trio.open_nursery() as nursery:
+                await nursery.start(serve_control, node, Path(args.data_dir) / SOCKET_NAME)
+                _print_json({"event": "started", "node": node.node_id,
+                             "peer_id": node.host.peer_id, "addresses": list(node.addresses)})
+                with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+                    async for _ in signals:
+                        break
+                nursery.cancel_scope.cancel()
+        _print_json({"event": "stopped"})
+
+    try:
+        trio.run(main)
+    except NodeError as exc:
+        raise UserError(str(exc)) from None
+    return EXIT_OK
+
+
+def _control(args: argparse.Namespace, request: dict[str, Any]) -> dict[str, Any]:
+    try:
+        return control_call(_socket(args), request)
+    except ControlError as exc:
+        raise UserError(str(exc)) from None
+
+
+def cmd_topic(args: argparse.Namespace) -> int:
+    if args.topic_command == "create":
+        reply = _control(args, {"op": "topic_create", "name": args.name, "d_max": args.d_max})
+        _print_json({"topic": reply["topic"]})
+    elif args.topic_command == "join":
+        reply = _control(args, {"op": "topic_join", "topic": args.topic})
+        _print_json({"topic": reply["topic"], "ready": reply["ready"]})
+    else:
+        _control(args, {"op": "topic_leave", "topic": args.topic})
+        _print_json({"left": args.topic})
+    return EXIT_OK
+
+
+def cmd_publish(args: argparse.Namespace) -> int:
+    if args.lines:
+        if args.message != "-":
+            raise UserError("--lines reads messages from stdin: give '-' as the message")
+        payloads = sys.stdin.read().splitlines()
+        ids: list[str] = []
+        for start in range(0, len(payloads), PUBLISH_BATCH):
+            chunk = payloads[start:start + PUBLISH_BATCH]
+            ids += _control(args, {"op": "publish_batch", "topic": args.topic,
+                                   "payloads": chunk})["ids"]
+        _print_json({"published": len(ids), "last": ids[-1] if ids else None})
+        return EXIT_OK
+    message = sys.stdin.read() if args.message == "-" else args.message
+    reply = _control(args, {"op": "publish", "topic": args.topic, "payload": message})
+    _print_json({"id": reply["id"]})
+    return EXIT_OK
+
+
+def cmd_subscribe(args: argparse.Namespace) -> int:
+    request = {"op": "subscribe", "topic": args.topic, "since": args.since, "count": args.count}
+    try:
+        replies = control_lines(_socket(args), request, timeout_s=None)
+        first = next(replies, None)
+        if first is None or not first.get("ok"):
+            raise UserError((first or {}).get("error", "the daemon refused to subscribe"))
+        for reply in replies:
+            _print_json(reply)
+    except ControlError as exc:
+        raise UserError(str(exc)) from None
+    except (KeyboardInterrupt, BrokenPipeError):
+        pass
+    return EXIT_OK
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    reply = _control(args, {"op": "status"})
+    print(json.dumps(reply["status"], indent=2))
+    return EXIT_OK
+
+
+def cmd_connect(args: argparse.Namespace) -> int:
+    reply = _control(args, {"op": "connect", "address": args.address})
+    _print_json({"peer": reply["peer"]})
+    return EXIT_OK
+
+
+def cmd_export_logs(args: argparse.Namespace) -> int:
+    source = _data_dir(args) / args.log_dir
+    if not source.is_dir():
+        raise UserError(f"no dissemination logs in {source}")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    copied = 0
+    for path in sorted(source.glob("*.jsonl")):
+        shutil.copy2(path, out / path.name)
+        copied += 1
+    _print_json({"copied": copied, "to": str(out)})
+    return EXIT_OK
+
+
+def cmd_analyze(args: argparse.Namespace) -> int:
+    from analytics.__main__ import main as analytics_main
+
+    return analytics_main(["analyze", *args.rest])
+
+
+def cmd_simulate(args: argparse.Namespace) -> int:
+    from transport.sim import main as sim_main
+
+    return sim_main(args.rest)
+
+
+# ---------------------------------------------------------------------- parser
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="megnode", description=__doc__.split("\n\n")[0])
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def with_data_dir(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
+        p.add_argument("--data-dir", default=DEFAULT_DATA_DIR,
+                       help=f"the node's data directory (default: {DEFAULT_DATA_DIR})")
+        return p
+
+    p = with_data_dir(commands.add_parser("keygen", help="create the node's identity key"))
+    p.add_argument("--key-file", help="write the key here instead of <data-dir>/node.key")
+    p.set_defaults(func=cmd_keygen)
+
+    p = with_data_dir(commands.add_parser("run", help="run the daemon"))
+    p.add_argument("--config", help="a TOML config file (see deploy/examples/node.toml)")
+    p.add_argument("--listen", action="append", help="multiaddr to listen on (repeatable)")
+    p.add_argument("--bootstrap", action="append", help="peer /p2p/ address to dial (repeatable)")
+    p.add_argument("--fast-path", choices=FAST_PATHS, help="how new events spread quickly")
+    p.add_argument("--log-dir", help="dissemination log dir, relative to the data dir")
+    p.add_argument("-v", "--verbose", action="store_true")
+    p.set_defaults(func=cmd_run)
+
+    p = commands.add_parser("topic", help="create, join or leave topics")
+    topic_commands = p.add_subparsers(dest="topic_command", required=True, metavar="ACTION")
+    q = with_data_dir(topic_commands.add_parser("create", help="create a topic"))
+    q.add_argument("name")
+    q.add_argument("--d-max", type=int, default=None, help="parents per event (1..20)")
+    q = with_data_dir(topic_commands.add_parser("join", help="join a topic by id"))
+    q.add_argument("topic")
+    q = with_data_dir(topic_commands.add_parser("leave", help="leave a topic"))
+    q.add_argument("topic")
+    p.set_defaults(func=cmd_topic)
+
+    p = with_data_dir(commands.add_parser("publish", help="publish a message to a topic"))
+    p.add_argument("topic")
+    p.add_argument("message", help='the message text, or "-" to read it from stdin')
+    p.add_argument("--lines", action="store_true",
+                   help="publish each line of stdin as its own event (batched)")
+    p.set_defaults(func=cmd_publish)
+
+    p = with_data_dir(commands.add_parser("subscribe", help="print a topic's events as JSON lines"))
+    p.add_argument("topic")
+    p.add_argument("--since", type=int, default=0, help="delivery position to start from")
+    p.add_argument("--count", type=int, default=None, help="stop after this many events")
+    p.set_defaults(func=cmd_subscribe)
+
+    p = with_data_dir(commands.add_parser("status", help="the daemon's state as JSON"))
+    p.set_defaults(func=cmd_status)
+
+    p = with_data_dir(commands.add_parser("connect", help="dial a peer"))
+    p.add_argument("address")
+    p.set_defaults(func=cmd_connect)
+
+    p = with_data_dir(commands.add_parser("export-logs", help="copy dissemination logs"))
+    p.add_argument("out")
+    p.add_argument("--log-dir", default="logs")
+    p.set_defaults(func=cmd_export_logs)
+
+    p = commands.add_parser("analyze", help="Spark analysis of logs (see `megnode analyze -h`)",
+                            add_help=False)
+    p.add_argument("rest", nargs=argparse.REMAINDER)
+    p.set_defaults(func=cmd_analyze)
+
+    p = commands.add_parser("simulate", help="run the deterministic simulator", add_help=False)
+    p.add_argument("rest", nargs=argparse.REMAINDER)
+    p.set_defaults(func=cmd_simulate)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.func(args)
+    except UserError as exc:
+        print(f"megnode: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,126 @@
+"""Node configuration: defaults, a TOML file, and validation with clear errors.
+
+Every setting has a default, so `megnode run --data-dir D` works with no file.
+A config file (TOML, `--config`) overrides defaults; command-line flags
+override the file. Unknown keys are an error, not silently ignored: a typo in
+`anti_entropy_interval_ms` should not quietly leave the default in place.
+
+Example (deploy/examples/node.toml)::
+
+    listen = ["/ip4/0.0.0.0/tcp/4001"]
+    bootstrap = ["/ip4/192.0.2.10/tcp/4001/p2p/12D3KooW..."]
+    fast_path = "push"        # or "gossipsub", or "none" (anti-entropy only)
+    mdns = false
+    anti_entropy_interval_ms = 2000
+    log_dir = "logs"
+    metrics_port = 0          # 0 = Prometheus exporter off
+"""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any
+
+DEFAULT_LISTEN = ("/ip4/127.0.0.1/tcp/0",)
+DEFAULT_ANTI_ENTROPY_INTERVAL_MS = 2_000
+DEFAULT_ANTI_ENTROPY_JITTER_MS = 500
+DEFAULT_COMMIT_INTERVAL_MS = 20  # how long received events may wait for a group commit
+DEFAULT_WIDTH_SAMPLE_INTERVAL_MS = 1_000
+DEFAULT_PEER_MISBEHAVIOUR_LIMIT = 20  # invalid messages before a peer is disconnected
+MAX_CONFIG_BYTES = 256 * 1024
+FAST_PATHS = ("push", "gossipsub", "none")
+MAX_PEERS_LISTED = 256
+
+
+class ConfigError(Exception):
+    """The configuration is invalid; the message names the setting and the problem."""
+
+
+@dataclass(frozen=True, slots=True)
+class NodeConfig:
+    listen: tuple[str, ...] = DEFAULT_LISTEN
+    bootstrap: tuple[str, ...] = ()
+    fast_path: str = "push"  # "push" (our batched push), "gossipsub", or "none" (anti-entropy only)
+    mdns: bool = False
+    anti_entropy_interval_ms: int = DEFAULT_ANTI_ENTROPY_INTERVAL_MS
+    anti_entropy_jitter_ms: int = DEFAULT_ANTI_ENTROPY_JITTER_MS
+    commit_interval_ms: int = DEFAULT_COMMIT_INTERVAL_MS
+    width_sample_interval_ms: int = DEFAULT_WIDTH_SAMPLE_INTERVAL_MS
+    peer_misbehaviour_limit: int = DEFAULT_PEER_MISBEHAVIOUR_LIMIT
+    log_dir: str | None = "logs"  # relative to the data dir; None = no dissemination log
+    metrics_port: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def with_overrides(self, **overrides: Any) -> "NodeConfig":
+        """A copy with the non-None overrides applied and validated."""
+        changes = {k: v for k, v in overrides.items() if v is not None}
+        return validate(replace(self, **_coerce(changes)))
+
+
+_LIST_FIELDS = {"listen", "bootstrap"}
+
+
+def _coerce(values: dict[str, Any]) -> dict[str, Any]:
+    return {k: tuple(v) if k in _LIST_FIELDS and isinstance(v, list) else v
+            for k, v in values.items()}
+
+
+def validate(config: NodeConfig) -> NodeConfig:
+    def positive(name: str) -> None:
+        value = getattr(config, name)
+        if type(value) is not int or value <= 0:
+            raise ConfigError(f"{name} must be a positive integer (milliseconds), got {value!r}")
+
+    for name in ("anti_entropy_interval_ms", "commit_interval_ms", "width_sample_interval_ms",
+                 "peer_misbehaviour_limit"):
+        positive(name)
+    if type(config.anti_entropy_jitter_ms) is not int or config.anti_entropy_jitter_ms < 0:
+        raise ConfigError("anti_entropy_jitter_ms must be a non-negative integer")
+    for name in ("listen", "bootstrap"):
+        value = getattr(config, name)
+        if not isinstance(value, tuple) or not all(isinstance(a, str) and a.startswith("/")
+                                                   for a in value):
+            raise ConfigError(f"{name} must be a list of multiaddrs like /ip4/127.0.0.1/tcp/4001")
+        if len(value) > MAX_PEERS_LISTED:
+            raise ConfigError(f"{name} lists more than {MAX_PEERS_LISTED} addresses")
+    if not config.listen:
+        raise ConfigError("listen must name at least one address")
+    if config.fast_path not in FAST_PATHS:
+        raise ConfigError(f"fast_path must be one of {', '.join(FAST_PATHS)}, got {config.fast_path!r}")
+    if type(config.mdns) is not bool:
+        raise ConfigError("mdns must be true or false")
+    if type(config.metrics_port) is not int or not 0 <= config.metrics_port <= 65535:
+        raise ConfigError("metrics_port must be a port number (0 turns the exporter off)")
+    if config.log_dir is not None and not isinstance(config.log_dir, str):
+        raise ConfigError("log_dir must be a path")
+    return config
+
+
+def load_config(path: str | Path | None) -> NodeConfig:
+    """Defaults, overridden by the TOML file at `path` if given."""
+    if path is None:
+        return NodeConfig()
+    path = Path(path)
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise ConfigError(f"config file {path} does not exist") from None
+    except OSError as exc:
+        raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from None
+    if len(data) > MAX_CONFIG_BYTES:
+        raise ConfigError(f"config file {path} is larger than {MAX_CONFIG_BYTES} bytes")
+    try:
+        values = tomllib.loads(data.decode("utf-8"))
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"config file {path} is not valid TOML: {exc}") from None
+    known = {f.name for f in fields(NodeConfig)} - {"extra"}
+    unknown = sorted(set(values) - known)
+    if unknown:
+        raise ConfigError(f"config file {path}: unknown setting(s) {', '.join(unknown)}; "
+                          f"known: {', '.join(sorted(known))}")
+    try:
+        return validate(replace(NodeConfig(), **_coerce(values)))
+    except TypeError as exc:
+        raise ConfigError(f"config file {path}: {exc}") from None

@@ -1,0 +1,65 @@
+"""A small, dependency-free client for a daemon's control socket (see node.control).
+
+The CLI runs one of these per command, so it imports only the standard
+library: `megnode status` answers in a blink instead of first loading
+libp2p and trio.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+MAX_REPLY_LINE_BYTES = 16 << 20
+RECEIVE_CHUNK = 65_536
+
+
+class ControlError(Exception):
+    """No daemon, a refused request or a broken connection; the message says which."""
+
+
+def control_lines(path: Path, request: dict[str, Any], timeout_s: float | None = 30.0
+                  ) -> Iterator[dict[str, Any]]:
+    """Send `request`; yield each JSON reply line until the daemon closes the connection."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.settimeout(timeout_s)
+    try:
+        sock.connect(str(path))
+    except (FileNotFoundError, ConnectionRefusedError):
+        sock.close()
+        raise ControlError(f"no megnode daemon is running on {path.parent} "
+                           f"(start one with `megnode run --data-dir {path.parent}`)") from None
+    except PermissionError:
+        sock.close()
+        raise ControlError(f"not allowed to use the control socket {path}") from None
+    except OSError as exc:
+        sock.close()
+        raise ControlError(f"cannot reach the daemon at {path}: {exc.strerror or exc}") from None
+    with sock:
+        sock.sendall(json.dumps(request, separators=(",", ":")).encode() + b"\n")
+        buffer = b""
+        while True:
+            while b"\n" not in buffer:
+                try:
+                    chunk = sock.recv(RECEIVE_CHUNK)
+                except socket.timeout:
+                    raise ControlError("the daemon did not answer in time") from None
+                if not chunk:
+                    return
+                buffer += chunk
+                if len(buffer) > MAX_REPLY_LINE_BYTES:
+                    raise ControlError("reply line too long")
+            line, _, buffer = buffer.partition(b"\n")
+            yield json.loads(line)
+
+
+def control_call(path: Path, request: dict[str, Any], timeout_s: float = 30.0) -> dict[str, Any]:
+    """One request, one reply; raises ControlError with the daemon's message if refused."""
+    for reply in control_lines(path, request, timeout_s):
+        if not reply.get("ok"):
+            raise ControlError(reply.get("error", "the daemon refused the request"))
+        return reply
+    raise ControlError("the daemon closed the connection without answering")

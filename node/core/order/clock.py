@@ -1,0 +1,133 @@
+"""Causal clocks: "has node y seen node x?" in O(1), derived locally.
+
+Theory of operation
+-------------------
+Every writer's nodes form a chain: node `seq` has the writer's node `seq - 1`
+among its ancestors. So what y has seen of writer w is a *prefix* of w's
+chain, and one number describes it: the highest seq of w in y's past. A
+node's clock maps each writer to that number; it is the element-wise max of
+its dependencies' clocks, plus its own (writer, seq). Then
+
+    y has seen x   <=>   clock(y)[x.writer] >= x.seq
+
+Nothing is taken from the wire: the clock of a node is a pure function of
+its past, so every replica computes the same answer.
+
+      a0 ── a1 ──────────── a2        clock(a2) = {a: 2, b: 1}
+              \\            /          a2 has seen b0, b1 and a0, a1;
+      b0 ─────── b1 ───────            b1 has not seen a2.
+
+The clock keeps one entry per writer, not only per indexer: the linearizer
+asks whether an indexer's node has seen *any* node (a non-indexer's as well)
+and the chain argument above is what makes that a lookup.
+
+Forks. An equivocating writer signs two nodes with one seq; then its nodes no
+longer form one chain and a single number per writer would say y has seen a
+node it has only a sibling of. The index therefore counts in *lanes*: a lane
+is a chain of one writer's nodes, each seeing the previous one. An honest
+writer has exactly one lane (its "main lane", numbered like a writer); a
+node that cannot extend a lane unambiguously (a second node at an occupied
+seq, or a node merging two of its writer's branches) opens a new lane. The
+equivalence above holds per lane, so answers stay exact for forked writers.
+Which sibling lands in the main lane depends on arrival order, so callers
+that need replica-independent answers for a forked writer look only below
+`forks[writer]`, where there is one node per seq.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from .values import OrderError, OrderNode
+
+UNSEEN = -1  # clock value for a lane of which nothing has been seen
+
+
+@dataclass(slots=True)
+class Lane:
+    """A chain of one writer's nodes; `ids[i]` has seq `start + i`."""
+
+    writer: bytes
+    start: int
+    ids: list[bytes]
+
+    @property
+    def end(self) -> int:
+        return self.start + len(self.ids)
+
+
+class CausalIndex:
+    """Lanes and clocks for every node added, in causal order."""
+
+    def __init__(self) -> None:
+        self.lanes: list[Lane] = []
+        self.forks: dict[bytes, int] = {}  # writer -> lowest seq holding two nodes
+        self._lanes_of: dict[bytes, list[int]] = {}
+        self._lane: dict[bytes, int] = {}
+        self._seq: dict[bytes, int] = {}
+        self._clock: dict[bytes, dict[int, int]] = {}
+
+    def __contains__(self, node_id: bytes) -> bool:
+        return node_id in self._clock
+
+    def add(self, node: OrderNode) -> None:
+        clock: dict[int, int] = {}
+        for dep in node.deps:
+            dep_clock = self._clock.get(dep)
+            if dep_clock is None:
+                raise OrderError(f"node {node.id.hex()} references unknown {dep.hex()}")
+            for lane, seq in dep_clock.items():
+                if clock.get(lane, UNSEEN) < seq:
+                    clock[lane] = seq
+        lane = self._place(node, clock)
+        clock[lane] = node.seq
+        self._lane[node.id] = lane
+        self._seq[node.id] = node.seq
+        self._clock[node.id] = clock
+
+    def _place(self, node: OrderNode, clock: dict[int, int]) -> int:
+        mine = self._lanes_of.setdefault(node.writer, [])
+        lanes = [self.lanes[i] for i in mine]
+        previous = node.seq - 1
+        # Each writer is a chain: its previous node must be an ancestor.
+        if node.seq > 0 and not any(
+            lane.start <= previous <= clock.get(i, UNSEEN) for i, lane in zip(mine, lanes)
+        ):
+            raise OrderError(f"node {node.id.hex()}: seq {node.seq} without seq {previous} in its past")
+        if any(lane.start <= node.seq < lane.end for lane in lanes):
+            self.forks[node.writer] = min(self.forks.get(node.writer, node.seq), node.seq)
+        extendable = [
+            i for i, lane in zip(mine, lanes) if lane.end == node.seq and clock.get(i, UNSEEN) == previous
+        ]
+        if len(extendable) == 1:
+            self.lanes[extendable[0]].ids.append(node.id)
+            return extendable[0]
+        self.lanes.append(Lane(node.writer, node.seq, [node.id]))
+        mine.append(len(self.lanes) - 1)
+        return len(self.lanes) - 1
+
+    def sees(self, y: bytes, x: bytes) -> bool:
+        """True if x is y or an ancestor of y."""
+        return self._clock[y].get(self._lane[x], UNSEEN) >= self._seq[x]
+
+    def lanes_of(self, writer: bytes) -> list[int]:
+        return self._lanes_of.get(writer, [])
+
+    def lane_of(self, node_id: bytes) -> int:
+        return self._lane[node_id]
+
+    def latest(self, y: bytes, lane: int) -> int:
+        """Highest seq of `lane` in y's past (y included), or UNSEEN."""
+        return self._clock[y].get(lane, UNSEEN)
+
+    def node_at(self, lane: int, seq: int) -> bytes:
+        chain = self.lanes[lane]
+        return chain.ids[seq - chain.start]
+
+    def first_where(self, lane: int, lo: int, hi: int, test: Callable[[bytes], bool]) -> int | None:
+        """Lowest seq in [lo, hi) of `lane` whose node passes `test`, for a test that,
+        once true along the chain, stays true (seeing a node, reaching a round)."""
+        found = bisect_left(range(lo, hi), True, key=lambda seq: test(self.node_at(lane, seq)))
+        return lo + found if lo + found < hi else None

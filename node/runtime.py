@@ -1,0 +1,538 @@
+"""The node: the sans-IO core driven by trio, libp2p and LMDB.
+
+One `Node` owns one LMDB store, one libp2p host and one nursery. Everything
+it starts — inbound message handling, the protocol timer, outbound senders,
+the log writer, bootstrap dialling — belongs to that nursery and stops when
+the `async with Node.open(...)` block exits (or the process gets Ctrl-C).
+
+    async with Node.open("data/", listen=["/ip4/0.0.0.0/tcp/4001"]) as node:
+        topic = await node.create_topic("kitchen")
+        event_id = await topic.publish(b"21.5C")          # returns once durable
+        async for delivered in topic.subscribe(since=0):   # causal order, resumable
+            print(delivered.position, delivered.event.payload)
+
+The core (`Disseminator` + `Replica`s) is synchronous and runs on the trio
+thread: a call into it never awaits, so no two handlers interleave inside it
+and no lock is needed. Its effects are carried out here: `Send` goes to a
+bounded per-node outbox drained by a sender task (a slow peer never stalls
+the core; when the outbox is full the message is dropped and anti-entropy
+repairs the gap), `Log` goes to the JSON-lines dissemination log, and
+`Disconnect` drops a misbehaving peer.
+
+Data dir layout::
+
+    node.key      the identity (ed25519 seed, mode 0600), created on first open
+    store/        the LMDB environment (locked: one process per data dir)
+    logs/         dissemination logs (analytics.logschema), rotated
+    control.sock  the local control socket used by the `megnode` CLI
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from collections.abc import AsyncIterator, Sequence
+from contextlib import AsyncExitStack, asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from analytics.logschema import JsonLinesLogWriter
+from node.config import NodeConfig
+from node.core.event import Event
+from node.core.identity import Identity, KeyFileError
+from node.core.replica import Replica, ReplicaConfig
+from storage.lmdb_store import LmdbStore, StoreLockedError
+from storage.protocol import TABLE_META, Delete, Put
+from transport.dissemination import Disconnect, DisseminationConfig, Disseminator, Log, Send
+from transport.libp2p_gossip import GossipConfig
+from transport.libp2p_host import (
+    ConnectError,
+    P2PHost,
+    PeerEvent,
+    peer_id_of_public_key,
+    public_key_of_peer_id,
+)
+
+logger = logging.getLogger("megnode")
+
+PROTOCOL_DISSEMINATION = "/megnode/dissemination/1.0.0"
+GOSSIP_TOPIC_PREFIX = "megnode/topic/"
+KEY_FILE = "node.key"
+STORE_DIR = "store"
+CONTROL_SOCKET = "control.sock"
+
+TICK_INTERVAL_S = 0.05  # how often the protocol timer runs; its own intervals are longer
+OUTBOX_CAPACITY = 4_096  # frames waiting to be sent, all peers together
+PEER_EVENT_CAPACITY = 1_024
+SUBSCRIBE_BATCH = 256  # deliveries read from the store per wake-up
+BOOTSTRAP_RETRY_S = 2.0
+BOOTSTRAP_RETRY_MAX_S = 30.0
+MAX_TOPICS = 1_024
+_TOPIC_META_PREFIX = b"megnode/topic/"
+
+
+class NodeError(Exception):
+    """The node cannot do what was asked; the message says why (for users, not tracebacks)."""
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+@dataclass(frozen=True, slots=True)
+class Delivered:
+    """One event handed to a subscriber: its position in the topic's delivery order."""
+
+    position: int
+    event: Event
+
+
+class _Changes:
+    """Wakes subscribers when a topic's delivery count grows."""
+
+    def __init__(self) -> None:
+        self._event = trio.Event()
+
+    def notify(self) -> None:
+        self._event.set()
+        self._event = trio.Event()
+
+    async def wait(self) -> None:
+        await self._event.wait()
+
+
+class Topic:
+    """A handle on one joined topic of a running node."""
+
+    def __init__(self, node: "Node", replica: Replica) -> None:
+        self._node = node
+        self.replica = replica
+        self.topic_id = replica.topic_id
+        self._changes = _Changes()
+
+    @property
+    def id_hex(self) -> str:
+        return self.topic_id.hex()
+
+    @property
+    def ready(self) -> bool:
+        """True once the topic's create event is here (publishing needs it)."""
+        return self.replica.ready
+
+    async def publish(self, payload: bytes, kind: str = "message") -> bytes:
+        """Author an event; returns its id once it is durable (LMDB commit) and sent on."""
+        return self._node._publish(self, payload, kind)
+
+    async def publish_many(self, payloads: Sequence[bytes], kind: str = "message") -> list[bytes]:
+        """Author several events in one group commit; their ids once all are durable."""
+        return self._node._publish_many(self, payloads, kind)
+
+    async def wait_ready(self, timeout_s: float) -> None:
+        with trio.fail_after(timeout_s):
+            while not self.ready:
+                await self._changes.wait()
+
+    async def wait_delivered(self, count: int, timeout_s: float) -> None:
+        """Wait until at least `count` events (create event included) are delivered here."""
+        with trio.fail_after(timeout_s):
+            while self.replica.graph.delivered_count < count:
+                await self._changes.wait()
+
+    async def subscribe(self, since: int = 0) -> AsyncIterator[Delivered]:
+        """Every delivered event from position `since` on, in causal order; waits for more."""
+        position = since
+        while True:
+            batch = self.replica.graph.deliveries(since=position, limit=SUBSCRIBE_BATCH)
+            if not batch:
+                await self._changes.wait()
+                continue
+            for pos, event in batch:
+                yield Delivered(pos, event)
+                position = pos + 1
+
+    def status(self) -> dict[str, Any]:
+        graph = self.replica.graph
+        return {
+            "topic": self.id_hex,
+            "name": self.replica.params.name,
+            "ready": self.ready,
+            "delivered": graph.delivered_count,
+            "extremities": graph.width,
+            "buffered": graph.buffered_count,
+            "equivocations": graph.equivocation_count,
+            "rejected": {k.split(".", 1)[1]: v for k, v in self.replica.counters.items()
+                         if k.startswith("rejected.")},
+        }
+
+
+class Node:
+    """A running megnode: use `async with Node.open(data_dir, ...) as node:`."""
+
+    def __init__(self, data_dir: Path, identity: Identity, store: LmdbStore, config: NodeConfig,
+                 host: P2PHost, nursery: trio.Nursery, log_writer: JsonLinesLogWriter | None,
+                 rng: random.Random,
+                 peer_events: trio.MemoryReceiveChannel[PeerEvent]) -> None:
+        self.data_dir = data_dir
+        self.identity = identity
+        self.store = store
+        self.config = config
+        self.host = host
+        self._nursery = nursery
+        self._log_writer = log_writer
+        self._rng = rng
+        self.node_id = identity.public_key.hex()
+        fast_path = config.fast_path
+        self.disseminator = Disseminator(
+            self.node_id, rng,
+            DisseminationConfig(
+                push=fast_path == "push",
+                sync_interval_ms=config.anti_entropy_interval_ms,
+                sync_jitter_ms=min(config.anti_entropy_jitter_ms,
+                                   config.anti_entropy_interval_ms - 1),
+                width_sample_ms=config.width_sample_interval_ms,
+                misbehaviour_threshold=config.peer_misbehaviour_limit,
+                log=log_writer is not None,
+            ),
+        )
+        self._topics: dict[bytes, Topic] = {}
+        self._outbox_send, self._outbox_receive = trio.open_memory_channel[tuple[str, bytes]](
+            OUTBOX_CAPACITY)
+        self._peer_receive = peer_events
+        self.stats: dict[str, int] = {"outbox_dropped": 0, "send_failed": 0, "log_failed": 0}
+
+    # ------------------------------------------------------------------ lifecycle
+
+    @classmethod
+    @asynccontextmanager
+    async def open(
+        cls,
+        data_dir: str | Path,
+        *,
+        listen: Sequence[str] | None = None,
+        bootstrap: Sequence[str] | None = None,
+        config: NodeConfig | None = None,
+        seed: int | None = None,
+    ) -> AsyncIterator["Node"]:
+        """Open (creating if needed) the data dir, start networking, yield the node."""
+        config = (config or NodeConfig()).with_overrides(
+            listen=list(listen) if listen is not None else None,
+            bootstrap=list(bootstrap) if bootstrap is not None else None)
+        data_dir = Path(data_dir)
+        try:
+            data_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise NodeError(f"cannot create data dir {data_dir}: {exc.strerror}") from None
+        identity = load_or_create_identity(data_dir / KEY_FILE)
+        try:
+            store = LmdbStore(data_dir / STORE_DIR)
+        except StoreLockedError as exc:
+            raise NodeError(str(exc)) from None
+        log_writer = None
+        peer_send, peer_receive = trio.open_memory_channel[PeerEvent](PEER_EVENT_CAPACITY)
+
+        def on_peer(event: PeerEvent) -> None:
+            # Runs inside py-libp2p's notifee task: record only, never block.
+            try:
+                peer_send.send_nowait(event)
+            except trio.WouldBlock:
+                logger.warning("peer event queue full; dropping %s", event)
+
+        try:
+            async with AsyncExitStack() as stack:
+                if config.log_dir is not None:
+                    log_writer = JsonLinesLogWriter(data_dir / config.log_dir,
+                                                    identity.public_key.hex())
+                gossip = GossipConfig(enabled=config.fast_path == "gossipsub")
+                host = P2PHost(bytes(identity.signing_key), config.listen, gossip=gossip,
+                               on_peer=on_peer)
+                try:
+                    await stack.enter_async_context(host)
+                except OSError as exc:
+                    raise NodeError(f"cannot listen on {', '.join(config.listen)}: {exc}") from None
+                except ValueError as exc:
+                    raise NodeError(f"bad listen address {', '.join(config.listen)}: {exc}") from None
+                nursery = await stack.enter_async_context(trio.open_nursery())
+                node = cls(data_dir, identity, store, config, host, nursery, log_writer,
+                           random.Random(seed), peer_receive)
+                await node._start()
+                try:
+                    yield node
+                finally:
+                    nursery.cancel_scope.cancel()
+        finally:
+            if log_writer is not None:
+                log_writer.close()
+            store.close()
+
+    async def _start(self) -> None:
+        host = self.host
+        host.set_message_handler(PROTOCOL_DISSEMINATION, self._on_frame)
+        if host.gossip_enabled:
+            host.set_gossip_handler(self._on_gossip)
+        for topic_id in self._stored_topics():
+            await self._open_topic(topic_id)
+        self._nursery.start_soon(self._sender)
+        self._nursery.start_soon(self._peer_events)
+        self._nursery.start_soon(self._ticker)
+        for address in self.config.bootstrap:
+            self._nursery.start_soon(self._dial_with_retry, address)
+
+    # ------------------------------------------------------------------ topics
+
+    @property
+    def topics(self) -> dict[bytes, Topic]:
+        return dict(self._topics)
+
+    def topic(self, topic_id: bytes) -> Topic:
+        try:
+            return self._topics[topic_id]
+        except KeyError:
+            raise NodeError(f"not a member of topic {topic_id.hex()}") from None
+
+    async def create_topic(self, name: str = "", d_max: int | None = None) -> Topic:
+        """Create a new topic with this node's identity as its creator."""
+        kwargs = {} if d_max is None else {"d_max": d_max}
+        replica = Replica.create_topic(self.store, self.identity, now_ms(), name=name,
+                                       config=self._replica_config(), **kwargs)
+        topic = await self._register(replica)
+        root = replica.graph.get(replica.topic_id)
+        assert root is not None
+        self._run(self.disseminator.on_publish(replica.topic_id, root, now_ms()))
+        return topic
+
+    async def join(self, topic_id: bytes | str) -> Topic:
+        """Join a topic by id: its events arrive from peers (anti-entropy fetches the root)."""
+        topic_id = parse_topic_id(topic_id)
+        if topic_id in self._topics:
+            return self._topics[topic_id]
+        topic = await self._open_topic(topic_id)
+        for peer in self.disseminator.peers:
+            self._run(self.disseminator.sync_with(peer, topic_id, now_ms()))
+        return topic
+
+    async def leave(self, topic_id: bytes | str) -> None:
+        """Stop replicating a topic (its events stay in the store for a later re-join)."""
+        topic_id = parse_topic_id(topic_id)
+        topic = self._topics.pop(topic_id, None)
+        if topic is None:
+            raise NodeError(f"not a member of topic {topic_id.hex()}")
+        self.disseminator.remove_topic(topic_id)
+        self.store.apply([Delete(TABLE_META, _TOPIC_META_PREFIX + topic_id)])
+        if self.host.gossip_enabled:
+            await self.host.leave(GOSSIP_TOPIC_PREFIX + topic_id.hex())
+
+    def _replica_config(self) -> ReplicaConfig:
+        return ReplicaConfig()
+
+    async def _open_topic(self, topic_id: bytes) -> Topic:
+        replica = Replica(self.store, topic_id, self.identity, self._replica_config())
+        return await self._register(replica)
+
+    async def _register(self, replica: Replica) -> Topic:
+        if len(self._topics) >= MAX_TOPICS:
+            raise NodeError(f"this node already replicates MAX_TOPICS={MAX_TOPICS} topics")
+        topic = Topic(self, replica)
+        self._topics[replica.topic_id] = topic
+        self.disseminator.add_topic(replica)
+        self.store.apply([Put(TABLE_META, _TOPIC_META_PREFIX + replica.topic_id, b"")])
+        if self.host.gossip_enabled:
+            await self.host.join(GOSSIP_TOPIC_PREFIX + replica.topic_id.hex())
+        return topic
+
+    def _stored_topics(self) -> list[bytes]:
+        prefix = _TOPIC_META_PREFIX
+        return [key[len(prefix):] for key, _ in self.store.scan(TABLE_META, prefix)]
+
+    # ------------------------------------------------------------------ publishing
+
+    def _publish(self, topic: Topic, payload: bytes, kind: str) -> bytes:
+        self._check_publishable(topic)
+        event, _ = topic.replica.publish(payload, now_ms(), self._rng, kind=kind)
+        # on_publish commits before returning effects: the event is durable here.
+        self._run(self.disseminator.on_publish(topic.topic_id, event, now_ms()))
+        if self.host.gossip_enabled:
+            self._nursery.start_soon(self._gossip_publish, topic.topic_id, event)
+        return event.id
+
+    def _publish_many(self, topic: Topic, payloads: Sequence[bytes], kind: str) -> list[bytes]:
+        if not payloads:
+            return []
+        self._check_publishable(topic)
+        events = [topic.replica.publish(p, now_ms(), self._rng, kind=kind)[0] for p in payloads]
+        now = now_ms()
+        effects: list[object] = []
+        for event in events:  # the first on_publish commits them all: one fsync
+            effects += self.disseminator.on_publish(topic.topic_id, event, now)
+        self._run(effects)
+        return [e.id for e in events]
+
+    def _check_publishable(self, topic: Topic) -> None:
+        if topic.topic_id not in self._topics:
+            raise NodeError("this topic was left")
+        if not topic.ready:
+            raise NodeError("the topic's create event has not arrived yet; wait for sync "
+                            "(Topic.wait_ready) before publishing")
+
+    async def _gossip_publish(self, topic_id: bytes, event: Event) -> None:
+        from transport.messages import Push, encode  # the same frame the push path uses
+
+        try:
+            await self.host.publish(GOSSIP_TOPIC_PREFIX + topic_id.hex(),
+                                    encode(Push(topic_id, (event.raw,))))
+        except Exception as exc:  # gossip is best effort: anti-entropy repairs
+            logger.debug("gossip publish failed: %s", exc)
+
+    # ------------------------------------------------------------------ effects
+
+    def _run(self, effects: Sequence[object]) -> None:
+        """Carry out the core's effects, then wake subscribers of topics that moved."""
+        for effect in effects:
+            if isinstance(effect, Send):
+                try:
+                    self._outbox_send.send_nowait((effect.peer, effect.data))
+                except trio.WouldBlock:
+                    self.stats["outbox_dropped"] += 1
+            elif isinstance(effect, Log):
+                self._write_log(effect.record)
+            elif isinstance(effect, Disconnect):
+                logger.warning("disconnecting peer %s: %s", effect.peer, effect.reason)
+                self._nursery.start_soon(self._disconnect, effect.peer)
+        for topic in self._topics.values():
+            topic._changes.notify()
+
+    def _write_log(self, record: dict[str, Any]) -> None:
+        if self._log_writer is None:
+            return
+        try:
+            self._log_writer.write(record)
+        except (OSError, ValueError) as exc:
+            self.stats["log_failed"] += 1
+            logger.debug("log record dropped: %s", exc)
+
+    async def _disconnect(self, peer: str) -> None:
+        try:
+            await self.host.disconnect(self._peer_id_of(peer))
+        except Exception as exc:
+            logger.debug("disconnect of %s failed: %s", peer, exc)
+
+    # ------------------------------------------------------------------ background tasks
+
+    # The core names peers by their node id (hex of the ed25519 key, the id the
+    # logs use); libp2p by peer id. An ed25519 peer id embeds the key, so the two
+    # convert both ways without a table that could go stale.
+
+    @staticmethod
+    def _node_id_of(peer_id: str) -> str | None:
+        try:
+            key = public_key_of_peer_id(peer_id)
+        except Exception:
+            return None
+        return None if key is None else key.hex()
+
+    @staticmethod
+    def _peer_id_of(node_id: str) -> str:
+        return peer_id_of_public_key(bytes.fromhex(node_id))
+
+    async def _sender(self) -> None:
+        async for peer, data in self._outbox_receive:
+            try:
+                await self.host.send(self._peer_id_of(peer), PROTOCOL_DISSEMINATION, data)
+            except Exception as exc:  # the peer went away; anti-entropy repairs the gap
+                self.stats["send_failed"] += 1
+                logger.debug("send to %s failed: %s", peer, exc)
+
+    async def _ticker(self) -> None:
+        while True:
+            self._run(self.disseminator.tick(now_ms()))
+            await trio.sleep(TICK_INTERVAL_S)
+
+    async def _peer_events(self) -> None:
+        async for event in self._peer_receive:
+            node_id = self._node_id_of(event.peer_id)
+            if node_id is None:
+                logger.info("ignoring peer %s: not an ed25519 identity", event.peer_id)
+                continue
+            if event.up:
+                self._run(self.disseminator.on_peer_up(node_id, now_ms()))
+            else:
+                self._run(self.disseminator.on_peer_down(node_id, now_ms()))
+
+    async def _on_frame(self, peer: str, data: bytes) -> None:
+        node_id = self._node_id_of(peer)
+        if node_id is not None:
+            self._run(self.disseminator.on_message(node_id, data, now_ms()))
+
+    async def _on_gossip(self, topic_name: str, origin: str, data: bytes) -> None:
+        node_id = self._node_id_of(origin)
+        if node_id is not None:
+            self._run(self.disseminator.on_message(node_id, data, now_ms()))
+
+    async def _dial_with_retry(self, address: str) -> None:
+        delay = BOOTSTRAP_RETRY_S
+        while True:
+            try:
+                await self.connect(address)
+                return
+            except NodeError as exc:
+                logger.info("bootstrap %s: %s (retrying in %.0f s)", address, exc, delay)
+            await trio.sleep(delay)
+            delay = min(delay * 2, BOOTSTRAP_RETRY_MAX_S)
+
+    # ------------------------------------------------------------------ peers and status
+
+    async def connect(self, address: str) -> str:
+        """Dial a peer by its /p2p/ multiaddr; returns its peer id."""
+        try:
+            return await self.host.connect(address)
+        except ValueError as exc:
+            raise NodeError(str(exc)) from None
+        except ConnectError as exc:
+            raise NodeError(str(exc)) from None
+
+    @property
+    def addresses(self) -> tuple[str, ...]:
+        return self.host.listen_addrs()
+
+    def status(self) -> dict[str, Any]:
+        return {
+            "node": self.node_id,
+            "peer_id": self.host.peer_id,
+            "addresses": list(self.addresses),
+            "peers": sorted(self.host.peers()),
+            "fast_path": self.config.fast_path,
+            "topics": [t.status() for t in self._topics.values()],
+            "stats": dict(self.stats) | {k: v for k, v in self.disseminator.stats.items()},
+        }
+
+
+def parse_topic_id(value: bytes | str) -> bytes:
+    if isinstance(value, bytes):
+        if len(value) != 32:
+            raise NodeError("a topic id is 32 bytes")
+        return value
+    try:
+        raw = bytes.fromhex(value)
+    except ValueError:
+        raw = b""
+    if len(raw) != 32:
+        raise NodeError(f"not a topic id (64 hex characters): {value!r}")
+    return raw
+
+
+def load_or_create_identity(path: Path) -> Identity:
+    """The node's identity from `path`, generated (mode 0600) if the file does not exist."""
+    if not path.exists():
+        identity = Identity.generate()
+        try:
+            identity.save(path)
+        except KeyFileError as exc:
+            raise NodeError(str(exc)) from None
+        return identity
+    try:
+        return Identity.load(path)
+    except KeyFileError as exc:
+        raise NodeError(str(exc)) from None

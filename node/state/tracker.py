@@ -1,0 +1,235 @@
+"""The per-topic state machine: the state before and after every applied event.
+
+Theory of operation
+-------------------
+The graph applies events parents first (`Graph.add` returns them in
+application order); `StateTracker.apply` follows it, event by event:
+
+1. **State before.** The create event starts from the empty state. Any other
+   event takes the *state after* of its parents: if they all point at one
+   state group, that group is reused as is (a chain of messages costs a dict
+   lookup); otherwise the parents' states are resolved with state resolution
+   v2 (`node.state.resolve`), memoised per set of input groups (in memory and
+   on disk), so a merge of the same forks is resolved once, ever.
+2. **Authorization.** Matrix checks a received event three times: against its
+   auth events (spec step 4: reject), against the state before it (step 5:
+   reject) and against the server's current state (step 6: "soft fail").
+   Here the auth refs must be *exactly* `select_auth_refs(event, state
+   before)`: every replica computes the same state before an event from its
+   parents alone, so the author can always name those refs, and then the
+   auth-event state is the state before restricted to the keys the rules
+   read - steps 4 and 5 become one `check_auth` against the state before.
+   (A mismatch is rejected: `auth_refs_not_selected`, or the more precise
+   `check_auth_refs` reason.) This also keeps the verdict a function of the
+   event's ancestry, never of arrival order: an auth ref that is not in the
+   state before - a concurrent or later event - could be present on one
+   replica and absent on another. Step 6 is left out on purpose: it depends
+   on what each replica happens to hold, so replicas would deliver different
+   events; state resolution already gives every replica the same answer.
+   For events whose verdict does not depend on their content (non-state
+   events other than create / member / power levels kinds), the verdict is
+   cached per (state group, author, kind, auth refs).
+3. **State after.** A state event that passed becomes the value of its key
+   in a new group derived from the state before. A rejected event, or any
+   non-state event, has state after = state before: rejected events stay
+   vertices of the graph (their children are not blocked) but never enter
+   state, and the caller never delivers them.
+
+The records (`StateGroups`) are written through the graph's write-set and
+commit with the events; after a restart nothing is recomputed. If an applied
+event has no record (the replica ran with authorization off, or an older
+store), its missing ancestry is processed first, parents first, by depth.
+
+The current state - the state at the forward extremities - is the state
+before a hypothetical event whose parents are all extremities; it is cached
+per extremity set. Resolution can refuse a pathological graph
+(`AuthChainTooLarge`): the event that needed it is then rejected as
+`state_unresolvable` and takes the state after its greatest parent id, a
+choice every replica makes alike.
+
+Sans-IO: no clock, no randomness; the graph and the store come in.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, OrderedDict
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Protocol
+
+from node.core.event import Event
+from node.state.auth_chain import AuthChainTooLarge
+from node.state.auth_rules import EventFields, check_auth, check_auth_refs, select_auth_refs
+from node.state.resolution import resolve
+from node.state.store import EMPTY_GROUP, EventState, StateGroups
+from node.state.types import (
+    TYPE_CREATE,
+    TYPE_MEMBER,
+    TYPE_POWER_LEVELS,
+    StateKey,
+    state_key_of,
+)
+
+REASON_AUTH_REFS = "auth_refs_not_selected"
+REASON_UNRESOLVABLE = "state_unresolvable"
+VERDICT_CACHE_SIZE = 4_096
+
+# Kinds whose auth verdict reads the event's content, so it cannot be shared
+# between two events with the same (state, author, kind).
+_CONTENT_RULED = frozenset({TYPE_CREATE, TYPE_MEMBER, TYPE_POWER_LEVELS})
+
+
+class StateResolutionError(Exception):
+    """The state at a set of events cannot be computed (resolution refused the graph)."""
+
+
+class GraphView(Protocol):
+    """What the tracker reads from the graph (`node.core.graph.Graph`)."""
+
+    def get(self, event_id: bytes, /) -> Event | None: ...
+    def parents_of(self, event_id: bytes) -> tuple[bytes, ...] | None: ...
+    def depth(self, event_id: bytes) -> int | None: ...
+    def extremities(self) -> list[bytes]: ...
+
+
+class StateTracker:
+    """State before/after every applied event of one topic, and the current state."""
+
+    def __init__(self, graph: GraphView, groups: StateGroups) -> None:
+        self.graph = graph
+        self.groups = groups
+        self.stats: Counter[str] = Counter()
+        self._verdicts: OrderedDict[tuple, str | None] = OrderedDict()
+        self._current: tuple[tuple[bytes, ...], int] | None = None
+
+    def clear_caches(self) -> None:
+        self.groups.clear_caches()
+        self._verdicts.clear()
+        self._current = None
+
+    # ---------------------------------------------------------------- queries
+
+    def event_state(self, event_id: bytes) -> EventState | None:
+        """The recorded groups of an applied event (None: not applied, or not processed)."""
+        return self.groups.event_state(event_id)
+
+    def is_rejected(self, event_id: bytes) -> bool:
+        record = self.groups.event_state(event_id)
+        return record is not None and record.reason is not None
+
+    def state(self, gid: int) -> Mapping[StateKey, bytes]:
+        return self.groups.load(gid)
+
+    def current_group(self) -> int:
+        """The group of the state at the forward extremities."""
+        extremities = tuple(self.graph.extremities())
+        if self._current is not None and self._current[0] == extremities:
+            return self._current[1]
+        gid = self.group_before(extremities)
+        self._current = (extremities, gid)
+        return gid
+
+    def group_before(self, parents: Iterable[bytes]) -> int:
+        """The group of the state before an event with these parents."""
+        gids = sorted({self._after(p) for p in parents})
+        if not gids:
+            return EMPTY_GROUP
+        if len(gids) == 1:
+            return gids[0]
+        known = self.groups.memo(gids)
+        if known is not None:
+            self.stats["resolution_memo_hits"] += 1
+            return known
+        self.stats["resolutions"] += 1
+        try:
+            resolved = resolve([self.groups.load(g) for g in gids], self.graph)
+        except AuthChainTooLarge as error:
+            raise StateResolutionError(str(error)) from error
+        gid = self.groups.store_state(resolved, gids)
+        self.groups.remember(gids, gid)
+        return gid
+
+    def check(self, event: Event, before: int) -> str | None:
+        """None if `event` is authorised in the state of group `before`, else the reason."""
+        cacheable = not event.is_state and event.kind not in _CONTENT_RULED
+        if cacheable:
+            key = (before, event.author, event.kind, event.auth)
+            if key in self._verdicts:
+                self.stats["verdict_cache_hits"] += 1
+                return self._verdicts[key]
+        state = self.groups.load(before)
+        if event.kind == TYPE_MEMBER:
+            fields = EventFields.of(event)  # the membership decides whether join rules count
+        else:
+            fields = EventFields(event.kind, event.author, event.state_key)
+        if list(event.auth) != select_auth_refs(fields, state):
+            reason = check_auth_refs(event, self.graph) or REASON_AUTH_REFS
+        else:
+            reason = check_auth(event, state, self.graph)
+        if cacheable:
+            self._verdicts[key] = reason
+            if len(self._verdicts) > VERDICT_CACHE_SIZE:
+                self._verdicts.popitem(last=False)
+        return reason
+
+    # ---------------------------------------------------------------- updates
+
+    def apply(self, events: Sequence[Event]) -> list[tuple[bytes, str]]:
+        """Process newly applied events (in application order); returns the rejected ones."""
+        rejected: list[tuple[bytes, str]] = []
+        for event in events:
+            if self.groups.event_state(event.id) is not None:
+                continue  # processed already while catching up an ancestry
+            reason = self._process(event)
+            if reason is not None:
+                rejected.append((event.id, reason))
+        return rejected
+
+    def _process(self, event: Event) -> str | None:
+        key = state_key_of(event)
+        if event.is_create:
+            before = EMPTY_GROUP
+            reason = check_auth(event, {}, self.graph)
+        else:
+            try:
+                before = self.group_before(event.parents)
+                reason = self.check(event, before)
+            except StateResolutionError:
+                before = self._after(max(event.parents))
+                reason = REASON_UNRESOLVABLE
+        after = before
+        if reason is None and key is not None:
+            after = self.groups.derive(before, {key: event.id})
+        self.groups.record_event(event.id, EventState(before, after, reason))
+        self.stats["processed"] += 1
+        return reason
+
+    def _after(self, event_id: bytes) -> int:
+        record = self.groups.event_state(event_id)
+        if record is None:
+            self._catch_up(event_id)
+            record = self.groups.event_state(event_id)
+            assert record is not None
+        return record.after
+
+    def _catch_up(self, event_id: bytes) -> None:
+        """Process `event_id` and every ancestor of it that has no record, parents first."""
+        missing: list[bytes] = []
+        stack, seen = [event_id], set()
+        while stack:
+            current = stack.pop()
+            if current in seen:
+                continue
+            seen.add(current)
+            if self.groups.event_state(current) is not None:
+                continue
+            parents = self.graph.parents_of(current)
+            if parents is None:
+                raise KeyError(f"event {current.hex()[:12]} is not in the graph")
+            missing.append(current)
+            stack.extend(parents)
+        missing.sort(key=lambda i: (self.graph.depth(i) or 0, i))  # parents are shallower
+        self.stats["caught_up"] += len(missing)
+        for current in missing:
+            event = self.graph.get(current)
+            assert event is not None
+            self._process(event)

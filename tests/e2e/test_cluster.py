@@ -1,0 +1,124 @@
+"""End to end: real `megnode run` processes on 127.0.0.1, driven through the CLI.
+
+Every wait is bounded by a named timeout and polls a condition; nothing
+sleeps and hopes.
+"""
+
+import json
+import signal
+import subprocess
+
+import pytest
+
+from deploy.cluster import LocalCluster, megnode_command
+
+DELIVERY_TIMEOUT_S = 60.0
+CATCH_UP_TIMEOUT_S = 120.0
+
+
+def subscribe_all(cluster: LocalCluster, index: int, topic: str, count: int) -> list[dict]:
+    result = cluster.cli_raw(index, "subscribe", topic, "--count", str(count), timeout_s=60)
+    assert result.returncode == 0, result.stderr
+    return [json.loads(line) for line in result.stdout.splitlines()]
+
+
+def assert_causal_exactly_once(events: list[dict], expected_ids: set[str]) -> None:
+    ids = [e["id"] for e in events]
+    assert len(ids) == len(set(ids)), "an event was delivered twice"
+    assert set(ids) == expected_ids
+    seen: set[str] = set()
+    for event in events:
+        assert all(parent in seen for parent in event["parents"]), "delivered before a parent"
+        seen.add(event["id"])
+    assert [e["position"] for e in events] == list(range(len(events)))
+
+
+def run_topic(cluster: LocalCluster, publishes_per_node: int) -> tuple[str, int]:
+    topic = cluster.cli(0, "topic", "create", "e2e")["topic"]
+    for i in range(1, len(cluster.nodes)):
+        cluster.cli(i, "topic", "join", topic)
+    cluster.wait_delivered(topic, 1, DELIVERY_TIMEOUT_S)  # everyone has the create event
+    for i in range(len(cluster.nodes)):
+        lines = "\n".join(f"node {i} message {n}" for n in range(publishes_per_node))
+        result = cluster.cli_raw(i, "publish", topic, "-", "--lines", input_text=lines)
+        assert result.returncode == 0, result.stderr
+    total = 1 + publishes_per_node * len(cluster.nodes)
+    cluster.wait_delivered(topic, total, DELIVERY_TIMEOUT_S)
+    return topic, total
+
+
+@pytest.mark.parametrize("nodes", [2, 5])
+def test_every_subscriber_gets_every_event_once_in_causal_order(tmp_path, nodes):
+    with LocalCluster(tmp_path, nodes) as cluster:
+        topic, total = run_topic(cluster, publishes_per_node=20)
+        reference = subscribe_all(cluster, 0, topic, total)
+        expected = {e["id"] for e in reference}
+        assert len(expected) == total
+        for i in range(nodes):
+            assert_causal_exactly_once(subscribe_all(cluster, i, topic, total), expected)
+            status = cluster.topic_status(i, topic)
+            assert status["buffered"] == 0 and status["rejected"] == {}
+
+
+def test_anti_entropy_alone_delivers_everything(tmp_path):
+    with LocalCluster(tmp_path, 3, fast_path="none") as cluster:
+        topic, total = run_topic(cluster, publishes_per_node=30)
+        for i in range(3):
+            assert cluster.topic_status(i, topic)["delivered"] == total
+
+
+def test_stopped_node_catches_up_and_killed_node_loses_nothing(tmp_path):
+    with LocalCluster(tmp_path, 3) as cluster:
+        topic = cluster.cli(0, "topic", "create", "catch-up")["topic"]
+        for i in (1, 2):
+            cluster.cli(i, "topic", "join", topic)
+        cluster.wait_delivered(topic, 1, DELIVERY_TIMEOUT_S)
+        # Node 2 acknowledges events of its own, then is killed without warning.
+        lines = "\n".join(f"from node 2, {n}" for n in range(200))
+        assert cluster.cli_raw(2, "publish", topic, "-", "--lines", input_text=lines).returncode == 0
+        acknowledged = cluster.topic_status(2, topic)["delivered"]
+        cluster.kill(2)
+        # Node 1 is frozen (SIGSTOP) while node 0 publishes a few thousand events.
+        cluster.signal(1, signal.SIGSTOP)
+        lines = "\n".join(f"from node 0, {n}" for n in range(3_000))
+        assert cluster.cli_raw(0, "publish", topic, "-", "--lines", input_text=lines,
+                               timeout_s=120).returncode == 0
+        cluster.signal(1, signal.SIGCONT)
+        cluster.start_node(2, bootstrap=[cluster.nodes[0].address, cluster.nodes[1].address])
+        assert cluster.topic_status(2, topic)["delivered"] >= acknowledged  # nothing acked lost
+        total = 1 + 200 + 3_000
+        cluster.wait_delivered(topic, total, CATCH_UP_TIMEOUT_S)
+
+
+def test_cli_misuse_gives_one_clear_line(tmp_path):
+    def run(*args, data_dir=tmp_path / "nodeless"):
+        return subprocess.run(megnode_command(*args, "--data-dir", str(data_dir)),
+                              capture_output=True, text=True, timeout=60)
+
+    result = run("status")
+    assert result.returncode == 2 and "no megnode daemon is running" in result.stderr
+    assert "Traceback" not in result.stderr and len(result.stderr.strip().splitlines()) == 1
+
+    bad_key_dir = tmp_path / "badkey"
+    bad_key_dir.mkdir()
+    (bad_key_dir / "node.key").write_text("not a key\n")
+    (bad_key_dir / "node.key").chmod(0o600)
+    result = run("run", data_dir=bad_key_dir)
+    assert result.returncode == 2 and "malformed" in result.stderr and "Traceback" not in result.stderr
+
+    result = run("run", "--listen", "not-an-address")
+    assert result.returncode == 2 and "multiaddr" in result.stderr
+
+    with LocalCluster(tmp_path / "c", 1) as cluster:
+        result = cluster.cli_raw(0, "topic", "join", "xyz")
+        assert result.returncode == 2 and "not a topic id" in result.stderr
+        result = cluster.cli_raw(0, "publish", "00" * 32, "hello")
+        assert result.returncode == 2 and "not a member" in result.stderr
+        result = cluster.cli_raw(0, "connect", "/ip4/127.0.0.1/tcp/1")
+        assert result.returncode == 2 and "p2p" in result.stderr
+        # the data dir is locked by the running daemon
+        result = subprocess.run(
+            megnode_command("run", "--data-dir", str(cluster.nodes[0].data_dir)),
+            capture_output=True, text=True, timeout=60)
+        assert result.returncode == 2 and "in use" in result.stderr
+        assert all("Traceback" not in r for r in (result.stderr,))

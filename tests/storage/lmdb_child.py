@@ -1,0 +1,86 @@
+"""A separate process for the LMDB tests that need one (run with `python -m`).
+
+    python -m tests.storage.lmdb_child write DATA_DIR SYNC
+        Apply numbered batches forever, printing "ack N" (flushed) only after
+        `apply` for batch N has returned. The parent SIGKILLs it mid-stream.
+
+    python -m tests.storage.lmdb_child hold DATA_DIR
+        Open the store, print "ready", keep it open until stdin closes.
+
+The batch layout lives here so the writer and the test's checker share it.
+Each batch N, in one `apply`, spanning three tables:
+  - KEYS_PER_BATCH event records  events/  b"batch/N/i" -> value_for(N, i)
+  - one count record              delivery/ b"batch/N"  -> KEYS_PER_BATCH
+  - a moving marker               buffer/  puts b"latest/N", deletes b"latest/N-1"
+so after a crash every batch is all-or-nothing and exactly one marker exists.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from storage.lmdb_store import LmdbStore
+from storage.protocol import TABLE_BUFFER, TABLE_DELIVERY, TABLE_EVENTS, Delete, Op, Put
+
+KEYS_PER_BATCH = 40
+VALUE_BYTES = 512  # big enough that a batch spans several pages
+# A bound so an orphaned writer (parent gone, pipe still open) cannot run forever.
+MAX_BATCHES = 1_000_000
+ACK = "ack"
+READY = "ready"
+
+
+def event_key(batch: int, index: int) -> bytes:
+    return b"batch/%08d/%03d" % (batch, index)
+
+
+def count_key(batch: int) -> bytes:
+    return b"batch/%08d" % batch
+
+
+def marker_key(batch: int) -> bytes:
+    return b"latest/%08d" % batch
+
+
+def value_for(batch: int, index: int) -> bytes:
+    return (b"%08d:%03d;" % (batch, index)) * (VALUE_BYTES // 13) + b"."
+
+
+def batch_ops(batch: int) -> list[Op]:
+    ops: list[Op] = [Put(TABLE_EVENTS, event_key(batch, i), value_for(batch, i)) for i in range(KEYS_PER_BATCH)]
+    ops.append(Put(TABLE_DELIVERY, count_key(batch), b"%d" % KEYS_PER_BATCH))
+    ops.append(Put(TABLE_BUFFER, marker_key(batch), b""))
+    if batch > 0:
+        ops.append(Delete(TABLE_BUFFER, marker_key(batch - 1)))
+    return ops
+
+
+def write_forever(data_dir: str, sync: bool) -> None:
+    store = LmdbStore(data_dir, sync=sync)
+    for batch in range(MAX_BATCHES):
+        store.apply(batch_ops(batch))
+        sys.stdout.write(f"{ACK} {batch}\n")
+        sys.stdout.flush()
+    store.close()
+
+
+def hold(data_dir: str) -> None:
+    store = LmdbStore(data_dir)
+    sys.stdout.write(f"{READY}\n")
+    sys.stdout.flush()
+    sys.stdin.read()  # returns when the parent closes our stdin
+    store.close()
+
+
+def main(argv: list[str]) -> None:
+    command, data_dir, *rest = argv
+    if command == "write":
+        write_forever(data_dir, sync=rest == ["1"])
+    elif command == "hold":
+        hold(data_dir)
+    else:
+        raise SystemExit(f"unknown command {command!r}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
