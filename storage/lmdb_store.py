@@ -7,9 +7,10 @@ transaction, so callers group-commit many events per fsync; with `sync=True`
 `apply` returns, and LMDB's copy-on-write B-tree means a crash at any moment
 leaves either all of a batch or none of it.
 
-`sync=False` skips the fsync at commit. A killed *process* still loses nothing
-(the kernel holds the written pages), but an OS crash or power cut may lose
-the most recent batches. It exists for simulations and benchmarks only.
+`sync=False` never fsyncs (not at commit, not at close). A killed *process*
+still loses nothing (the kernel holds the written pages), but an OS crash or
+power cut may lose recent batches or even corrupt the store (LMDB's own
+warning for MDB_NOSYNC). It exists for simulations and benchmarks only.
 
 Operational rules this module enforces or relies on:
 
@@ -67,7 +68,7 @@ DEFAULT_MAP_SIZE_BYTES = 1 << 30  # 1 GiB
 MAX_MAP_SIZE_BYTES = 1 << 40  # 1 TiB
 MAP_GROWTH_FACTOR = 2  # doubling keeps the number of resizes logarithmic
 LOCK_FILE_NAME = "LOCK"
-PID_RECORD_MAX_BYTES = 32  # a decimal pid plus newline fits with room to spare
+PID_RECORD_BYTES = 21  # a right-aligned decimal pid (up to 20 digits) and a newline
 
 
 class StoreLockedError(StoreError):
@@ -94,7 +95,6 @@ class LmdbStore:
                 f"{MAX_MAP_SIZE_BYTES}"
             )
         self._path = Path(path)
-        self._sync = sync
         self._closed = False
         self._mutex = threading.Lock()
         self.commits = 0  # how many batches were applied (group-commit statistics)
@@ -178,12 +178,11 @@ class LmdbStore:
             if self._closed:
                 return
             self._closed = True
+            # No fsync here even with sync=False: that mode never promises
+            # durability, and simulations open and close stores by the hundred.
             try:
-                if not self._sync:
-                    # Unsynced commits reach the disk at least on a clean close.
-                    self._env.sync(True)
-            finally:
                 self._env.close()
+            finally:
                 _unlock_data_dir(self._lock_fd)
 
     # --- extras (not part of the protocol) ----------------------------------
@@ -198,6 +197,17 @@ class LmdbStore:
         with self._mutex:
             self._check_open()
             return int(self._env.info()["map_size"])
+
+    @property
+    def last_txn_id(self) -> int:
+        """LMDB's id of the last committed write transaction.
+
+        It advances by exactly one per commit (aborted attempts do not count),
+        so it shows group commit at work: one `apply`, one commit, one fsync.
+        """
+        with self._mutex:
+            self._check_open()
+            return int(self._env.info()["last_txnid"])
 
     def __enter__(self) -> LmdbStore:
         return self
@@ -283,9 +293,13 @@ class LmdbStore:
                 f"store {self._path} is full: the map reached MAX_MAP_SIZE_BYTES="
                 f"{MAX_MAP_SIZE_BYTES}"
             )
-        # No transaction is open here (the failed one was aborted and the
-        # mutex keeps other calls out), which set_mapsize requires.
-        self._env.set_mapsize(min(current * MAP_GROWTH_FACTOR, MAX_MAP_SIZE_BYTES))
+        grown = min(current * MAP_GROWTH_FACTOR, MAX_MAP_SIZE_BYTES)
+        try:
+            # No transaction is open here (the failed one was aborted and the
+            # mutex keeps other calls out), which set_mapsize requires.
+            self._env.set_mapsize(grown)
+        except lmdb.Error as exc:
+            raise StoreError(f"cannot grow the map of {self._path} to {grown}: {exc}") from exc
 
 
 def _read_forward(
@@ -392,15 +406,16 @@ def _lock_data_dir(path: Path) -> int:
     except OSError as exc:
         os.close(fd)
         raise StoreError(f"cannot lock {lock_path}: {exc}") from exc
-    # Informational only (the flock is the lock), so no fsync is needed.
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, f"{os.getpid()}\n".encode("ascii"), 0)
+    # Informational only (the flock is the lock), so no fsync. Every record
+    # has the same width, so overwriting needs no (slow) truncate.
+    record = str(os.getpid()).rjust(PID_RECORD_BYTES - 1) + "\n"
+    os.pwrite(fd, record.encode("ascii"), 0)
     return fd
 
 
 def _read_pid(fd: int) -> str:
     """The pid recorded by the lock holder, or "unknown" if not written yet."""
-    record = os.pread(fd, PID_RECORD_MAX_BYTES, 0).decode("ascii", "replace").strip()
+    record = os.pread(fd, PID_RECORD_BYTES, 0).decode("ascii", "replace").strip()
     return record if record.isdigit() else "unknown"
 
 

@@ -9,6 +9,7 @@ wait on a child process is bounded; nothing sleeps.
 from __future__ import annotations
 
 import os
+import re
 import selectors
 import signal
 import subprocess
@@ -40,7 +41,8 @@ from tests.storage import lmdb_child
 REPO_ROOT = Path(__file__).resolve().parents[2]
 TINY_MAP_BYTES = 64 * 1024
 CHILD_TIMEOUT_S = 60.0  # every wait on a child process is bounded by this
-ACKS_BEFORE_KILL = 200
+ACKS_PER_ROUND = 100
+CRASH_ROUNDS = 3  # crash, recover and resume this many times per test
 READ_CHUNK_BYTES = 64 * 1024
 
 
@@ -129,7 +131,8 @@ def parse_acks(lines: list[str]) -> list[int]:
 def test_reopen_keeps_every_committed_batch(tmp_path: Path, sync: bool) -> None:
     path = tmp_path / "store"
     with LmdbStore(path, sync=sync) as store:
-        store.apply([Put(table, b"key", table.encode()) for table in TABLES if table != TABLE_META])
+        writable = [table for table in TABLES if table != TABLE_META]
+        store.apply([Put(table, b"key", table.encode()) for table in writable])
         store.apply([Put(TABLE_EVENTS, b"gone", b"x"), Put(TABLE_EVENTS, b"e2", b"y")])
         store.apply([Delete(TABLE_EVENTS, b"gone")])
         before = {table: list(store.scan(table, b"")) for table in TABLES}
@@ -145,9 +148,8 @@ def test_map_grows_from_a_tiny_map_instead_of_failing(tmp_path: Path) -> None:
     with LmdbStore(path, map_size_bytes=TINY_MAP_BYTES) as store:
         assert store.map_size_bytes == TINY_MAP_BYTES
         for batch in range(batches):
-            store.apply(
-                [Put(TABLE_EVENTS, b"%04d/%04d" % (batch, i), value) for i in range(puts_per_batch)]
-            )
+            keys = [b"%04d/%04d" % (batch, i) for i in range(puts_per_batch)]
+            store.apply([Put(TABLE_EVENTS, key, value) for key in keys])
         grown = store.map_size_bytes
         assert grown >= batches * puts_per_batch * len(value)
         assert len(list(store.scan(TABLE_EVENTS, b""))) == batches * puts_per_batch
@@ -169,12 +171,42 @@ def test_a_batch_beyond_the_map_ceiling_fails_whole_and_the_store_survives(
     monkeypatch.setattr(lmdb_store, "MAX_MAP_SIZE_BYTES", ceiling)
     with LmdbStore(tmp_path / "store", map_size_bytes=TINY_MAP_BYTES) as store:
         store.apply([Put(TABLE_EVENTS, b"small", b"s")])
-        too_big = [Put(TABLE_EVENTS, b"big%03d" % i, b"b" * 4096) for i in range(2 * ceiling // 4096)]
+        page_sized, count = b"b" * 4096, 2 * ceiling // 4096
+        too_big = [Put(TABLE_EVENTS, b"big%03d" % i, page_sized) for i in range(count)]
         with pytest.raises(StoreError, match="MAX_MAP_SIZE_BYTES"):
             store.apply(too_big)
         assert list(store.scan(TABLE_EVENTS, b"")) == [(b"small", b"s")]
         store.apply([Put(TABLE_EVENTS, b"still-works", b"w")])
         assert store.get(TABLE_EVENTS, b"still-works") == b"w"
+
+
+def test_one_apply_is_one_commit_even_when_the_map_grows(tmp_path: Path) -> None:
+    """Group commit: a batch costs one write transaction (one fsync), however
+    many ops it holds; a retry after growth replaces the aborted attempt."""
+    with LmdbStore(tmp_path / "store", map_size_bytes=TINY_MAP_BYTES) as store:
+        before = store.last_txn_id
+        store.apply([Put(TABLE_EVENTS, b"%05d" % i, b"x" * 100) for i in range(1000)])
+        assert store.map_size_bytes > TINY_MAP_BYTES  # the batch forced growth...
+        assert store.last_txn_id == before + 1  # ...yet committed exactly once
+        store.apply([Put(TABLE_EVENTS, b"one", b"")])
+        assert store.last_txn_id == before + 2
+        store.apply([])  # nothing to make durable: no commit at all
+        assert store.last_txn_id == before + 2
+
+
+def test_scan_results_survive_map_growth_and_close(tmp_path: Path) -> None:
+    """Resizing the map invalidates every LMDB cursor and buffer; scan results
+    are copies, so iterators handed out earlier are untouched."""
+    store = LmdbStore(tmp_path / "store", map_size_bytes=TINY_MAP_BYTES)
+    store.apply([Put(TABLE_EVENTS, b"k%d" % i, b"v%d" % i) for i in range(10)])
+    expected = list(store.scan(TABLE_EVENTS, b"k"))
+    pending = store.scan(TABLE_EVENTS, b"k")
+    assert next(pending) == expected[0]
+    map_before = store.map_size_bytes
+    store.apply([Put(TABLE_EVENTS, b"k%d" % i, b"z" * 1000) for i in range(200)])
+    assert store.map_size_bytes > map_before
+    store.close()
+    assert list(pending) == expected[1:]
 
 
 @pytest.mark.parametrize("size", [0, -1, lmdb_store.MAX_MAP_SIZE_BYTES + 1])
@@ -233,7 +265,8 @@ def test_a_second_process_gets_store_locked_error_naming_the_holder(tmp_path: Pa
 def test_a_second_open_in_this_process_is_refused_until_close(tmp_path: Path) -> None:
     path = tmp_path / "store"
     first = LmdbStore(path)
-    with pytest.raises(StoreLockedError, match=f"already open in this process \\(pid {os.getpid()}\\)"):
+    expected = f"already open in this process (pid {os.getpid()})"
+    with pytest.raises(StoreLockedError, match=re.escape(expected)):
         LmdbStore(path)
     first.apply([Put(TABLE_EVENTS, b"k", b"v")])
     first.close()
@@ -248,30 +281,42 @@ def test_a_second_open_in_this_process_is_refused_until_close(tmp_path: Path) ->
 def test_sigkill_mid_write_loses_no_acknowledged_batch_and_tears_none(
     tmp_path: Path, sync: bool
 ) -> None:
-    """sync=False is included because a process crash (unlike an OS crash)
-    must not lose committed batches even without fsync."""
+    """Crash, recover, resume, crash again: each round must keep every ack.
+
+    sync=False is included because a process crash (unlike an OS crash) must
+    not lose committed batches even without fsync.
+    """
     path = tmp_path / "store"
+    acked: list[int] = []
+    for _ in range(CRASH_ROUNDS):
+        acked += kill_writer_after_acks(tmp_path, path, sync, ACKS_PER_ROUND)
+        assert acked == list(range(len(acked))), "acks must be consecutive across rounds"
+        with LmdbStore(path) as store:  # also proves the dead writer left no stale lock
+            committed = _committed_batches(store)
+            assert committed == list(range(len(committed))), "batches must commit in order"
+            assert len(committed) >= len(acked), "an acknowledged batch was lost"
+            _assert_every_batch_is_whole(store, committed)
+        # A batch committed but killed before its ack is resumed after, not redone.
+        acked = committed
+
+
+def kill_writer_after_acks(tmp_path: Path, path: Path, sync: bool, acks: int) -> list[int]:
+    """Start a writer, SIGKILL it once `acks` batches are acknowledged; every ack it printed."""
     with child(tmp_path, "write", str(path), "1" if sync else "0") as writer:
         reader = LineReader(writer)
-        lines = reader.wait_for_lines(ACKS_BEFORE_KILL, CHILD_TIMEOUT_S)
-        assert len(lines) >= ACKS_BEFORE_KILL, child_stderr(tmp_path)
-        os.kill(writer.pid, signal.SIGKILL)  # the writer is still in its apply loop
+        lines = reader.wait_for_lines(acks, CHILD_TIMEOUT_S)
+        assert len(lines) >= acks, child_stderr(tmp_path)
+        os.kill(writer.pid, signal.SIGKILL)  # the writer is already inside its next apply
         assert writer.wait(timeout=CHILD_TIMEOUT_S) == -signal.SIGKILL
         # Acks already in the pipe were printed after apply returned: they count too.
-        acked = parse_acks(lines + reader.read_to_eof(CHILD_TIMEOUT_S))
-    assert acked == list(range(len(acked)))
-
-    with LmdbStore(path) as store:  # also proves the dead writer left no stale lock
-        committed = _committed_batches(store)
-        assert committed == list(range(len(committed))), "batches must commit in order"
-        assert len(committed) >= len(acked), "an acknowledged batch was lost"
-        _assert_every_batch_is_whole(store, committed)
+        return parse_acks(lines + reader.read_to_eof(CHILD_TIMEOUT_S))
 
 
 def _committed_batches(store: LmdbStore) -> list[int]:
     counts = list(store.scan(TABLE_DELIVERY, b"batch/"))
-    assert all(value == b"%d" % lmdb_child.KEYS_PER_BATCH for _, value in counts)
-    return [int(key.split(b"/")[1]) for key, _ in counts]
+    batches = [int(key.split(b"/")[1]) for key, _ in counts]
+    assert [value for _, value in counts] == [b"%d" % lmdb_child.keys_in_batch(b) for b in batches]
+    return batches
 
 
 def _assert_every_batch_is_whole(store: LmdbStore, committed: list[int]) -> None:
@@ -279,7 +324,7 @@ def _assert_every_batch_is_whole(store: LmdbStore, committed: list[int]) -> None
     expected_events = [
         (lmdb_child.event_key(batch, i), lmdb_child.value_for(batch, i))
         for batch in committed
-        for i in range(lmdb_child.KEYS_PER_BATCH)
+        for i in range(lmdb_child.keys_in_batch(batch))
     ]
     assert list(store.scan(TABLE_EVENTS, b"")) == expected_events
     # The marker moved with every batch: only the last committed one remains.
