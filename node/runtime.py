@@ -13,10 +13,10 @@ the `async with Node.open(...)` block exits (or the process gets Ctrl-C).
 
 The core (`Disseminator` + `Replica`s) is synchronous and runs on the trio
 thread: a call into it never awaits, so no two handlers interleave inside it
-and no lock is needed. Its effects are carried out here: `Send` goes to a
-bounded per-node outbox drained by a sender task (a slow peer never stalls
-the core; when the outbox is full the message is dropped and anti-entropy
-repairs the gap), `Log` goes to the JSON-lines dissemination log, and
+and no lock is needed. Its effects are carried out here: `Send` goes to
+the peer's own bounded outbound queue without waiting (a stalled peer never
+holds up the core or the other peers; when its queue is full the frame is
+dropped and anti-entropy repairs the gap), `Log` goes to the JSON-lines dissemination log, and
 `Disconnect` drops a misbehaving peer.
 
 Data dir layout::
@@ -66,7 +66,6 @@ STORE_DIR = "store"
 CONTROL_SOCKET = "control.sock"
 
 TICK_INTERVAL_S = 0.05  # how often the protocol timer runs; its own intervals are longer
-OUTBOX_CAPACITY = 4_096  # frames waiting to be sent, all peers together
 PEER_EVENT_CAPACITY = 1_024
 SUBSCRIBE_BATCH = 256  # deliveries read from the store per wake-up
 BOOTSTRAP_RETRY_S = 2.0
@@ -199,8 +198,6 @@ class Node:
             ),
         )
         self._topics: dict[bytes, Topic] = {}
-        self._outbox_send, self._outbox_receive = trio.open_memory_channel[tuple[str, bytes]](
-            OUTBOX_CAPACITY)
         self._peer_receive = peer_events
         self.stats: dict[str, int] = {"outbox_dropped": 0, "send_failed": 0, "log_failed": 0}
 
@@ -275,7 +272,6 @@ class Node:
             host.set_gossip_handler(self._on_gossip)
         for topic_id in self._stored_topics():
             await self._open_topic(topic_id)
-        self._nursery.start_soon(self._sender)
         self._nursery.start_soon(self._peer_events)
         self._nursery.start_soon(self._ticker)
         for address in self.config.bootstrap:
@@ -392,10 +388,7 @@ class Node:
         """Carry out the core's effects, then wake subscribers of topics that moved."""
         for effect in effects:
             if isinstance(effect, Send):
-                try:
-                    self._outbox_send.send_nowait((effect.peer, effect.data))
-                except trio.WouldBlock:
-                    self.stats["outbox_dropped"] += 1
+                self._send_now(effect.peer, effect.data)
             elif isinstance(effect, Log):
                 self._write_log(effect.record)
             elif isinstance(effect, Disconnect):
@@ -437,13 +430,17 @@ class Node:
     def _peer_id_of(node_id: str) -> str:
         return peer_id_of_public_key(bytes.fromhex(node_id))
 
-    async def _sender(self) -> None:
-        async for peer, data in self._outbox_receive:
-            try:
-                await self.host.send(self._peer_id_of(peer), PROTOCOL_DISSEMINATION, data)
-            except Exception as exc:  # the peer went away; anti-entropy repairs the gap
-                self.stats["send_failed"] += 1
-                logger.debug("send to %s failed: %s", peer, exc)
+    def _send_now(self, peer: str, data: bytes) -> None:
+        """Queue a frame on the peer's own stream; a full queue drops it (anti-entropy repairs).
+
+        Never waits: one stalled peer must not hold up frames to the others.
+        """
+        try:
+            if not self.host.send_nowait(self._peer_id_of(peer), PROTOCOL_DISSEMINATION, data):
+                self.stats["outbox_dropped"] += 1
+        except Exception as exc:  # the peer went away or its stream failed
+            self.stats["send_failed"] += 1
+            logger.debug("send to %s failed: %s", peer, exc)
 
     async def _ticker(self) -> None:
         while True:

@@ -36,6 +36,7 @@ What the library would not let us configure:
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 from collections.abc import Awaitable, Callable
@@ -49,6 +50,8 @@ from libp2p.peer.id import ID
 from libp2p.pubsub.gossipsub import PROTOCOL_ID, PROTOCOL_ID_V11, GossipSub
 from libp2p.pubsub.pb import rpc_pb2
 from libp2p.pubsub.pubsub import Pubsub
+
+from transport.libp2p_streams import parse_peer_id
 
 logger = logging.getLogger(__name__)
 
@@ -68,6 +71,7 @@ GOSSIP_INBOX_MESSAGES = 8192  # ours, between the drainers and the handler
 # The library refuses RPCs above 1 MiB; leave room for the RPC envelope.
 MAX_GOSSIP_MESSAGE_BYTES = 512 * 1024
 MESSAGE_ID_BYTES = 32
+ORIGIN_CACHE_SIZE = 1024  # from_id bytes -> base58, saves an encode per message
 
 GossipHandler = Callable[[str, str, bytes], Awaitable[None]]
 
@@ -101,6 +105,14 @@ def content_message_id(message: rpc_pb2.Message) -> bytes:
         digest.update(name)
     digest.update(message.data)
     return digest.digest()
+
+
+@functools.lru_cache(maxsize=ORIGIN_CACHE_SIZE)
+def _origin_of(from_id: bytes) -> str:
+    try:
+        return ID(from_id).to_base58()
+    except Exception:
+        return ""
 
 
 def enlarge_outbound_queue(size: int = OUTBOUND_RPC_QUEUE_SIZE) -> None:
@@ -218,7 +230,7 @@ class GossipTopics:
 
     async def wait_mesh_peer(self, topic: str, peer_id: str, timeout_s: float) -> None:
         """Wait until `peer_id` is in our mesh for `topic`; `trio.TooSlowError` if not."""
-        await self._router.wait_for_mesh(ID.from_base58(peer_id), topic, timeout=timeout_s)
+        await self._router.wait_for_mesh(parse_peer_id(peer_id), topic, timeout=timeout_s)
 
     async def _drain(self, topic: str, subscription: ISubscriptionAPI) -> None:
         async for message in subscription:  # ends when we unsubscribe
@@ -237,10 +249,6 @@ class GossipTopics:
             if handler is None:
                 continue
             try:
-                origin = ID(message.from_id).to_base58()
-            except Exception:
-                origin = ""
-            try:
-                await handler(topic, origin, message.data)
+                await handler(topic, _origin_of(message.from_id), message.data)
             except Exception:
                 logger.exception("gossip handler failed for topic %s", topic)

@@ -10,13 +10,16 @@ so the peer id embeds the author key), and offers:
   cannot fill up and block py-libp2p's connection path, and it cannot lose a
   "down". It runs inside the library's notifee task, so it must only record
   the event (e.g. `send_nowait` into the owner's own channel);
-* request/response and one-way message protocols (`transport.libp2p_streams`);
+* request/response (`transport.libp2p_requests`) and one-way message streams
+  (`transport.libp2p_messages`) for our own protocols, with misbehaviour
+  reports (`transport.libp2p_streams`);
 * GossipSub topics (`transport.libp2p_gossip`), on by default.
 
 Everything we start runs in this host's nursery; leaving the `async with`
-cancels it and then closes the libp2p host explicitly, shielded and bounded,
-because py-libp2p's `host.run()` exit alone leaves connections open (the
-peer never sees us go) when the exit happens under cancellation.
+cancels it and then closes the libp2p connections and host explicitly,
+shielded and bounded: leaving py-libp2p's `host.run()` alone does not close
+the sockets (its connection tasks are cancelled half-way through their own
+close), so peers would never see us go down.
 
 What we configure on py-libp2p 0.8.1 and why:
 
@@ -35,6 +38,7 @@ What we configure on py-libp2p 0.8.1 and why:
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
@@ -59,14 +63,18 @@ from libp2p.stream_muxer.yamux.yamux import Yamux
 from libp2p.tools.anyio_service import background_trio_service
 
 from transport.libp2p_gossip import GossipConfig, GossipHandler, GossipStats, GossipTopics, build_pubsub
+from transport.libp2p_messages import MessageStreams
+from transport.libp2p_requests import RequestProtocols
 from transport.libp2p_streams import (
+    PEER_ID_CACHE_SIZE,
     REQUEST_TIMEOUT_S,
     STREAM_ERRORS,
     MessageHandler,
     Misbehaviour,
+    MisbehaviourCallback,
     RequestHandler,
     StreamLimits,
-    StreamProtocols,
+    parse_peer_id,
 )
 
 logger = logging.getLogger(__name__)
@@ -78,6 +86,8 @@ CONNECT_TIMEOUT_S = 10.0
 DIAL_TIMEOUT_S = 10.0
 HOST_CLOSE_TIMEOUT_S = 5.0  # bound on the shielded close at exit
 GOSSIP_MESH_TIMEOUT_S = 10.0
+DEFAULT_GOSSIP = GossipConfig()
+DEFAULT_LIMITS = StreamLimits()
 
 
 class ConnectError(Exception):
@@ -91,7 +101,6 @@ class PeerEvent:
 
 
 PeerCallback = Callable[[PeerEvent], None]
-MisbehaviourCallback = Callable[[Misbehaviour], None]
 
 
 def key_pair_from_seed(seed: bytes) -> KeyPair:
@@ -101,14 +110,17 @@ def key_pair_from_seed(seed: bytes) -> KeyPair:
     return create_new_key_pair(seed)
 
 
+# Cached both ways: callers convert on every message, and base58 is pure Python.
+@functools.lru_cache(maxsize=PEER_ID_CACHE_SIZE)
 def peer_id_of_public_key(public_key: bytes) -> str:
     """The peer id (base58) of an ed25519 author key."""
     return ID.from_pubkey(Ed25519PublicKey.from_bytes(public_key)).to_base58()
 
 
+@functools.lru_cache(maxsize=PEER_ID_CACHE_SIZE)
 def public_key_of_peer_id(peer_id: str) -> bytes | None:
     """The ed25519 key embedded in an ed25519 peer id; None for other key types."""
-    key = ID.from_base58(peer_id).extract_public_key()
+    key = parse_peer_id(peer_id).extract_public_key()
     if not isinstance(key, Ed25519PublicKey):
         return None
     return key.to_bytes()
@@ -184,8 +196,8 @@ class P2PHost:
         seed: bytes,
         listen: Sequence[str] = (DEFAULT_LISTEN,),
         *,
-        gossip: GossipConfig = GossipConfig(),
-        limits: StreamLimits = StreamLimits(),
+        gossip: GossipConfig = DEFAULT_GOSSIP,
+        limits: StreamLimits = DEFAULT_LIMITS,
         on_peer: PeerCallback | None = None,
         on_misbehaviour: MisbehaviourCallback | None = None,
     ) -> None:
@@ -198,13 +210,14 @@ class P2PHost:
         self._misbehaviour_counts: dict[str, int] = {}
         self._tracker = _PeerTracker(on_peer, self._peer_went_down)
         self._host: IHost | None = None
-        self._streams: StreamProtocols | None = None
+        self._requests: RequestProtocols | None = None
+        self._messages: MessageStreams | None = None
         self._gossip: GossipTopics | None = None
         self._context: AbstractAsyncContextManager[None] | None = None
 
     # -- lifecycle --------------------------------------------------------------
 
-    async def __aenter__(self) -> "P2PHost":
+    async def __aenter__(self) -> P2PHost:
         if self._context is not None:
             raise RuntimeError("P2PHost is not re-entrant")
         self._context = self._run()
@@ -243,25 +256,31 @@ class P2PHost:
         pubsub_router = build_pubsub(host, self._gossip_config) if self._gossip_config.enabled else None
         async with AsyncExitStack() as stack:
             await stack.enter_async_context(host.run(self._listen))
-            # Runs before host.run() exits (LIFO), and after our tasks stop.
-            stack.push_async_callback(self._close_host, host)
             await host.get_network().auto_connector.stop()
             if pubsub_router is not None:
                 pubsub, router = pubsub_router
                 await stack.enter_async_context(background_trio_service(pubsub))
                 await stack.enter_async_context(background_trio_service(router))
                 await pubsub.wait_until_ready()
+            # Exit runs in reverse: our tasks stop, then the connections close,
+            # then pubsub stops. Stopping pubsub while connections are open
+            # crashes the swarm: its pubsub stream handlers keep receiving and
+            # spawn into pubsub's closed nursery ("closed to new arrivals").
+            stack.push_async_callback(self._close_host, host)
             nursery = await stack.enter_async_context(trio.open_nursery())
             # Pushed after the nursery, so it runs first: cancel, then join.
             stack.callback(nursery.cancel_scope.cancel)
-            self._streams = StreamProtocols(host, nursery, self._limits, self._misbehaved)
+            self._requests = RequestProtocols(host, self._limits, self._misbehaved)
+            self._messages = MessageStreams(host, nursery, self._limits, self._misbehaved)
             if pubsub_router is not None:
                 self._gossip = GossipTopics(pubsub, router, nursery, self._gossip_config)
             try:
                 yield
             finally:
-                self._streams = None
+                self._requests = None
+                self._messages = None
                 self._gossip = None
+                self._host = None
 
     @staticmethod
     async def _close_host(host: IHost) -> None:
@@ -279,14 +298,19 @@ class P2PHost:
             logger.warning("libp2p host close took over %s s; abandoned", HOST_CLOSE_TIMEOUT_S)
 
     def _running_host(self) -> IHost:
-        if self._host is None or self._streams is None:
+        if self._host is None:
             raise RuntimeError("P2PHost is not running (use `async with`)")
         return self._host
 
-    def _running_streams(self) -> StreamProtocols:
-        self._running_host()
-        assert self._streams is not None
-        return self._streams
+    def _running_requests(self) -> RequestProtocols:
+        if self._requests is None:
+            raise RuntimeError("P2PHost is not running (use `async with`)")
+        return self._requests
+
+    def _running_messages(self) -> MessageStreams:
+        if self._messages is None:
+            raise RuntimeError("P2PHost is not running (use `async with`)")
+        return self._messages
 
     def _running_gossip(self) -> GossipTopics:
         self._running_host()
@@ -333,11 +357,11 @@ class P2PHost:
 
     async def disconnect(self, peer_id: str) -> None:
         """Close every connection to `peer_id` (e.g. after misbehaviour)."""
-        await self._running_host().disconnect(ID.from_base58(peer_id))
+        await self._running_host().disconnect(parse_peer_id(peer_id))
 
     def _peer_went_down(self, peer_id: str) -> None:
-        if self._streams is not None:
-            self._streams.close_peer(peer_id)
+        if self._messages is not None:
+            self._messages.close_peer(peer_id)
 
     def _misbehaved(self, report: Misbehaviour) -> None:
         self._misbehaviour_counts[report.peer_id] = self._misbehaviour_counts.get(report.peer_id, 0) + 1
@@ -350,29 +374,45 @@ class P2PHost:
     def misbehaviour_count(self, peer_id: str) -> int:
         return self._misbehaviour_counts.get(peer_id, 0)
 
+    def requests_refused(self) -> int:
+        """Inbound requests reset because every slot (total or per peer) was taken."""
+        return self._running_requests().refused
+
     # -- request/response and one-way messages ----------------------------------
 
     def set_request_handler(self, protocol_id: str, handler: RequestHandler) -> None:
         """`async handler(peer_id, request) -> response` for inbound requests."""
-        self._running_streams().set_request_handler(protocol_id, handler)
+        self._running_requests().set_handler(protocol_id, handler)
 
     async def request(
         self, peer_id: str, protocol_id: str, data: bytes, timeout_s: float = REQUEST_TIMEOUT_S
     ) -> bytes:
-        """One request/response exchange; raises `libp2p_streams.RequestError`."""
-        return await self._running_streams().request(peer_id, protocol_id, data, timeout_s)
+        """One request/response exchange; raises `libp2p_requests.RequestError`."""
+        return await self._running_requests().request(peer_id, protocol_id, data, timeout_s)
 
     def set_message_handler(self, protocol_id: str, handler: MessageHandler) -> None:
         """`async handler(peer_id, message)`, called in order per inbound stream."""
-        self._running_streams().set_message_handler(protocol_id, handler)
+        self._running_messages().set_handler(protocol_id, handler)
 
     async def send(self, peer_id: str, protocol_id: str, data: bytes) -> None:
-        """Queue a one-way message; raises `libp2p_streams.SendError` if the stream failed."""
-        await self._running_streams().send(peer_id, protocol_id, data)
+        """Queue a one-way message; raises `libp2p_messages.SendError` if the stream failed."""
+        await self._running_messages().send(peer_id, protocol_id, data)
+
+    def send_nowait(self, peer_id: str, protocol_id: str, data: bytes) -> bool:
+        """Queue a one-way message unless the peer's queue is full (then False, counted).
+
+        Use it from a sender shared by all peers, so one stalled peer never
+        holds up the others; `SendError` if the stream failed.
+        """
+        return self._running_messages().send_nowait(peer_id, protocol_id, data)
+
+    def messages_dropped(self) -> int:
+        """`send_nowait` calls refused because the peer's queue was full."""
+        return self._running_messages().dropped
 
     def outbound_streams(self) -> frozenset[tuple[str, str]]:
         """(peer id, protocol) of the one-way streams open for `send`."""
-        return self._running_streams().outbound_streams()
+        return self._running_messages().outbound_streams()
 
     # -- gossipsub --------------------------------------------------------------
 

@@ -7,6 +7,7 @@ the underlying py-libp2p host (`P2PHost.libp2p`) to write raw bytes.
 
 from __future__ import annotations
 
+import random
 from collections.abc import AsyncIterator, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
 from typing import Generic, TypeVar
@@ -17,7 +18,7 @@ from libp2p.custom_types import TProtocol
 from libp2p.peer.id import ID
 
 from node.core.identity import Identity
-from transport.framing import encode_frame, encode_uvarint
+from transport.framing import FrameDecoder, FrameTooLarge, MalformedFrame, encode_frame, encode_uvarint
 from transport.libp2p_gossip import GossipConfig
 from transport.libp2p_host import (
     ConnectError,
@@ -26,13 +27,13 @@ from transport.libp2p_host import (
     peer_id_of_public_key,
     public_key_of_peer_id,
 )
+from transport.libp2p_requests import RequestError
 from transport.libp2p_streams import (
     MALFORMED_FRAME,
     OVERSIZED_FRAME,
     STREAM_ERRORS,
     TRAILING_BYTES,
     Misbehaviour,
-    RequestError,
     StreamLimits,
 )
 
@@ -85,6 +86,35 @@ async def echo_with_peer(peer_id: str, request: bytes) -> bytes:
     return peer_id.encode() + b"|" + request
 
 
+def test_frame_decoder_reassembles_frames_split_anywhere() -> None:
+    rng = random.Random(6)
+    frames = [bytes(rng.randrange(256) for _ in range(size)) for size in (0, 1, 127, 128, 300, 16_384, 70_000)]
+    wire = b"".join(encode_frame(frame) for frame in frames)
+    for _ in range(20):
+        decoder = FrameDecoder(max_frame_bytes=70_000)
+        decoded: list[bytes] = []
+        position = 0
+        while position < len(wire):
+            step = rng.choice((1, 2, 3, 100, 4096, 65_536))
+            decoded += decoder.feed(wire[position:position + step])
+            position += step
+        assert decoded == frames
+        assert decoder.buffered_bytes == 0
+
+
+def test_frame_decoder_refuses_bad_prefixes_before_buffering() -> None:
+    decoder = FrameDecoder(max_frame_bytes=1000)
+    with pytest.raises(FrameTooLarge):
+        decoder.feed(encode_uvarint(1001))  # refused on the prefix alone
+    with pytest.raises(FrameTooLarge):
+        decoder.feed(encode_frame(b"ok"))  # a failed decoder stays failed
+    with pytest.raises(MalformedFrame):
+        FrameDecoder(1000).feed(b"\x81\x00")  # 1 encoded in two bytes
+    with pytest.raises(MalformedFrame):
+        FrameDecoder(1000).feed(b"\xff" * 10 + b"\x01")
+    assert FrameDecoder(1000).feed(b"\xff" * 9) == []  # incomplete, not yet wrong
+
+
 def test_peer_id_is_the_node_key() -> None:
     identity = Identity.from_seed(seed(7))
     host = P2PHost(seed(7), gossip=NO_GOSSIP)
@@ -119,9 +149,16 @@ async def test_two_hosts_connect_and_see_each_other() -> None:
                 await b.connect("/ip4/127.0.0.1/tcp/1")  # no /p2p part
             with pytest.raises(ValueError):
                 await a.connect(address)  # itself
-            nobody = peer_id_of_public_key(Identity.from_seed(seed(9)).public_key)
+            # Noise authenticates the peer id: the right port with someone
+            # else's id is refused.
+            impostor = peer_id_of_public_key(Identity.from_seed(seed(9)).public_key)
             with pytest.raises(ConnectError):
-                await b.connect(f"/ip4/127.0.0.1/tcp/1/p2p/{nobody}", timeout_s=5)
+                await b.connect(address.replace(a.peer_id, impostor), timeout_s=5)
+
+            await a.disconnect(b.peer_id)
+            await events_a.wait_until(lambda items: PeerEvent(b.peer_id, False) in items)
+            await events_b.wait_until(lambda items: PeerEvent(a.peer_id, False) in items)
+            assert a.peers() == b.peers() == frozenset()
 
 
 async def test_request_response_round_trip() -> None:
@@ -187,6 +224,36 @@ async def test_thousand_one_way_messages_arrive_in_order() -> None:
             assert b.outbound_streams() == {(a.peer_id, MSG)}
 
 
+async def test_send_nowait_refuses_when_a_stalled_peer_fills_its_queue() -> None:
+    """A receiver that stops reading fills its queue; nothing accepted is lost."""
+    max_attempts = 200_000
+    release = trio.Event()
+    received: Recorder[bytes] = Recorder()
+
+    async def slow(peer_id: str, data: bytes) -> None:
+        await release.wait()  # stops reading: yamux window, then our queue, fill up
+        received(data)
+
+    with trio.fail_after(TEST_TIMEOUT_S):
+        async with open_hosts(2, gossip=NO_GOSSIP) as (a, b):
+            a.set_message_handler(MSG, slow)
+            await b.connect(a.listen_addrs()[0])
+            accepted: list[bytes] = []
+            for n in range(max_attempts):
+                data = b"%d" % n
+                if not b.send_nowait(a.peer_id, MSG, data):
+                    break
+                accepted.append(data)
+                if n % 100 == 0:
+                    await trio.sleep(0)  # let the writer move what it can
+            else:
+                pytest.fail("the queue never filled")
+            assert b.messages_dropped() == 1
+            release.set()
+            await received.wait_until(lambda items: len(items) >= len(accepted))
+            assert received.items == accepted
+
+
 async def test_oversized_request_is_refused_and_host_keeps_serving() -> None:
     reports: Recorder[Misbehaviour] = Recorder()
     big = StreamLimits(max_request_bytes=4 * 1024 * 1024)
@@ -237,6 +304,7 @@ async def assert_stream_dropped(stream) -> None:
         (b"\xff" * 11, MALFORMED_FRAME),  # a varint that never ends
         (b"\x80\x00", MALFORMED_FRAME),  # a non-minimal varint
         (encode_uvarint(64 * 1024 * 1024), OVERSIZED_FRAME),  # announced, never sent
+        # One write, hence one yamux frame, hence one read on the server.
         (encode_frame(b"one") + encode_frame(b"two"), TRAILING_BYTES),
     ],
 )
