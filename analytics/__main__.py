@@ -16,6 +16,7 @@ Exit status: 0 done, 1 the logs could not be read, 2 bad arguments.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 
@@ -60,6 +61,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "analyze" and args.k is not None and args.d is None:
         print("--k needs --d: the logs do not record parents per event", file=sys.stderr)
         return 2
+    inputs = args.logdir if args.command == "analyze" else args.paths[:-1]
+    missing = [p for p in inputs if "://" not in p and not os.path.exists(p)]
+    if missing:  # say so before paying ~10 s for a JVM
+        print(f"error: no such log path: {', '.join(missing)}", file=sys.stderr)
+        return 1
     # Imported here so `--help` answers without starting the JVM.
     from pyspark.errors import AnalysisException
 

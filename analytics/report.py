@@ -94,12 +94,12 @@ def analyze(
     *,
     k: int | None = None,
     d: int | None = None,
-    progress: TextIO = sys.stderr,
+    progress: TextIO | None = None,
 ) -> Report:
-    """Run every analysis on the logs and write the report folder."""
+    """Run every analysis on the logs and write the report folder (progress: stderr by default)."""
     out = Path(outdir)
     out.mkdir(parents=True, exist_ok=True)
-    stages = _Stages(progress)
+    stages = _Stages(progress if progress is not None else sys.stderr)
     loaded = stages.run(lambda: load.load_logs(spark, log_paths))
     records = loaded.records
     spread, spread_plots = stages.run(lambda: _dissemination(records))

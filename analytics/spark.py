@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Final
 
@@ -45,15 +45,22 @@ def create_session(
     *,
     shuffle_partitions: int | None = None,
     driver_memory: str | None = None,
+    java_options: str = "",
+    conf: Mapping[str, str] | None = None,
 ) -> SparkSession:
-    """A new (or the already running) SparkSession configured for the analytics."""
+    """A new (or the already running) SparkSession configured for the analytics.
+
+    `java_options` are added to the driver JVM's command line and `conf` to
+    the Spark configuration (both only take effect when no session runs yet).
+    """
+    log4j = f"-Dlog4j2.configurationFile=file:{_log4j_config()}"
     builder = (
         SparkSession.builder.master(master)
         .appName(APP_NAME)
         .config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.session.timeZone", "UTC")
-        .config("spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile=file:{_log4j_config()}")
+        .config("spark.driver.extraJavaOptions", f"{log4j} {java_options}".strip())
     )
     if is_local(master):
         # Workers and driver share this machine: keep every socket on loopback.
@@ -68,6 +75,8 @@ def create_session(
         builder = builder.config("spark.sql.shuffle.partitions", str(shuffle_partitions))
     if driver_memory:
         builder = builder.config("spark.driver.memory", driver_memory)
+    for key, value in (conf or {}).items():
+        builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     return spark

@@ -69,3 +69,20 @@ def random_dag(replica: Replica, writers: list[Identity], count: int, rng: rando
 
 def decode(raw: bytes) -> Event:
     return decode_event(raw)
+
+
+def authorized_topic(store=None, author: str = "alice", now_ms: int = 1_000,
+                     **kwargs) -> Replica:
+    """A topic with topic state and the auth rules on; its creator is joined and an indexer."""
+    return Replica.create_topic(store or MemoryStore(), identity(author), now_ms,
+                                authorization=True, **kwargs)
+
+
+def sync(source: Replica, target: Replica, now_ms: int = 10**12) -> int:
+    """Send `target` every event of `source` it lacks, parents first; returns how many."""
+    missing = source.graph.not_below(target.graph.extremities())
+    for event_id in missing:
+        event = source.graph.get(event_id)
+        assert event is not None
+        target.receive(event.raw, now_ms)
+    return len(missing)

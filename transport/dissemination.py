@@ -12,50 +12,50 @@ Durability first: every batch of received events is group-committed
 (`replica.commit()`) before any effect that forwards or answers it is
 returned, so nothing is ever relayed or acknowledged that a crash could lose.
 
-Two channels move events:
+Three mechanisms move events (`docs/anti-entropy.md` has the full argument
+and the measurements):
 
 1. **Push (gossip fast path).** A published event is pushed to
    `push_fanout` random peers; an event first received by push is forwarded
    the same way (eager flooding, like a GossipSub mesh). Duplicates are
    recognised by id before the signature is checked, so they cost one hash.
 2. **Anti-entropy (the guarantee).** Every `sync_interval_ms` (± jitter) each
-   topic offers its heads to one random peer. The exchange is Kleppmann &
+   topic offers its heads to one random peer; the exchange is Kleppmann &
    Howard's Algorithm 2 made asymmetric, with a depth window for peers we
-   hold no state about (`docs/anti-entropy.md` has the full argument):
+   hold no state about:
 
    A → B  Offer(heads_A, since, floor, Bloom of A's events above `floor` not below `since`)
    B → A  Reply(heads_B, events A lacks — parents first, bounded — truncated?, more?)
    A → B  Events(what B lacks), once A holds every head of B
 
-   * B knows every head of A  → A lacks exactly `B.not_below(heads_A)`: sent
-     at once, exact, no filter needed (a lagging peer catches up in 1 RTT).
-   * otherwise B judges its candidates (events not below any head or `since`
-     id of A it knows) against A's filter, walking down by depth: an event
-     not in the filter is certainly missing at A and is sent together with
-     its descendants (KH's `neg ∪ succ*(neg)`); an event in the filter marks
-     its ancestors "A has these" (the graph is closed under ancestry). A
-     candidate below `floor` that no such mark covers cannot be judged: the
-     reply is `truncated` and A offers again with a window `window_growth`
-     times deeper, so a first contact with a divergence of depth m takes
-     about log_8(m / 32) + 1.5 round trips.
-   * `since` is the per-peer state of Algorithm 2: the last heads both sides
-     were known to hold. With it the filter covers exactly A's events since
-     then, B can judge everything, and two partitions of m events each
-     reconcile in 1.5 round trips with ~1.25 bytes of filter per event.
-   * After applying the reply A holds every head of B, so it knows exactly
-     what B lacks (`A.not_below(heads_B)`) and sends it: no second filter.
-   * Answers are cut at MAX_EVENTS_PER_MESSAGE / the frame budget, parents
-     first; `more` makes the receiver offer again with its new heads, which is
-     the continuation (stateless on the sender), so a 50k-event lag is
-     caught up in bounded messages.
-   * Bloom false positives only make an exchange incomplete, never wrong:
-     A notices heads of B it still lacks and offers again with a fresh salt
-     (at most `max_session_rounds` per exchange).
-
+   * B holds every head of A → A lacks exactly `B.not_below(heads_A)`: sent
+     at once, no filter needed (a lagging peer catches up in 1 RTT).
+   * otherwise `judge_offer`: B walks its events down by depth; in the
+     window an event is judged by the filter itself (not in it = missing,
+     sent with all its descendants: KH's `neg ∪ succ*(neg)`); an event in
+     the filter vouches for its ancestors. An event below the window that
+     nothing vouches for cannot be judged: the reply is `truncated` and A
+     offers again with a window `window_growth` times deeper.
+   * `since`, the per-peer state of Algorithm 2, holds the heads both sides
+     were last seen to hold: with it the filter covers exactly A's events
+     since then, and two partitions of m events reconcile in 1.5 RTT.
+   * Having applied the reply, A holds every head of B and knows exactly
+     what B lacks (`A.not_below(heads_B)`): one filter per exchange.
+   * Answers are cut at the message bounds; `more` makes the receiver offer
+     again with its new heads — the continuation, stateless on the sender.
+   * A Bloom false positive only leaves heads of B unknown to A, which then
+     offers again with a fresh salt (`max_session_rounds` fruitless offers).
+   * An exchange that moved events triggers one more with another peer on
+     the next tick (rumor mongering with feedback, Demers et al. 1987), so a
+     repair spreads exponentially instead of one hop per interval.
 3. **Backstop (Algorithm 1's needs-loop).** Buffered events name parents
    nobody sent; every `want_retry_ms` the missing parents
    (`graph.missing_parents()`) are asked for by id — from the peer that sent
    the child if it is still up — and served from the graph or the buffer.
+
+`tick` also depletes a wide topic with dummy events, behind a randomized,
+exponentially growing backoff (see DEFAULT_DEPLETION_BACKOFF_MS) so that n
+replicas do not all emit one at once.
 
 Bad input never raises out of the engine: an undecodable message or an
 event failing a hard Reference Monitor check is logged with its reason and
@@ -80,6 +80,7 @@ from transport.messages import (
     EVENT_FRAMING_BYTES,
     FRAME_HEADROOM_BYTES,
     MAX_BLOOM_BYTES,
+    MAX_BLOOM_HASHES,
     MAX_EVENTS_PER_MESSAGE,
     MAX_FRAME_BYTES,
     MAX_HEADS,
@@ -106,7 +107,10 @@ DEFAULT_PUSH_FANOUT = 6  # GossipSub's D: copies of each new event a node sends
 DEFAULT_SYNC_INTERVAL_MS = 1_000
 DEFAULT_SYNC_JITTER_MS = 250  # spreads offers so nodes do not all sync in lockstep
 DEFAULT_WANT_RETRY_MS = 500  # > a few one-way latencies: gives push a chance first
-DEFAULT_SESSION_TIMEOUT_MS = 5_000  # an exchange whose reply was lost is abandoned after this
+# An exchange with no answer for this long counts as lost and the peer may be
+# offered to again (a late answer's events are still used). Far above a
+# round trip, but short enough that lost replies do not idle a node's peers.
+DEFAULT_SESSION_TIMEOUT_MS = 2_000
 DEFAULT_MAX_SESSION_ROUNDS = 16  # fruitless offers in one exchange (window growth, FP retries)
 DEFAULT_WIDTH_SAMPLE_MS = 1_000
 # A replica whose width stays over the depletion threshold waits a random time
@@ -181,12 +185,15 @@ class DisseminationConfig:
     sync_interval_ms: int = DEFAULT_SYNC_INTERVAL_MS
     sync_jitter_ms: int = DEFAULT_SYNC_JITTER_MS
     sync_on_connect: bool = True
+    sync_on_news: bool = True  # an exchange that brought events triggers one more (rumor mongering)
     want_retry_ms: int = DEFAULT_WANT_RETRY_MS
     session_timeout_ms: int = DEFAULT_SESSION_TIMEOUT_MS
     max_session_rounds: int = DEFAULT_MAX_SESSION_ROUNDS
     initial_window_depth: int = INITIAL_WINDOW_DEPTH
     window_growth: int = WINDOW_GROWTH
     use_peer_state: bool = True  # KH Algorithm 2's per-peer common heads
+    bloom_bits_per_item: int = BLOOM_BITS_PER_ITEM
+    bloom_hashes: int = BLOOM_HASHES
     max_bloom_items: int = MAX_BLOOM_ITEMS
     reply_max_events: int = MAX_EVENTS_PER_MESSAGE
     reply_max_bytes: int = REPLY_MAX_BYTES
@@ -201,8 +208,10 @@ class DisseminationConfig:
             raise ValueError("reply_max_events must be in [1, MAX_EVENTS_PER_MESSAGE]")
         if not 0 < self.reply_max_bytes <= REPLY_MAX_BYTES:
             raise ValueError("reply_max_bytes must be in (0, REPLY_MAX_BYTES]")
-        if not 1 <= self.max_bloom_items <= MAX_BLOOM_ITEMS:
-            raise ValueError("max_bloom_items must be in [1, MAX_BLOOM_ITEMS]")
+        if not 1 <= self.bloom_hashes <= MAX_BLOOM_HASHES or self.bloom_bits_per_item < 1:
+            raise ValueError("Bloom filter needs >= 1 bit per item and 1..MAX_BLOOM_HASHES hashes")
+        if self.max_bloom_items < 1:
+            raise ValueError("max_bloom_items must be >= 1")
         if self.window_growth < 2 or self.initial_window_depth < 1:
             raise ValueError("the depth window must start >= 1 and grow by >= 2")
         if self.sync_jitter_ms < 0 or self.sync_jitter_ms >= self.sync_interval_ms:
@@ -384,6 +393,7 @@ class _TopicTimers:
     next_want_ms: int = 0
     next_width_ms: int = 0
     deplete_at_ms: int | None = None
+    news_from: PeerId | None = None  # set when sync brought events: spread them on the next tick
     depletion_backoff_ms: int = 0  # current backoff; 0 = the configured base
 
 
@@ -465,8 +475,9 @@ class Disseminator:
 
     def sync_with(self, peer: PeerId, topic: bytes, now_ms: int) -> list[Effect]:
         """Open an anti-entropy exchange with `peer` on `topic` now (tick does this on a timer)."""
-        if (peer, topic) in self._sessions:
-            return []
+        current = self._sessions.get((peer, topic))
+        if current is not None and now_ms - current.active_ms <= self.config.session_timeout_ms:
+            return []  # one exchange at a time per peer and topic
         session = _Session(peer, topic, xid=0, active_ms=now_ms,
                            window=self.config.initial_window_depth)
         self._sessions[(peer, topic)] = session
@@ -516,6 +527,8 @@ class Disseminator:
         events, more = self._take(graph, ids[:limit])
         reply = Reply(replica.topic_id, offer.xid, self._heads(graph), truncated,
                       more or len(ids) > limit, tuple(events))
+        if events:
+            self._note_news(replica.topic_id, peer)  # the offerer lacked something
         return [self._send(peer, reply)]
 
     def _on_reply(self, peer: PeerId, replica: Replica, reply: Reply, now_ms: int) -> list[Effect]:
@@ -564,7 +577,7 @@ class Disseminator:
                 found.append(event)
         if not found:
             return []
-        raws, more = self._take_raws([e.raw for e in found])
+        raws, _ = self._take_raws([e.raw for e in found])  # the rest: asked again later
         self.stats["wants_served"] += len(raws)
         return [self._send(peer, Events(replica.topic_id, 0, False, tuple(raws)))]
 
@@ -581,13 +594,19 @@ class Disseminator:
             out += self._deplete(topic, replica, timers, now_ms, rng)
         if timers.next_sync_ms is None:  # first tick: a random phase, so nodes do not sync in step
             timers.next_sync_ms = now_ms + rng.randrange(self.config.sync_interval_ms)
+        news_from, timers.news_from = timers.news_from, None
         if now_ms >= timers.next_sync_ms:
             jitter = self.config.sync_jitter_ms
             timers.next_sync_ms = (now_ms + self.config.sync_interval_ms
                                    + rng.randint(-jitter, jitter))
-            idle = [p for p in self._peers if (p, topic) not in self._sessions]
-            if idle:
-                out += self.sync_with(rng.choice(idle), topic, now_ms)
+            out += self._sync_random(topic, now_ms, rng, exclude=None)
+        elif news_from is not None and self.config.sync_on_news:
+            # Rumor mongering with feedback (Demers et al. 1987): an exchange that
+            # moved events suggests other peers lack them too, so exchange with one
+            # more peer now instead of at the next interval. Both sides do, so news
+            # spreads exponentially; it stops by itself once exchanges move nothing.
+            self.stats["news_syncs"] += 1
+            out += self._sync_random(topic, now_ms, rng, exclude=news_from)
         if now_ms >= timers.next_want_ms:
             timers.next_want_ms = now_ms + self.config.want_retry_ms
             out += self._wants(topic, replica, rng)
@@ -596,6 +615,15 @@ class Disseminator:
             out.append(self._log("width", now_ms, topic, width=replica.graph.width,
                                  buffered=replica.graph.buffered_count))
         return out
+
+    def _sync_random(self, topic: bytes, now_ms: int, rng: random.Random,
+                     exclude: PeerId | None) -> list[Effect]:
+        idle = [p for p in self._peers if p != exclude and self._idle(p, topic, now_ms)]
+        return self.sync_with(rng.choice(idle), topic, now_ms) if idle else []
+
+    def _idle(self, peer: PeerId, topic: bytes, now_ms: int) -> bool:
+        session = self._sessions.get((peer, topic))
+        return session is None or now_ms - session.active_ms > self.config.session_timeout_ms
 
     def _deplete(self, topic: bytes, replica: Replica, timers: _TopicTimers, now_ms: int,
                  rng: random.Random) -> list[Effect]:
@@ -630,12 +658,19 @@ class Disseminator:
         if not self._peers or not replica.graph.buffered_count:
             return []
         by_peer: dict[PeerId, list[bytes]] = {}
-        for parent in replica.graph.missing_parents(MAX_WANT_IDS):
+        graph = replica.graph
+        for parent in graph.missing_parents(MAX_WANT_IDS):
+            if graph.rejected_reason(parent) is not None:
+                # We rejected it when it came (e.g. parents not an antichain); asking
+                # again would only fetch it to reject it again, every retry, forever.
+                continue
             source = self._want_source.get((topic, parent))
             if source not in self._peers:
                 source = rng.choice(self._peers)
             by_peer.setdefault(source, []).append(parent)
         self.stats["wants_sent"] += sum(len(v) for v in by_peer.values())
+        if not by_peer:
+            return []
         return [self._send(peer, Want(topic, tuple(ids))) for peer, ids in sorted(by_peer.items())]
 
     def _heads(self, graph: Graph) -> tuple[bytes, ...]:
@@ -659,9 +694,12 @@ class Disseminator:
         else:
             top = max((graph.depth(h) or 0 for h in graph.extremities()), default=0)
             floor = max(0, top - session.window)
-        ids, covered = recent_events(graph, since, floor, self.config.max_bloom_items)
+        # The filter must fit MAX_BLOOM_BYTES whatever the bits per item.
+        cap = min(self.config.max_bloom_items,
+                  MAX_BLOOM_BYTES * 8 // self.config.bloom_bits_per_item)
+        ids, covered = recent_events(graph, since, floor, cap)
         bloom = BloomFilter.build(ids, self._rng.randbytes(BLOOM_SALT_BYTES),
-                                  BLOOM_BITS_PER_ITEM, BLOOM_HASHES)
+                                  self.config.bloom_bits_per_item, self.config.bloom_hashes)
         session.xid = self._new_xid()
         session.active_ms = now_ms
         self.stats["offers_sent"] += 1
@@ -680,6 +718,7 @@ class Disseminator:
         if not ids:
             return []
         events, more = self._take(graph, ids[:limit])
+        self._note_news(graph.topic_id, peer)  # the peer lacked something
         return [self._send(peer, Events(graph.topic_id, xid, more or len(ids) > limit,
                                         tuple(events)))]
 
@@ -726,13 +765,17 @@ class Disseminator:
         """Receive a batch, commit it once, log it; return the raws that were new here."""
         graph = replica.graph
         topic = replica.topic_id
+        logging = self.config.log
         fresh: list[bytes] = []
         for raw in raws:
             event_id = event_id_of(raw)
-            # Content-addressed: a known id is these very bytes, so skip the signature check.
+            # Content-addressed: a known id is these very bytes, so skip the signature
+            # check. The hot path: each node hears each event about push_fanout times.
             if graph.has(event_id) or graph.is_buffered(event_id):
                 self.stats["duplicates"] += 1
-                out.append(self._log("duplicate", now_ms, topic, event_id=event_id, channel=channel))
+                if logging:
+                    out.append(self._log("duplicate", now_ms, topic, event_id=event_id,
+                                         channel=channel))
                 continue
             outcome = replica.receive(raw, now_ms)
             if outcome.status == "rejected":
@@ -751,16 +794,29 @@ class Disseminator:
                 out.append(self._log("buffered", now_ms, topic, event_id=event_id))
                 for parent in outcome.missing:
                     self._note_want_source(topic, parent, peer)
+            # Events failing the topic's auth rules stay vertices (and are still
+            # gossiped) but are never delivered to subscribers: log them as rejected.
+            unauthorized = dict(outcome.unauthorized)
             for event in outcome.applied:
-                out.append(self._log("delivered", now_ms, topic, event=event, channel=channel,
-                                     depth=graph.depth(event.id)))
+                if event.id in unauthorized:
+                    out.append(self._log("rejected", now_ms, topic, event=event,
+                                         reason=unauthorized[event.id]))
+                else:
+                    out.append(self._log("delivered", now_ms, topic, event=event,
+                                         channel=channel, depth=graph.depth(event.id)))
             for rejected_id, reason in outcome.rejected_ids:
                 if rejected_id != event_id:
                     out.append(self._log("rejected", now_ms, topic, event_id=rejected_id,
                                          reason=reason))
         if graph.pending_ops:
             replica.commit()  # durable before anything is forwarded or answered
+        if fresh and channel == SYNC:
+            self._note_news(topic, peer)
         return fresh
+
+    def _note_news(self, topic: bytes, peer: PeerId) -> None:
+        """An exchange moved events (either way): others may lack them too."""
+        self._timers[topic].news_from = peer
 
     def _note_want_source(self, topic: bytes, parent: bytes, peer: PeerId) -> None:
         self._want_source[(topic, parent)] = peer
@@ -811,4 +867,6 @@ class Disseminator:
 
     @staticmethod
     def _clean(effects: list[Effect | None]) -> list[Effect]:
+        if None not in effects:  # the common case when logging is off: no copy
+            return effects  # type: ignore[return-value]
         return [e for e in effects if e is not None]

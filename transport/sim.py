@@ -42,11 +42,10 @@ import json
 import random
 import sys
 import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from node.core.event import Event
 from node.core.identity import Identity
 from node.core.parents import DEFAULT_D_MAX, DepletionPolicy
 from node.core.replica import Replica, ReplicaConfig
@@ -214,6 +213,9 @@ class Cluster:
         self.loss, self.duplicate, self.reorder = loss, duplicate, reorder
         self.latency_ms = latency_ms
         self.tick_ms = tick_ms
+        # Only a Scenario's schedule can be replayed from the command line; a cluster
+        # scheduled by hand (partition(), write()) is replayed by rerunning its code.
+        self._replayable = scenario is not None
         self.scenario = scenario or Scenario(seed=seed, nodes=n, loss=loss, duplicate=duplicate,
                                              reorder=reorder, latency_ms=latency_ms,
                                              neighbours=neighbours, d_max=d_max)
@@ -228,7 +230,10 @@ class Cluster:
         self.dropped = 0
         self.disconnects: list[tuple[int, str]] = []
         self.invalid_log_records = 0
-        replica_config = ReplicaConfig(depletion=DepletionPolicy(enabled=depletion))
+        # A pure MEG: no topic state or auth rules (node.state), which this simulator
+        # does not exercise.
+        replica_config = ReplicaConfig(depletion=DepletionPolicy(enabled=depletion),
+                                       authorization=False)
         config = replace(config, log=log_dir is not None)
         identities = [Identity.from_seed(_seed_bytes(seed, i)) for i in range(n)]
         creator = Replica.create_topic(MemoryStore(), identities[0], now_ms=0, name="sim",
@@ -366,9 +371,11 @@ class Cluster:
             if len(problems) > 5:
                 break
         if problems:
+            replay = (self.scenario.replay_command() if self._replayable else
+                      f"rerun the code that built this Cluster with seed={self.seed}")
             raise AssertionError(
                 f"simulation failed (seed {self.seed}): " + "; ".join(problems)
-                + f"\nreplay: {self.scenario.replay_command()}")
+                + f"\nreplay: {replay}")
 
     # ------------------------------------------------------------- results
 

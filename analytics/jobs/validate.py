@@ -47,32 +47,31 @@ class FieldColumns:
     value: Column
 
 
-def parse_json_line(value: Column) -> tuple[Column, Column]:
-    """(document, parse_ok) for a text line; document is a VARIANT, null when not parsed."""
-    wrapped = F.try_parse_json(F.concat(F.lit("["), value, F.lit(f',"{_SENTINEL}"]')))
-    parse_ok = (
-        wrapped.isNotNull()
-        & (F.try_variant_get(wrapped, "$[1]", "string") == F.lit(_SENTINEL))
-        & F.try_variant_get(wrapped, "$[2]", "variant").isNull()
+def _parse(lines: DataFrame, column: str, keep: list[Column]) -> DataFrame:
+    """Add _doc (the line's JSON value as VARIANT, null if unparsable) and _parse_ok."""
+    wrapped = F.try_parse_json(F.concat(F.lit("["), F.col(column), F.lit(f',"{_SENTINEL}"]')))
+    with_wrapped = lines.select(*keep, wrapped.alias("_wrapped"))
+    w = F.col("_wrapped")
+    parse_ok = F.coalesce(
+        w.isNotNull()
+        & (F.try_variant_get(w, "$[1]", "string") == F.lit(_SENTINEL))
+        & F.try_variant_get(w, "$[2]", "variant").isNull(),
+        F.lit(False),
     )
-    document = F.when(parse_ok, F.try_variant_get(wrapped, "$[0]", "variant"))
-    return document, F.coalesce(parse_ok, F.lit(False))
+    return _fenced(with_wrapped, keep, [parse_ok.alias("_parse_ok"), F.try_variant_get(w, "$[0]", "variant").alias("_doc")])
 
 
-def json_field_columns(document: Column) -> dict[str, FieldColumns]:
-    """Every schema field read out of a parsed JSON object."""
-    fields = {}
-    for spec in ls.FIELDS:
-        path = f"$.{spec.name}"
-        json_type = F.schema_of_variant(F.try_variant_get(document, path, "variant"))
-        present = F.coalesce(json_type != F.lit("VOID"), F.lit(False))  # JSON null == absent
-        if spec.kind == "int":
-            type_ok = json_type.isin(*_INTEGER_VARIANT_TYPES)
-        else:
-            type_ok = json_type == F.lit("STRING")
-        value = F.try_variant_get(document, path, _SPARK_CAST[spec.kind])
-        fields[spec.name] = FieldColumns(present, type_ok, value)
-    return fields
+def _fenced(df: DataFrame, keep: list[Column], new: list[Column]) -> DataFrame:
+    """`df.select(*keep, *new)`, with the new columns produced by a Generate node.
+
+    Spark pushes a filter down through projections by copying the projected
+    expressions into it, and a filter's generated code does not share common
+    subexpressions. A filter on the classification would then parse each line
+    dozens of times, and its code outgrows the JVM's 64 KB method limit (Spark
+    falls back to interpreting it: 100x slower, measured). Columns that come out
+    of a generator cannot be copied that way, so the parse stays done once.
+    """
+    return df.select(*keep, F.inline(F.array(F.struct(*new))))
 
 
 def typed_field_columns() -> dict[str, FieldColumns]:
@@ -129,27 +128,42 @@ def record_reason(fields: dict[str, FieldColumns]) -> Column:
     )
 
 
-def line_reason(value: Column, document: Column, parse_ok: Column, fields: dict[str, FieldColumns]) -> Column:
-    """The reason a JSON line is unusable (null when it is a valid record)."""
-    is_object = F.coalesce(F.schema_of_variant(document).startswith("OBJECT"), F.lit(False))
-    return (
-        F.when(F.length(value) > ls.MAX_LINE_CHARS, F.lit(ls.TOO_LONG))
-        .when(~parse_ok, F.lit(ls.BAD_JSON))
-        .when(~is_object, F.lit(ls.NOT_OBJECT))
-        .otherwise(record_reason(fields))
-    )
-
-
 def classify_lines(lines: DataFrame, column: str = "value") -> DataFrame:
     """Text lines -> the schema's typed columns plus MALFORMED (null for valid records).
 
-    The other columns of `lines` are kept; so is the line itself.
+    The other columns of `lines` are kept; so is the line itself. The work is
+    split into stages (parse, read the fields, judge), fenced from each other
+    (`_fenced`) so each line is parsed once whatever a caller does with the
+    result: written as one expression, the parse would be copied into every
+    field's expression.
     """
-    document, parse_ok = parse_json_line(F.col(column))
-    fields = json_field_columns(document)
-    reason = line_reason(F.col(column), document, parse_ok, fields)
-    typed = [fields[f.name].value.cast(f.dataType).alias(f.name) for f in ls.spark_schema().fields]
-    return lines.select(*lines.columns, *typed, reason.alias(MALFORMED))
+    keep = [F.col(c) for c in lines.columns]
+    parsed = _parse(lines, column, keep)
+    doc = F.when(F.col("_parse_ok"), F.col("_doc"))
+    per_field = []
+    for spec in ls.FIELDS:
+        path = f"$.{spec.name}"
+        per_field.append(F.schema_of_variant(F.try_variant_get(doc, path, "variant")).alias(f"_t_{spec.name}"))
+        per_field.append(F.try_variant_get(doc, path, _SPARK_CAST[spec.kind]).alias(spec.name))
+    is_object = F.coalesce(F.schema_of_variant(doc).startswith("OBJECT"), F.lit(False))
+    read = _fenced(parsed, keep, [F.col("_parse_ok"), is_object.alias("_is_object"), *per_field])
+    fields = {spec.name: _field_from_json_type(spec, F.col(f"_t_{spec.name}")) for spec in ls.FIELDS}
+    reason = (
+        F.when(F.length(F.col(column)) > ls.MAX_LINE_CHARS, F.lit(ls.TOO_LONG))
+        .when(~F.col("_parse_ok"), F.lit(ls.BAD_JSON))
+        .when(~F.col("_is_object"), F.lit(ls.NOT_OBJECT))
+        .otherwise(record_reason(fields))
+    )
+    return read.select(*keep, *[F.col(f.name) for f in ls.FIELDS], reason.alias(MALFORMED))
+
+
+def _field_from_json_type(spec: ls.FieldSpec, json_type: Column) -> FieldColumns:
+    present = F.coalesce(json_type != F.lit("VOID"), F.lit(False))  # JSON null == absent
+    if spec.kind == "int":
+        type_ok = json_type.isin(*_INTEGER_VARIANT_TYPES)
+    else:
+        type_ok = json_type == F.lit("STRING")
+    return FieldColumns(present, type_ok, F.col(spec.name))
 
 
 def _types_requiring() -> dict[str, tuple[str, ...]]:

@@ -12,15 +12,42 @@ reproduces any run.
 
 Writes become durable only at `commit()`; callers acknowledge published or
 received events to others only after it returns.
+
+Topic state and authorization
+-----------------------------
+A topic created with `authorization=True` is a Matrix-style room: every
+applied event gets a state before and after it and is checked against the
+auth rules (`node.state.tracker`). An event that fails stays a vertex of the
+graph (its children are not blocked, and it is still gossiped), but it is
+*rejected*: listed in `Received.unauthorized`, counted as
+`counters["rejected.<reason>"]`, never in state, and skipped by
+`deliveries()`. Whether a topic is authorized is fixed by its create event
+(`TopicParams.authorization`; absent means authorized, as in Matrix), so every
+replica of a topic agrees; `ReplicaConfig.authorization=False` turns state
+tracking off in one replica (pure MEG, as before: the simulator's setting).
+
+    replica = Replica.create_topic(store, me, now_ms, authorization=True)
+    replica.add_writer(bob_key, now_ms, rng)       # invite + writing level
+    bob_replica.join(now_ms, rng)                  # on bob's node
+    replica.state(); replica.role_of(bob_key); replica.indexers()
+
+The creator bootstraps the topic in `create_topic`: create, its own join
+(allowed only straight after the create event), the initial power levels
+(`node.state.actions.initial_power_levels`) and the join rule, so the creator
+can write at once. Local operations are checked before signing and raise
+`NotAuthorizedError` naming the missing power.
 """
 
 from __future__ import annotations
 
 import random
 from collections import Counter
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
 
 from node.core.event import (
+    EVENT_VERSION,
     KIND_CREATE,
     KIND_DUMMY,
     KIND_MESSAGE,
@@ -38,7 +65,31 @@ from node.core.parents import (
     ParentPolicy,
     select_parents,
 )
-from storage.protocol import Store
+from node.state import actions
+from node.state.actions import EventSpec, NotAuthorizedError, RoleError
+from node.state.auth_rules import EventFields, select_auth_refs
+from node.state.roles import Role
+from node.state.roles import indexers as indexers_in
+from node.state.roles import role_of as role_in
+from node.state.store import MAX_DELTA_CHAIN, StateGroups
+from node.state.tracker import StateTracker
+from node.state.types import (
+    BAN,
+    INVITE,
+    JOIN,
+    RULE_INVITE,
+    TYPE_JOIN_RULES,
+    TYPE_MEMBER,
+    TYPE_POWER_LEVELS,
+    StateKey,
+)
+from node.state.view import StateView
+from storage.protocol import TABLE_STATE, Store
+
+__all__ = [
+    "NotAuthorizedError", "NotReadyError", "PublishError", "Received", "Replica",
+    "ReplicaConfig", "RoleError", "StateDisabledError", "TopicParams",
+]
 
 
 class NotReadyError(Exception):
@@ -49,12 +100,20 @@ class PublishError(Exception):
     """A local event could not be added (the message says why)."""
 
 
+class StateDisabledError(Exception):
+    """Topic state was asked of a replica that does not track it (see `Replica.authorizing`)."""
+
+
 @dataclass(frozen=True, slots=True)
 class ReplicaConfig:
     parent_policy: ParentPolicy = ParentPolicy.RANDOM
     depletion: DepletionPolicy = field(default_factory=DepletionPolicy)
     limits: GraphLimits = field(default_factory=GraphLimits)
     max_future_skew_ms: int = MAX_FUTURE_SKEW_MS
+    # Track topic state and enforce the auth rules on topics whose create event
+    # asks for them. False: pure MEG, no state (the simulator, the CRDT tests).
+    authorization: bool = True
+    state_delta_chain: int = MAX_DELTA_CHAIN  # see node.state.store
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,6 +122,7 @@ class TopicParams:
 
     name: str = ""
     d_max: int = DEFAULT_D_MAX
+    authorization: bool = True  # Matrix rooms are always authorized; a topic may opt out
 
     @classmethod
     def from_create(cls, event: Event) -> "TopicParams":
@@ -78,7 +138,10 @@ class TopicParams:
             name = ""
         if type(d_max) is not int or not MIN_D_MAX <= d_max <= MAX_D_MAX:
             d_max = DEFAULT_D_MAX
-        return cls(name=name, d_max=d_max)
+        authorization = content.get("authorization", True)
+        if type(authorization) is not bool:
+            authorization = True  # a garbled flag never turns authorization off
+        return cls(name=name, d_max=d_max, authorization=authorization)
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,6 +156,9 @@ class Received:
     dropped: tuple[bytes, ...] = ()
     equivocations: tuple[Event, ...] = ()
     rejected_ids: tuple[tuple[bytes, str], ...] = ()
+    # Applied events (a subset of `applied`) that failed the auth rules: stored
+    # as rejected vertices, never delivered, never in state. (id, reason).
+    unauthorized: tuple[tuple[bytes, str], ...] = ()
 
 
 class Replica:
@@ -109,6 +175,9 @@ class Replica:
         self.counters: Counter[str] = Counter()
         self._params: TopicParams | None = None
         self._last_dummy_ms: int | None = None
+        self._tracker: StateTracker | None = None
+        self._authorizing: bool | None = None
+        self.graph.on_discard(self._forget_state_caches)
 
     @classmethod
     def create_topic(
@@ -119,18 +188,41 @@ class Replica:
         name: str = "",
         d_max: int = DEFAULT_D_MAX,
         config: ReplicaConfig = ReplicaConfig(),
+        *,
+        authorization: bool = False,
+        join_rule: str = RULE_INVITE,
     ) -> "Replica":
-        """Author a new topic's create event and return the replica holding it (committed)."""
+        """Author a new topic and return the replica holding it (committed).
+
+        With `authorization`, the topic is a Matrix-style room and the creator
+        bootstraps it: its own join, the initial power levels and the join
+        rule follow the create event, so the creator can write at once. Without
+        it, the topic is a pure MEG (the create event alone, no auth rules).
+        """
         if not MIN_D_MAX <= d_max <= MAX_D_MAX:
             raise ValueError(f"d_max must be in [{MIN_D_MAX}, {MAX_D_MAX}]")
+        if authorization and not config.authorization:
+            raise ValueError("an authorized topic needs ReplicaConfig(authorization=True): "
+                             "its events need auth refs chosen from the topic state")
         create = sign_event(
             identity, topic=b"", seq=0, parents=(), timestamp_ms=now_ms, kind=KIND_CREATE,
             state_key="", payload=pack_payload(
-                {"name": name, "d_max": d_max, "creator": identity.public_key.hex()}),
+                {"name": name, "d_max": d_max, "creator": identity.public_key.hex(),
+                 "authorization": authorization}),
         )
         replica = cls(store, create.id, identity, config)
         result = replica.graph.add(create)
         assert result.status == "applied", result
+        if authorization:
+            replica.tracker.apply(result.applied)
+            # One extremity at each step: the parent choice draws nothing from this rng.
+            rng = random.Random(0)
+            for spec in (
+                actions.membership_spec(identity.public_key, JOIN),
+                EventSpec(TYPE_POWER_LEVELS, "", actions.initial_power_levels(identity.public_key)),
+                EventSpec(TYPE_JOIN_RULES, "", {"join_rule": join_rule}),
+            ):
+                replica._publish_spec(spec, now_ms, rng)
         replica.commit()
         return replica
 
@@ -150,6 +242,92 @@ class Replica:
         """True once the create event is here, so this replica can author events."""
         return self.graph.has_root
 
+    @property
+    def authorizing(self) -> bool:
+        """True when this replica tracks topic state and enforces the auth rules.
+
+        Needs the config switch on and the topic's create event (here) asking
+        for authorization.
+        """
+        if self._authorizing is None:
+            if not self.ready:
+                return False
+            # Fixed from now on: the create event never changes or goes away.
+            self._authorizing = self.config.authorization and self.params.authorization
+        return self._authorizing
+
+    @property
+    def tracker(self) -> StateTracker:
+        """The topic's state machine; raises StateDisabledError when not `authorizing`."""
+        if self._tracker is None:
+            if not self.authorizing:
+                raise StateDisabledError(
+                    "this replica does not track topic state: "
+                    + ("the create event has not arrived" if not self.ready else
+                       "the topic is not authorized" if not self.params.authorization else
+                       "ReplicaConfig.authorization is off"))
+            groups = StateGroups(self.graph.table(TABLE_STATE), self.config.state_delta_chain)
+            self._tracker = StateTracker(self.graph, groups)
+        return self._tracker
+
+    def state(self) -> dict[StateKey, Event]:
+        """The current topic state: the resolved state at the forward extremities."""
+        return {key: self._event(eid) for key, eid in self._current_state().items()}
+
+    def role_of(self, key: bytes) -> Role:
+        """The writer role of an author key in the current state."""
+        return role_in(key, self._current_state(), self.graph)
+
+    def indexers(self) -> frozenset[bytes]:
+        """Author keys of the current indexers."""
+        return indexers_in(self._current_state(), self.graph)
+
+    def is_rejected(self, event_id: bytes) -> bool:
+        """True if the event is here and failed the auth rules (always False without state)."""
+        return self.authorizing and self.tracker.is_rejected(event_id)
+
+    def rejection_reason(self, event_id: bytes) -> str | None:
+        if not self.authorizing:
+            return None
+        record = self.tracker.event_state(event_id)
+        return None if record is None else record.reason
+
+    def rejected_events(self, limit: int | None = None) -> list[bytes]:
+        """Ids of the events stored as rejected (by id), at most `limit`."""
+        return self.tracker.groups.rejected_ids(limit) if self.authorizing else []
+
+    def deliveries(self, since: int = 0, limit: int = 1_000,
+                   include_rejected: bool = False) -> list[tuple[int, Event]]:
+        """What subscribers get: `graph.deliveries` without rejected events.
+
+        Positions are the graph's delivery positions, so a cursor (last
+        position + 1) resumes exactly; up to `limit` events are returned.
+        """
+        if include_rejected or not self.authorizing:
+            return self.graph.deliveries(since, limit)
+        out: list[tuple[int, Event]] = []
+        position = max(since, 0)
+        end = self.graph.delivered_count
+        while position < end and len(out) < limit:
+            page = self.graph.deliveries(position, limit)
+            out += [(p, e) for p, e in page if not self.tracker.is_rejected(e.id)]
+            position = page[-1][0] + 1
+        return out[:limit]
+
+    def _current_state(self) -> Mapping[StateKey, bytes]:
+        tracker = self.tracker
+        return tracker.state(tracker.current_group())
+
+    def _event(self, event_id: bytes) -> Event:
+        event = self.graph.get(event_id)
+        assert event is not None, "a state map names an event the graph lacks"
+        return event
+
+    def _forget_state_caches(self) -> None:
+        self._authorizing = None  # the root itself may have been among the discarded writes
+        if self._tracker is not None:
+            self._tracker.clear_caches()
+
     # ---------------------------------------------------------------- updates
 
     def receive(self, raw: bytes, now_ms: int, expected_id: bytes | None = None) -> Received:
@@ -166,11 +344,19 @@ class Replica:
             self.counters[f"rejected.{rejection.reason}"] += 1
         if result.equivocations:
             self.counters["equivocations"] += len(result.equivocations)
+        unauthorized: tuple[tuple[bytes, str], ...] = ()
+        if result.applied and self.authorizing:
+            # Same write-set as the graph's: state commits with the events.
+            unauthorized = tuple(self.tracker.apply(result.applied))
+            for _, reason in unauthorized:
+                self.counters[f"rejected.{reason}"] += 1
+            self.counters["unauthorized"] += len(unauthorized)
         return Received(
             status=result.status, event_id=result.event_id, reason=result.reason,
             applied=result.applied, missing=result.missing, dropped=result.dropped,
             equivocations=result.equivocations,
             rejected_ids=tuple((r.event_id, r.reason) for r in result.rejected),
+            unauthorized=unauthorized,
         )
 
     def publish(
@@ -184,7 +370,9 @@ class Replica:
         """Author, sign and add an event on top of the current extremities.
 
         Returns the event and the graph outcome (which lists it under
-        `applied`). Not durable until `commit()`.
+        `applied`). Not durable until `commit()`. On an authorized topic the
+        event is checked against the state before it first, and refused with
+        NotAuthorizedError (nothing signed) if the auth rules forbid it.
         """
         if not self.ready:
             raise NotReadyError("the topic's create event has not arrived yet; wait for sync")
@@ -195,26 +383,132 @@ class Replica:
             lambda i: self.graph.depth(i) or 0,
         )
         latest = self.graph.author_latest_seq(self.identity.public_key)
+        seq = (latest if latest is not None else -1) + 1
+        auth: tuple[bytes, ...] = (self.topic_id,)
+        if self.authorizing:
+            draft = self._draft(kind, state_key, payload, parents, seq, now_ms)
+            auth = self._checked(draft).auth
         event = sign_event(
-            self.identity, topic=self.topic_id, seq=(latest if latest is not None else -1) + 1,
-            parents=parents, timestamp_ms=now_ms, kind=kind, payload=payload,
-            state_key=state_key, auth=(self.topic_id,),
+            self.identity, topic=self.topic_id, seq=seq, parents=parents, timestamp_ms=now_ms,
+            kind=kind, payload=payload, state_key=state_key, auth=auth,
         )
         outcome = self._outcome(self.graph.add(event))
         if outcome.status != "applied":
             raise PublishError(f"local event not applied: {outcome.status} {outcome.reason}")
+        if outcome.unauthorized:  # the check above passed: only a bug gets here
+            raise PublishError(f"local event rejected: {outcome.unauthorized[0][1]}")
         self.counters["created"] += 1
         return event, outcome
 
+    def _draft(self, kind: str, state_key: str | None, payload: bytes,
+               parents: tuple[bytes, ...] | list[bytes], seq: int, now_ms: int) -> Event:
+        """The event as it would be signed, unsigned, auth refs not chosen yet."""
+        return Event(
+            version=EVENT_VERSION, topic=self.topic_id, author=self.identity.public_key, seq=seq,
+            parents=tuple(sorted(parents)), auth=(), timestamp_ms=now_ms, kind=kind,
+            state_key=state_key, payload=payload, signature=b"", raw=b"", id=b"",
+        )
+
+    def _checked(self, draft: Event) -> Event:
+        """`draft` with its auth refs, if the auth rules allow it; else NotAuthorizedError."""
+        tracker = self.tracker
+        before = tracker.group_before(draft.parents)
+        state = tracker.state(before)
+        fields = (EventFields.of(draft) if draft.kind == TYPE_MEMBER
+                  else EventFields(draft.kind, draft.author, draft.state_key))
+        draft = replace(draft, auth=tuple(select_auth_refs(fields, state)))
+        reason = tracker.check(draft, before)
+        if reason is not None:
+            raise NotAuthorizedError(reason, actions.explain(draft, reason,
+                                                             StateView(state, self.graph)))
+        return draft
+
     def maybe_deplete(self, now_ms: int, rng: random.Random) -> tuple[Event, Received] | None:
-        """Emit a dummy event if the width is over the depletion threshold (rate-limited)."""
+        """Emit a dummy event if the width is over the depletion threshold (rate-limited).
+
+        On an authorized topic only a joined member may send one; others skip.
+        """
         if not self.ready:
             return None
         if not self.config.depletion.due(self.graph.width, now_ms, self._last_dummy_ms):
             return None
         self._last_dummy_ms = now_ms
+        try:
+            made = self.publish(b"", now_ms, rng, kind=KIND_DUMMY)
+        except NotAuthorizedError:
+            self.counters["dummies_not_authorized"] += 1
+            return None
         self.counters["dummies"] += 1
-        return self.publish(b"", now_ms, rng, kind=KIND_DUMMY)
+        return made
 
     def commit(self) -> int:
         return self.graph.commit()
+
+    # ------------------------------------------------------- topic state API
+    #
+    # Each call authors state event(s) as the local identity, checked against
+    # the auth rules before anything is signed (NotAuthorizedError otherwise).
+    # Not durable until `commit()`, like `publish`.
+
+    def set_state(self, kind: str, state_key: str, content: Mapping[str, Any], now_ms: int,
+                  rng: random.Random) -> tuple[Event, Received]:
+        """Set application (or Matrix) state: `kind`/`state_key` -> `content`."""
+        return self._publish_spec(EventSpec(kind, state_key, dict(content)), now_ms, rng)
+
+    def invite(self, user_key: bytes, now_ms: int, rng: random.Random) -> tuple[Event, Received]:
+        return self._publish_spec(actions.membership_spec(user_key, INVITE), now_ms, rng)
+
+    def ban(self, user_key: bytes, now_ms: int, rng: random.Random,
+            reason: str | None = None) -> tuple[Event, Received]:
+        extra = {} if reason is None else {"reason": reason}
+        return self._publish_spec(actions.membership_spec(user_key, BAN, **extra), now_ms, rng)
+
+    def join(self, now_ms: int, rng: random.Random,
+             relayed: bool = False) -> tuple[Event, Received]:
+        """Join as the local identity (after an invite, or under a public join rule).
+
+        `relayed=True` declares this device a relayed writer (see node.state.roles).
+        """
+        extra = {"relayed": True} if relayed else {}
+        spec = actions.membership_spec(self.identity.public_key, JOIN, **extra)
+        return self._publish_spec(spec, now_ms, rng)
+
+    def add_writer(self, user_key: bytes, now_ms: int,
+                   rng: random.Random) -> tuple[tuple[Event, Received], ...]:
+        """Invite `user_key` (unless joined or invited) and give it the writing level.
+
+        Returns every event made, in order (none if it is a writer already).
+        """
+        specs = actions.writer_specs(self._view(), user_key)
+        return self._publish_specs(specs, now_ms, rng)
+
+    def set_role(self, user_key: bytes, role: Role, now_ms: int,
+                 rng: random.Random) -> tuple[tuple[Event, Received], ...]:
+        """Give `user_key` a writer role (mapping in node.state.actions); events made, in order.
+
+        RoleError if the role cannot be given by this identity at all (the
+        relayed flag of another member); NotAuthorizedError if it lacks power.
+        """
+        specs = actions.role_specs(self._view(), self.identity.public_key, user_key, role)
+        return self._publish_specs(specs, now_ms, rng)
+
+    def _view(self) -> StateView:
+        return StateView(self._current_state(), self.graph)
+
+    def _publish_spec(self, spec: EventSpec, now_ms: int,
+                      rng: random.Random) -> tuple[Event, Received]:
+        payload = pack_payload(dict(spec.content))
+        return self.publish(payload, now_ms, rng, kind=spec.kind, state_key=spec.state_key)
+
+    def _publish_specs(self, specs: list[EventSpec], now_ms: int,
+                       rng: random.Random) -> tuple[tuple[Event, Received], ...]:
+        # Check them all against the current state before signing the first,
+        # so a refusal never leaves half an operation behind. (The events of
+        # one operation touch different keys, so each one's verdict does not
+        # depend on the others.)
+        parents = tuple(self.graph.extremities())
+        for spec in specs:
+            payload = pack_payload(dict(spec.content))
+            self._checked(self._draft(spec.kind, spec.state_key, payload, parents, 0, now_ms))
+        return tuple(self._publish_spec(spec, now_ms, rng) for spec in specs)
+

@@ -64,8 +64,11 @@ MAX_DELTA_CHAIN = 64
 # ~360 bytes (type <= 64, state key <= 255, id 32, msgpack framing), so a
 # record stays under 750 KiB, below the store's 1 MiB value limit.
 MAX_ENTRIES_PER_RECORD = 2_048
-GROUP_CACHE_SIZE = 256  # loaded group maps kept in memory
-RECORD_CACHE_SIZE = 65_536  # event records (16 bytes + reason each)
+# Loaded group maps kept in memory. Each is a whole map (a few thousand keys
+# in a big topic), so this bounds memory per topic; a miss costs at most
+# MAX_DELTA_CHAIN reads. The working set is the groups of the current heads.
+GROUP_CACHE_SIZE = 64
+RECORD_CACHE_SIZE = 16_384  # event records: the parents of what arrives next
 MEMO_CACHE_SIZE = 4_096  # resolution memo entries kept in memory
 MEMO_DIGEST_BYTES = 16
 

@@ -53,7 +53,7 @@ Sans-IO: no clock, no randomness; the graph and the store come in.
 from __future__ import annotations
 
 from collections import Counter, OrderedDict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Protocol
 
 from node.core.event import Event
@@ -100,6 +100,7 @@ class StateTracker:
         self.stats: Counter[str] = Counter()
         self._verdicts: OrderedDict[tuple, str | None] = OrderedDict()
         self._current: tuple[tuple[bytes, ...], int] | None = None
+        self._caught_up: set[bytes] = set()
 
     def clear_caches(self) -> None:
         self.groups.clear_caches()
@@ -128,8 +129,10 @@ class StateTracker:
         self._current = (extremities, gid)
         return gid
 
-    def group_before(self, parents: Iterable[bytes]) -> int:
+    def group_before(self, parents: Sequence[bytes]) -> int:
         """The group of the state before an event with these parents."""
+        if len(parents) == 1:  # the common case: a chain reuses its parent's group
+            return self._after(parents[0])
         gids = sorted({self._after(p) for p in parents})
         if not gids:
             return EMPTY_GROUP
@@ -176,9 +179,10 @@ class StateTracker:
     def apply(self, events: Sequence[Event]) -> list[tuple[bytes, str]]:
         """Process newly applied events (in application order); returns the rejected ones."""
         rejected: list[tuple[bytes, str]] = []
+        self._caught_up.clear()
         for event in events:
-            if self.groups.event_state(event.id) is not None:
-                continue  # processed already while catching up an ancestry
+            if event.id in self._caught_up:
+                continue  # processed already, as the ancestor of an event without a record
             reason = self._process(event)
             if reason is not None:
                 rejected.append((event.id, reason))
@@ -233,3 +237,4 @@ class StateTracker:
             event = self.graph.get(current)
             assert event is not None
             self._process(event)
+            self._caught_up.add(current)

@@ -11,7 +11,7 @@ import random
 from dataclasses import dataclass, field, replace
 
 from node.core.event import Event
-from node.core.identity import Identity
+from node.core.identity import Identity, sign_event
 from node.core.parents import DepletionPolicy
 from node.core.replica import Replica, ReplicaConfig
 from storage.memory import MemoryStore
@@ -35,7 +35,7 @@ class Exchange:
     bytes: int = 0
     event_bytes: int = 0
     events: int = 0
-    log: list[tuple[str, str, int]] = field(default_factory=list)  # (sender, type, size)
+    log: list[tuple[str, str, int, int]] = field(default_factory=list)  # sender, type, size, events
 
     @property
     def round_trips(self) -> float:
@@ -55,7 +55,7 @@ class NodePair:
         # Exchanges start only when a test says so: no connect-time sync, no timers.
         self.config = replace(config or DisseminationConfig(push=False, log=False, depletion=False),
                               sync_on_connect=False)
-        no_dummies = ReplicaConfig(depletion=DepletionPolicy(enabled=False))
+        no_dummies = ReplicaConfig(depletion=DepletionPolicy(enabled=False), authorization=False)
         self.now_ms = PAIR_NOW_MS
         a = Replica.create_topic(MemoryStore(), identity("a"), self.now_ms, name="pair",
                                  d_max=d_max, config=no_dummies)
@@ -108,8 +108,9 @@ class NodePair:
                 exchange.messages += 1
                 exchange.bytes += len(effect.data)
                 exchange.event_bytes += event_bytes(message)
-                exchange.events += len(getattr(message, "events", ()))
-                exchange.log.append((sender, type(message).__name__, len(effect.data)))
+                count = len(getattr(message, "events", ()))
+                exchange.events += count
+                exchange.log.append((sender, type(message).__name__, len(effect.data), count))
                 receiver = effect.peer
                 self.now_ms += 1
                 for answer in self.engines[receiver].on_message(sender, effect.data, self.now_ms):
@@ -150,3 +151,75 @@ def diverged(m: int, seed: int = 1, base: int = 20, synced_before: bool = True,
     pair.write("a", m, payload_bytes)
     pair.write("b", m, payload_bytes)
     return pair
+
+
+def random_universe(seed: int, topic_replica: Replica, count: int, writers: int = 4,
+                    lag: int = 4, d_max: int = 4) -> list[Event]:
+    """`count` events on top of `topic_replica`'s root, by `writers` authors, in causal order.
+
+    Each event picks up to `d_max` parents from the extremities of one of the
+    last `lag` states (stale views make concurrency); any state's extremities
+    form an antichain, so every event is valid.
+    """
+    return _Grower(seed, topic_replica.topic_id, writers).grow(count, lag, d_max)
+
+
+def random_fork(seed: int, topic_replica: Replica, common: int, each: int,
+                writers: int = 4) -> tuple[list[Event], list[Event], list[Event]]:
+    """A random shared past, then two random branches grown apart (two partitions)."""
+    grower = _Grower(seed, topic_replica.topic_id, writers)
+    past = grower.grow(common)
+    state = (set(grower.heads), list(grower.history))
+    left = grower.grow(each)
+    grower.heads, grower.history = state
+    right = grower.grow(each)
+    return past, left, right
+
+
+class _Grower:
+    def __init__(self, seed: int, root: bytes, writers: int) -> None:
+        self.rng = random.Random(seed)
+        self.root = root
+        self.authors = [identity(f"w{seed}-{i}") for i in range(writers)]
+        self.seqs = [0] * writers
+        self.heads: set[bytes] = {root}
+        self.history: list[list[bytes]] = [[root]]
+        self.made = 0
+
+    def grow(self, count: int, lag: int = 4, d_max: int = 4) -> list[Event]:
+        rng = self.rng
+        events: list[Event] = []
+        for _ in range(count):
+            view = rng.choice(self.history[-lag:])
+            parents = rng.sample(view, min(len(view), rng.randint(1, d_max)))
+            w = rng.randrange(len(self.authors))
+            self.seqs[w] += 1  # a branch may reuse seqs: equivocation is legal in a MEG
+            self.made += 1
+            event = sign_event(self.authors[w], topic=self.root, seq=self.seqs[w],
+                               parents=parents, timestamp_ms=PAIR_NOW_MS, kind="message",
+                               payload=b"u%d" % self.made, auth=(self.root,))
+            events.append(event)
+            self.heads -= set(parents)
+            self.heads.add(event.id)
+            self.history.append(sorted(self.heads))
+        return events
+
+
+def closure(events: list[Event], chosen: set[bytes]) -> list[Event]:
+    """The events of `chosen` and all their ancestors among `events`, in causal order."""
+    by_id = {e.id: e for e in events}
+    keep: set[bytes] = set()
+    stack = [i for i in chosen if i in by_id]
+    while stack:
+        event_id = stack.pop()
+        if event_id in keep:
+            continue
+        keep.add(event_id)
+        stack.extend(p for p in by_id[event_id].parents if p in by_id)
+    return [e for e in events if e.id in keep]
+
+
+def load(replica: Replica, events: list[Event]) -> None:
+    for event in events:
+        replica.receive(event.raw, PAIR_NOW_MS)
+    replica.commit()

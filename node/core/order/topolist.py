@@ -76,6 +76,7 @@ class TopoList:
     def __init__(self, key_of: KeyOf) -> None:
         self._key_of = key_of
         self._ids: list[bytes] = []
+        self._keys: list[SortKey] = []  # parallel to _ids: the scan compares without calls
 
     def __len__(self) -> int:
         return len(self._ids)
@@ -92,18 +93,15 @@ class TopoList:
         `deps` are the node's dependencies that are in the list (confirmed ones
         are done and must be left out). The position is the shared-prefix length.
         """
-        pending = set(deps)
         key = self._key_of(node)
-        position = len(self._ids)
-        for index, other in enumerate(self._ids):
-            if pending:
-                pending.discard(other)
-                continue
-            if key < self._key_of(other):
-                position = index
-                break
+        keys = self._keys
+        position = max((self._ids.index(dep) + 1 for dep in set(deps)), default=0)
+        while position < len(keys) and not key < keys[position]:
+            position += 1
         self._ids.insert(position, node)
+        keys.insert(position, key)
         return position
 
     def rebuild(self, ids: Collection[bytes], deps_of: DepsOf) -> None:
         self._ids = kahn(ids, deps_of, self._key_of)
+        self._keys = [self._key_of(i) for i in self._ids]

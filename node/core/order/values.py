@@ -18,7 +18,10 @@ class OrderError(ValueError):
 
     The graph layer validates events before they get here, so this is a bug in
     the caller, not remote misbehaviour; it is raised, never swallowed.
+    `update`, when set, reports what the same call did before the bad node.
     """
+
+    update: "OrderUpdate | None" = None
 
 
 @dataclass(frozen=True, slots=True)

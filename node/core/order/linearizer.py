@@ -1,0 +1,227 @@
+"""The linearizer: one topic's total order, a confirmed prefix and a tentative tail.
+
+Theory of operation
+-------------------
+Feed it nodes in causal order (dependencies first); each `add` returns an
+`OrderUpdate`. The full order is `confirmed + tentative`:
+
+* confirmed: append-only. A node joins it when an anchor whose past holds it
+  commits (`consensus`); every correct replica confirms the same sequence,
+  whatever order it received the nodes in.
+* tentative: every other node, in the deterministic Kahn order (`topolist`).
+  It may reorder as nodes arrive; `rewind_to` says how much of the previous
+  full order survived.
+
+    writers a (indexer), x (non-indexer):
+
+    x0 ── x1 ── a0        add x0 -> confirmed [],           tentative [x0]
+                          add x1 -> confirmed [],           tentative [x0, x1]
+                          add a0 -> confirmed [x0, x1, a0], tentative []
+
+Relayed writers' nodes (`add(node, relayed=True)`) are kept aside: they are
+never heads and never ordered until a non-relayed node references them; then
+they enter the graph just before it (with their own relayed ancestors). A
+relayed node nobody references stays aside forever.
+
+Indexer changes take effect between decisions. `set_indexers` switches at
+once; to switch at the same point of the confirmed order on every replica,
+pass `role_change`: it is asked about each newly confirmed node, and a
+non-None answer becomes the indexer set right after the batch holding that
+node (the rest of the anchors found in the same step are dropped and
+searched again under the new set). Either way a new epoch begins:
+rounds restart from the confirmed prefix (see `consensus`).
+
+Sans-IO and deterministic: no clock, no randomness, no I/O; two linearizers
+fed the same nodes in any causal order hold the same confirmed sequence
+(prefixes of each other while they differ in what they have seen).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+
+from .clock import CausalIndex
+from .consensus import Consensus, quorum_degree
+from .topolist import TopoList, kahn
+from .values import OrderError, OrderNode, OrderUpdate, SortKey, sort_key
+
+RoleChange = Callable[[OrderNode], "frozenset[bytes] | None"]
+
+
+class Linearizer:
+    def __init__(self, indexers: frozenset[bytes], role_change: RoleChange | None = None) -> None:
+        self._index = CausalIndex()
+        self._nodes: dict[bytes, OrderNode] = {}
+        self._keys: dict[bytes, SortKey] = {}
+        self._aside: dict[bytes, OrderNode] = {}  # relayed, not referenced yet
+        self._confirmed: list[bytes] = []
+        self._is_confirmed: set[bytes] = set()
+        self._tentative = TopoList(self._keys.__getitem__)
+        self._role_change = role_change
+        self._consensus = Consensus(self._index, frozenset(indexers))
+
+    # -- reading -------------------------------------------------------------
+
+    @property
+    def confirmed(self) -> tuple[bytes, ...]:
+        return tuple(self._confirmed)
+
+    @property
+    def tentative(self) -> tuple[bytes, ...]:
+        return self._tentative.snapshot()
+
+    @property
+    def indexers(self) -> frozenset[bytes]:
+        return self._consensus.indexers
+
+    def __contains__(self, node_id: bytes) -> bool:
+        """True for nodes in the order (relayed nodes still aside are not)."""
+        return node_id in self._nodes
+
+    def is_confirmed(self, node_id: bytes) -> bool:
+        return node_id in self._is_confirmed
+
+    def round_of(self, node_id: bytes) -> int:
+        """The node's round in the current epoch (-1 for non-indexers and older nodes)."""
+        return self._consensus.round_of(node_id)
+
+    def quorum_degree(self, target: bytes, at: bytes) -> int:
+        """The design document's degree of the quorum over `target` as seen from `at`."""
+        return quorum_degree(self._index, self.indexers, target, at)
+
+    # -- writing -------------------------------------------------------------
+
+    def add(self, node: OrderNode, relayed: bool = False) -> OrderUpdate:
+        """Add one node (its dependencies were added before); see `extend`."""
+        return self.extend((node,), relayed)
+
+    def extend(self, nodes: Iterable[OrderNode], relayed: bool = False) -> OrderUpdate:
+        """Add nodes in causal order, then decide once.
+
+        Nodes that arrive together (a cascade released by one event, the two
+        siblings of an equivocation) should come in one call: no decision is
+        taken on part of them. A known id is a no-op. On a bad node,
+        `OrderError` is raised after the nodes before it were added and
+        decided; its `update` attribute reports them.
+        """
+        before = self.tentative
+        rewind = len(before)
+        try:
+            for node in nodes:
+                rewind = min(rewind, self._accept(node, relayed))
+        except OrderError as error:
+            error.update = self._settle(before, rewind)
+            raise
+        return self._settle(before, rewind)
+
+    def _accept(self, node: OrderNode, relayed: bool) -> int:
+        """Take one node in; return the tentative position from which it changed things."""
+        unchanged = len(self._tentative)
+        known = self._nodes.get(node.id) or self._aside.get(node.id)
+        if known is not None:
+            if known != node:
+                raise OrderError(f"id {node.id.hex()} reused for a different node")
+            return unchanged
+        missing = [dep for dep in node.deps if dep not in self._nodes and dep not in self._aside]
+        if missing:
+            raise OrderError(f"node {node.id.hex()} before its dependency {missing[0].hex()}")
+        if relayed:
+            self._aside[node.id] = node
+            return unchanged
+        entering = self._with_relayed_ancestors(node)
+        return min(self._insert(n) for n in entering)
+
+    def set_indexers(self, indexers: frozenset[bytes]) -> OrderUpdate:
+        """Switch the indexer set now; the next decision uses it."""
+        before = self.tentative
+        self._new_epoch(frozenset(indexers))
+        return self._settle(before, len(before))
+
+    # -- internals -----------------------------------------------------------
+
+    def _with_relayed_ancestors(self, node: OrderNode) -> list[OrderNode]:
+        """`node` preceded by the relayed nodes it brings in, dependencies first."""
+        if not self._aside:
+            return [node]
+        entering: list[OrderNode] = []
+        stack: list[tuple[OrderNode, bool]] = [(node, False)]
+        while stack:
+            current, expanded = stack.pop()
+            if expanded:
+                entering.append(current)
+                continue
+            stack.append((current, True))
+            for dep in current.deps:
+                relayed = self._aside.pop(dep, None)
+                if relayed is not None:
+                    stack.append((relayed, False))
+        return entering
+
+    def _insert(self, node: OrderNode) -> int:
+        self._index.add(node)  # validates the node before anything records it
+        self._nodes[node.id] = node
+        self._keys[node.id] = sort_key(node)
+        self._consensus.add(node)
+        open_deps = [dep for dep in node.deps if dep not in self._is_confirmed]
+        return self._tentative.insert(node.id, open_deps)
+
+    def _settle(self, before: tuple[bytes, ...], rewind: int) -> OrderUpdate:
+        """Confirm whatever committed anchors allow; report the change."""
+        confirmed_before = len(self._confirmed)
+        while self._confirm_next():
+            pass
+        appended = tuple(self._confirmed[confirmed_before:])
+        if appended:
+            remaining = [n for n in self._tentative if n not in self._is_confirmed]
+            self._tentative.rebuild(remaining, self._deps_of)
+            rewind = _shared_prefix(before, appended + self.tentative)
+        return OrderUpdate(appended, self.tentative, confirmed_before + rewind)
+
+    def _confirm_next(self) -> bool:
+        chain = self._consensus.next_commit()
+        for round_, anchor in chain:
+            batch = kahn(self._unconfirmed_past(anchor), self._deps_of, self._keys.__getitem__)
+            self._confirmed.extend(batch)
+            self._is_confirmed.update(batch)
+            self._consensus.committed_round = round_
+            change = self._role_change_in(batch)
+            if change is not None:
+                self._new_epoch(change)
+                break
+        return bool(chain)
+
+    def _role_change_in(self, batch: list[bytes]) -> frozenset[bytes] | None:
+        change = None
+        if self._role_change is not None:
+            for node_id in batch:
+                answer = self._role_change(self._nodes[node_id])
+                if answer is not None:
+                    change = frozenset(answer)  # the last change in the batch wins
+        return change
+
+    def _new_epoch(self, indexers: frozenset[bytes]) -> None:
+        self._consensus = Consensus(self._index, indexers)
+        for node_id in self._tentative:  # a topological order of the unconfirmed nodes
+            if node_id not in self._is_confirmed:
+                self._consensus.add(self._nodes[node_id])
+
+    def _unconfirmed_past(self, anchor: bytes) -> set[bytes]:
+        past = {anchor}
+        stack = [anchor]
+        while stack:
+            for dep in self._nodes[stack.pop()].deps:
+                if dep not in past and dep not in self._is_confirmed:
+                    past.add(dep)
+                    stack.append(dep)
+        return past
+
+    def _deps_of(self, node_id: bytes) -> tuple[bytes, ...]:
+        return self._nodes[node_id].deps
+
+
+def _shared_prefix(a: tuple[bytes, ...], b: tuple[bytes, ...]) -> int:
+    length = min(len(a), len(b))
+    for i in range(length):
+        if a[i] != b[i]:
+            return i
+    return length

@@ -1,0 +1,393 @@
+"""Topic state inside a real Replica: state at every event, rejection, persistence.
+
+The scenarios of tests/state (Synapse's test_v2.py, re-expressed) are fed to a
+`Replica` through `receive`, in several arrival orders - parents first,
+children first (everything buffers until the root arrives) and shuffled - and
+the replica's own tracker must reach what the reference builder computes:
+the same winners at END, the same state after every event, the same events
+rejected.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Sequence
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import node.state.tracker as tracker_module
+from node.core.event import Event
+from node.core.graph import Graph as CoreGraph
+from node.core.identity import sign_event
+from node.core.replica import Replica, ReplicaConfig, StateDisabledError
+from node.state import resolve
+from node.state.auth_rules import EventFields, select_auth_refs
+from node.state.store import MAX_ENTRIES_PER_RECORD, StateGroups
+from node.state.tracker import REASON_AUTH_REFS
+from node.state.types import StateKey
+from storage.lmdb_store import LmdbStore
+from storage.memory import MemoryStore
+from storage.protocol import TABLE_STATE
+from tests.helpers import authorized_topic, identity, new_topic
+from tests.state.builder import CAST, Graph, join_rules, member, message, power, topic, uid
+from tests.state.conftest import BuildTopic
+from tests.state.test_resolution_properties import MAX_EVENTS, build_forks, steps
+
+NOW_MS = 10**12  # far after every scenario timestamp: nothing is "from the future"
+
+Order = Callable[[list[Event], random.Random], list[Event]]
+
+
+def parents_first(events: list[Event], rng: random.Random) -> list[Event]:
+    return list(events)
+
+
+def children_first(events: list[Event], rng: random.Random) -> list[Event]:
+    return list(reversed(events))
+
+
+def shuffled(events: list[Event], rng: random.Random) -> list[Event]:
+    out = list(events)
+    rng.shuffle(out)
+    return out
+
+
+ORDERS = {"parents_first": parents_first, "children_first": children_first, "shuffled": shuffled}
+
+
+def replica_of(graph: Graph, order: Order, seed: int = 0, strict: bool = True) -> Replica:
+    """A replica (as a bystander identity) fed every event of `graph` in `order`.
+
+    `strict`: every event must become a vertex. Random forks may give an event
+    parents that are not an antichain, which the graph refuses (and whose
+    descendants then wait in the buffer); the property test allows that.
+    """
+    replica = Replica(MemoryStore(), graph.topic_id, identity("observer"))
+    events = [e for e in graph.events.values() if e.parents or e.is_create]  # no orphan END
+    for n, event in enumerate(order(events, random.Random(seed))):
+        outcome = replica.receive(event.raw, NOW_MS)
+        assert not strict or outcome.status in ("applied", "buffered"), outcome
+        if n % 5 == 4:
+            replica.commit()
+    replica.commit()
+    assert not strict or replica.graph.buffered_count == 0
+    return replica
+
+
+def state_after(replica: Replica, event_id: bytes) -> dict[StateKey, bytes]:
+    record = replica.tracker.event_state(event_id)
+    assert record is not None
+    return dict(replica.tracker.state(record.after))
+
+
+def rejected_names(replica: Replica, graph: Graph) -> dict[str, str]:
+    names = {e.id: n for n, e in graph.events.items()}
+    return {names[i]: replica.rejection_reason(i) for i in replica.rejected_events()}
+
+
+def winners(replica: Replica, graph: Graph, keys: Sequence[StateKey]) -> dict[StateKey, str]:
+    names = {e.id: n for n, e in graph.events.items()}
+    state = replica.state()
+    return {key: names[state[key].id] for key in keys}
+
+
+# ------------------------------------------------------------- scenarios, via Replica
+
+
+def ban_vs_pl(build: BuildTopic) -> tuple[Graph, list[str]]:
+    events = [
+        power("PA", "alice", {"alice": 100, "bob": 50}),
+        member("MA", "alice", "alice", "join"),
+        member("MB", "alice", "bob", "ban"),
+        power("PB", "bob", {"alice": 100, "bob": 50}),
+    ]
+    chains = [["START", "PA", "MA", "MB", "END"], ["PA", "PB", "END"]]
+    return build(events, chains), ["PA", "MA", "MB"]
+
+
+def topic_basic(build: BuildTopic) -> tuple[Graph, list[str]]:
+    events = [
+        topic("T1", "alice"),
+        power("PA1", "alice", {"alice": 100, "bob": 50}),
+        topic("T2", "alice"),
+        power("PA2", "alice", {"alice": 100, "bob": 0}),
+        power("PB", "bob", {"alice": 100, "bob": 50}),
+        topic("T3", "bob"),
+    ]
+    chains = [["START", "T1", "PA1", "T2", "PA2", "END"], ["PA1", "PB", "T3", "END"]]
+    return build(events, chains), ["PA2", "T2"]
+
+
+def join_rule_evasion(build: BuildTopic) -> tuple[Graph, list[str]]:
+    events = [join_rules("JR", "alice", "invite"), member("ME", "evelyn", "evelyn", "join")]
+    chains = [["START", "JR", "END"], ["START", "ME", "END"]]
+    return build(events, chains), ["JR"]
+
+
+def mainline_sort(build: BuildTopic) -> tuple[Graph, list[str]]:
+    events = [
+        topic("T1", "alice"),
+        power("PA1", "alice", {"alice": 100, "bob": 50}),
+        topic("T2", "alice"),
+        power("PA2", "alice", {"alice": 100, "bob": 50}, events={"m.room.power_levels": 100}),
+        power("PB", "bob", {"alice": 100, "bob": 50}),
+        topic("T3", "bob"),
+        topic("T4", "alice"),
+    ]
+    chains = [["START", "T1", "PA1", "T2", "PA2", "T3", "END"], ["PA1", "PB", "T4", "END"]]
+    return build(events, chains), ["T3", "PA2"]
+
+
+# Scenarios whose END parents form an antichain (topic_reset and offtopic_pl
+# merge an event with its own ancestor, which the MEG refuses).
+SCENARIOS = {"ban_vs_pl": ban_vs_pl, "topic_basic": topic_basic,
+             "join_rule_evasion": join_rule_evasion, "mainline_sort": mainline_sort}
+
+
+@pytest.mark.parametrize("order", sorted(ORDERS))
+@pytest.mark.parametrize("scenario", sorted(SCENARIOS))
+def test_scenarios_resolve_in_the_replica_as_in_synapse(
+    scenario: str, order: str, topic_builder: BuildTopic
+) -> None:
+    graph, expected = SCENARIOS[scenario](topic_builder)
+    replica = replica_of(graph, ORDERS[order], seed=len(scenario))
+    keys = [graph.key(name) for name in expected]
+    assert winners(replica, graph, keys) == {graph.key(n): n for n in expected}
+    # Not only END: the state after every event is the reference one.
+    for name, event in graph.events.items():
+        assert state_after(replica, event.id) == graph.state_after[name], name
+    assert graph.rejected == {} and replica.rejected_events() == []
+    assert replica.graph.extremities() == [graph.id("END")]
+    if scenario == "join_rule_evasion":  # evelyn's join lost at the merge, not rejected
+        assert ("m.room.member", uid("evelyn")) not in {k for k in replica.state()}
+
+
+# ------------------------------------------------- demoted / banned in a branch
+
+
+def writers_topic(build: BuildTopic, demotion: str) -> Graph:
+    """Bob may write (events_default 10) until alice, in one branch, demotes or bans him.
+
+    In the other branch bob keeps writing (accepted: he could, there). After the
+    merge at END (zara's, a writer too), bob writes again (B2) and alice answers
+    on top of it (A3).
+    """
+    writing = {"events_default": 10}
+    take_away = (power("CUT", "alice", {"alice": 100, "bob": 0, "zara": 10}, **writing)
+                 if demotion == "demote" else member("CUT", "alice", "bob", "ban"))
+    events = [
+        power("PW", "alice", {"alice": 100, "bob": 10, "zara": 10}, **writing),
+        take_away,
+        message("B1", "bob"),
+        message("B2", "bob"),
+        message("A3", "alice"),
+    ]
+    chains = [["START", "PW", "CUT", "END"], ["PW", "B1", "END"], ["END", "B2", "A3"]]
+    return build(events, chains)
+
+
+@pytest.mark.parametrize("demotion", ["demote", "ban"])
+def test_writer_cut_off_in_a_branch_is_rejected_after_the_merge(
+    demotion: str, topic_builder: BuildTopic
+) -> None:
+    graph = writers_topic(topic_builder, demotion)
+    expected_reason = "insufficient_power" if demotion == "demote" else "sender_not_joined"
+    assert graph.rejected == {"B2": expected_reason}  # the reference agrees
+    for order in ORDERS.values():
+        replica = replica_of(graph, order, seed=3)
+        assert rejected_names(replica, graph) == {"B2": expected_reason}
+        assert replica.counters[f"rejected.{expected_reason}"] == 1
+        assert replica.counters["unauthorized"] == 1
+        delivered = [e.id for _, e in replica.deliveries(limit=10_000)]
+        assert graph.id("B1") in delivered  # concurrent with the cut: it was allowed
+        assert graph.id("B2") not in delivered
+        # The rejected event is a vertex: its child is applied, accepted and delivered.
+        assert graph.id("A3") in delivered
+        assert replica.graph.parents_of(graph.id("A3")) == (graph.id("B2"),)
+        assert replica.graph.extremities() == [graph.id("A3")]
+        everything = [e.id for _, e in replica.deliveries(limit=10_000, include_rejected=True)]
+        assert everything == [e.id for _, e in replica.graph.deliveries(limit=10_000)]
+        assert graph.id("B2") in everything
+
+
+def test_unauthorized_events_are_reported_by_receive(topic_builder: BuildTopic) -> None:
+    graph = writers_topic(topic_builder, "ban")
+    replica = replica_of(graph, parents_first)
+    again = Replica(MemoryStore(), graph.topic_id, identity("again"))
+    outcomes = {n: again.receive(e.raw, NOW_MS) for n, e in graph.events.items()}
+    assert outcomes["B2"].status == "applied"  # a vertex of the graph, gossiped on
+    assert outcomes["B2"].unauthorized == ((graph.id("B2"), "sender_not_joined"),)
+    assert all(not o.unauthorized for n, o in outcomes.items() if n != "B2")
+    assert again.state() == replica.state()
+
+
+def test_stale_auth_refs_are_rejected(topic_builder: BuildTopic) -> None:
+    """Bob signs after the merge but cites his own branch's auth refs: not the selection."""
+    graph = writers_topic(topic_builder, "demote")
+    replica = replica_of(graph, parents_first)
+    bob = CAST["bob"]
+    stale = graph.state_after["B1"]
+    fields = EventFields("message", bob.public_key)
+    forged = sign_event(bob, topic=graph.topic_id, seq=99, parents=[graph.id("A3")],
+                        timestamp_ms=500, kind="message", payload=b"",
+                        auth=select_auth_refs(fields, stale))
+    outcome = replica.receive(forged.raw, NOW_MS)
+    assert outcome.unauthorized == ((forged.id, REASON_AUTH_REFS),)
+
+
+# ---------------------------------------------------------------- persistence
+
+
+def test_state_groups_survive_a_restart_without_recomputation(
+    tmp_path, topic_builder: BuildTopic, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    graph, expected = ban_vs_pl(topic_builder)
+    before_end = [e for n, e in graph.events.items() if n != "END"]
+    store = LmdbStore(tmp_path / "replica")
+    replica = Replica(store, graph.topic_id, identity("observer"))
+    for event in before_end:
+        replica.receive(event.raw, NOW_MS)
+    assert len(replica.graph.extremities()) == 2  # MB and PB: a fork
+    at_fork = replica.state()  # resolves the fork once, and remembers it
+    assert replica.tracker.stats["resolutions"] >= 1
+    records = {e.id: replica.tracker.event_state(e.id) for e in before_end}
+    replica.commit()
+    store.close()
+
+    calls: list[int] = []
+
+    def counting_resolve(*args, **kwargs):
+        calls.append(1)
+        return resolve(*args, **kwargs)
+
+    monkeypatch.setattr(tracker_module, "resolve", counting_resolve)
+    store = LmdbStore(tmp_path / "replica")
+    replica = Replica(store, graph.topic_id, identity("observer"))
+    assert {i: replica.tracker.event_state(i) for i in records} == records
+    assert replica.state() == at_fork
+    # END merges the same two states: the memo answers, on disk since the last run.
+    outcome = replica.receive(graph.events["END"].raw, NOW_MS)
+    assert outcome.status == "applied" and not outcome.unauthorized
+    assert winners(replica, graph, [graph.key(n) for n in expected]) == {
+        graph.key(n): n for n in expected}
+    assert calls == [] and replica.tracker.stats["resolutions"] == 0
+    assert replica.tracker.stats["caught_up"] == 0
+    store.close()
+
+
+def test_a_store_filled_without_state_catches_up_once(topic_builder: BuildTopic) -> None:
+    """Events stored while authorization was off get their states when it is turned on."""
+    graph, expected = topic_basic(topic_builder)
+    store = MemoryStore()
+    blind = Replica(store, graph.topic_id, identity("observer"), ReplicaConfig(authorization=False))
+    for event in graph.events.values():
+        blind.receive(event.raw, NOW_MS)
+    blind.commit()
+    with pytest.raises(StateDisabledError):
+        blind.state()
+    replica = Replica(store, graph.topic_id, identity("observer"))
+    assert winners(replica, graph, [graph.key(n) for n in expected]) == {
+        graph.key(n): n for n in expected}
+    assert replica.tracker.stats["caught_up"] == len(graph.events)
+
+
+def test_a_long_chain_without_state_changes_writes_no_group() -> None:
+    origin = authorized_topic()
+    origin.commit()
+    groups_before = len(origin.graph.table(TABLE_STATE).scan(b"g"))
+    rng = random.Random(1)
+    for n in range(500):
+        origin.publish(b"tick", 2_000 + n, rng)
+    origin.commit()
+    tracker = origin.tracker
+    assert len(origin.graph.table(TABLE_STATE).scan(b"g")) == groups_before
+    heads = origin.graph.extremities()
+    assert tracker.event_state(heads[0]).after == tracker.current_group()
+    assert tracker.stats["resolutions"] == 0
+    assert tracker.stats["verdict_cache_hits"] >= 498  # one real check for the whole chain
+
+
+# ---------------------------------------------------------------- state groups
+
+
+def fresh_groups(max_chain: int) -> tuple[StateGroups, CoreGraph]:
+    graph = CoreGraph(MemoryStore(), b"\x07" * 32)
+    return StateGroups(graph.table(TABLE_STATE), max_chain), graph
+
+
+@pytest.mark.parametrize("max_chain", [0, 1, 16])
+def test_delta_chains_stay_bounded_and_reload_exactly(max_chain: int) -> None:
+    groups, graph = fresh_groups(max_chain)
+    rng = random.Random(max_chain)
+    expected: dict[StateKey, bytes] = {}
+    gid = 0
+    history = []
+    for n in range(200):
+        key = ("app", str(rng.randrange(40)))
+        if expected and rng.random() < 0.1:  # a resolution can drop a key: deltas record it
+            dropped = rng.choice(sorted(expected))
+            expected.pop(dropped)
+            gid = groups.store_state(dict(expected), [gid])
+        else:
+            expected[key] = bytes([n % 256]) * 32
+            gid = groups.derive(gid, {key: expected[key]})
+        history.append((gid, dict(expected)))
+    graph.commit()
+    reopened = StateGroups(graph.table(TABLE_STATE), max_chain)
+    for gid, state in history:
+        assert reopened.load(gid) == state
+        assert reopened._load(gid)[1] <= max_chain
+
+
+def test_a_state_larger_than_one_record_is_chunked() -> None:
+    groups, graph = fresh_groups(4)
+    big = {("m.room.member", f"{n:064x}"): n.to_bytes(32, "big")
+           for n in range(2 * MAX_ENTRIES_PER_RECORD + 5)}
+    gid = groups.store_state(big, [])
+    graph.commit()
+    reopened = StateGroups(graph.table(TABLE_STATE), 4)
+    assert reopened.load(gid) == big
+
+
+def test_equal_resolutions_reuse_a_group() -> None:
+    groups, _ = fresh_groups(8)
+    first = groups.derive(0, {("a", ""): b"\x01" * 32})
+    assert groups.store_state({("a", ""): b"\x01" * 32}, [first]) == first
+
+
+# ------------------------------------------------------------ order independence
+
+
+settings_replicas = settings(max_examples=30, deadline=None,
+                             suppress_health_check=[HealthCheck.too_slow,
+                                                    HealthCheck.data_too_large])
+
+
+@settings_replicas
+@given(plan=st.lists(steps, min_size=2, max_size=MAX_EVENTS), seeds=st.tuples(
+    st.integers(0, 2**32), st.integers(0, 2**32)), tick_ms=st.sampled_from([0, 1]))
+def test_state_does_not_depend_on_arrival_order_or_replica(plan, seeds, tick_ms) -> None:
+    graph = build_forks(plan, tick_ms)
+    replicas = [replica_of(graph, shuffled, seed, strict=False) for seed in seeds]
+    heads = replicas[0].graph.extremities()
+    names = {e.id: n for n, e in graph.events.items()}
+    applied = {names[e.id] for _, e in replicas[0].graph.deliveries(limit=10_000)}
+    reference = resolve([graph.state_after[names[h]] for h in heads], graph.source)
+    for replica in replicas:
+        assert replica.graph.extremities() == heads
+        assert {k: e.id for k, e in replica.state().items()} == reference
+        assert rejected_names(replica, graph) == {
+            n: r for n, r in graph.rejected.items() if n in applied}
+        for name in applied:
+            assert state_after(replica, graph.id(name)) == graph.state_after[name]
+        delivered = {names[e.id] for _, e in replica.deliveries(limit=10_000)}
+        assert delivered == applied - set(graph.rejected)
+
+
+def test_pure_meg_topics_have_no_state() -> None:
+    origin = new_topic()
+    assert not origin.authorizing and origin.rejected_events() == []
+    with pytest.raises(StateDisabledError, match="not authorized"):
+        origin.state()
