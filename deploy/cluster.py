@@ -226,6 +226,18 @@ class LocalCluster:
                 return entry
         raise ClusterError(f"node {index} is not in topic {topic}")
 
+    def wait_joined(self, topic: str, timeout_s: float, indices: list[int] | None = None) -> None:
+        """Wait until the nodes' own membership in `topic` is "join"."""
+        indices = indices if indices is not None else [n.index for n in self.nodes if self.alive(n.index)]
+        deadline = time.monotonic() + timeout_s
+        while True:
+            states = {i: self.topic_status(i, topic).get("membership") for i in indices}
+            if all(state == "join" for state in states.values()):
+                return
+            if time.monotonic() > deadline:
+                raise ClusterError(f"memberships {states} not all 'join' after {timeout_s} s")
+            time.sleep(POLL_INTERVAL_S * 3)
+
     def wait_delivered(self, topic: str, count: int, timeout_s: float,
                        indices: list[int] | None = None) -> float:
         """Wait until the given (default: all running) nodes delivered `count` events."""

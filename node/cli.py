@@ -5,6 +5,10 @@
     megnode topic create NAME --data-dir D   create a topic; prints its id
     megnode topic join TOPIC --data-dir D    join a topic by id
     megnode topic leave TOPIC --data-dir D
+    megnode topic state TOPIC --data-dir D   the resolved topic state
+    megnode topic set-state TOPIC TYPE KEY JSON --data-dir D
+    megnode topic invite|add-writer|ban TOPIC MEMBER --data-dir D
+    megnode topic set-role TOPIC MEMBER indexer|writer|relayed|none --data-dir D
     megnode publish TOPIC MESSAGE --data-dir D      (MESSAGE "-" reads stdin;
                                                       --lines: one event per line)
     megnode subscribe TOPIC --data-dir D [--since N] [--count N]   JSON lines
@@ -125,8 +129,25 @@ def _control(args: argparse.Namespace, request: dict[str, Any]) -> dict[str, Any
 
 def cmd_topic(args: argparse.Namespace) -> int:
     if args.topic_command == "create":
-        reply = _control(args, {"op": "topic_create", "name": args.name, "d_max": args.d_max})
+        reply = _control(args, {"op": "topic_create", "name": args.name, "d_max": args.d_max,
+                                "access": args.access})
         _print_json({"topic": reply["topic"]})
+    elif args.topic_command == "state":
+        print(json.dumps(_control(args, {"op": "state", "topic": args.topic})["state"], indent=2))
+    elif args.topic_command == "set-state":
+        try:
+            content = json.loads(args.content)
+        except json.JSONDecodeError as exc:
+            raise UserError(f"content is not JSON: {exc}") from None
+        reply = _control(args, {"op": "set_state", "topic": args.topic, "type": args.type,
+                                "state_key": args.state_key, "content": content})
+        _print_json({"id": reply["id"]})
+    elif args.topic_command in ("invite", "add-writer", "ban", "set-role"):
+        request = {"op": args.topic_command.replace("-", "_"), "topic": args.topic,
+                   "member": args.member}
+        if args.topic_command == "set-role":
+            request["role"] = args.role
+        _print_json({"id": _control(args, request)["id"]})
     elif args.topic_command == "join":
         reply = _control(args, {"op": "topic_join", "topic": args.topic})
         _print_json({"topic": reply["topic"], "ready": reply["ready"]})
@@ -238,6 +259,27 @@ def build_parser() -> argparse.ArgumentParser:
     q = with_data_dir(topic_commands.add_parser("create", help="create a topic"))
     q.add_argument("name")
     q.add_argument("--d-max", type=int, default=None, help="parents per event (1..20)")
+    q.add_argument("--access", choices=("open", "invite"), default="open",
+                   help="open: anyone with the id may join and publish; invite: members are "
+                        "invited and writers granted (default: open)")
+    q = with_data_dir(topic_commands.add_parser("state", help="the topic's resolved state"))
+    q.add_argument("topic")
+    q = with_data_dir(topic_commands.add_parser("set-state", help="set a state entry"))
+    q.add_argument("topic")
+    q.add_argument("type", help="state type, e.g. app.config or m.room.topic")
+    q.add_argument("state_key", help='the state key ("" for a single entry)')
+    q.add_argument("content", help="a JSON object")
+    for action, text in (("invite", "invite a member (by node id)"),
+                         ("add-writer", "invite a member and let it publish"),
+                         ("ban", "ban a member")):
+        q = with_data_dir(topic_commands.add_parser(action, help=text))
+        q.add_argument("topic")
+        q.add_argument("member", help="the member's node id (64 hex, from `megnode status`)")
+    q = with_data_dir(topic_commands.add_parser("set-role", help="make a member an indexer, "
+                                                "writer, relayed writer or reader"))
+    q.add_argument("topic")
+    q.add_argument("member")
+    q.add_argument("role", choices=("indexer", "writer", "relayed", "none"))
     q = with_data_dir(topic_commands.add_parser("join", help="join a topic by id"))
     q.add_argument("topic")
     q = with_data_dir(topic_commands.add_parser("leave", help="leave a topic"))

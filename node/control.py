@@ -8,13 +8,17 @@ delivered event until the client hangs up (or `count` events were sent).
 
 Requests:
     {"op": "status"}
-    {"op": "topic_create", "name": "kitchen", "d_max": 10}
+    {"op": "topic_create", "name": "kitchen", "d_max": 10, "access": "open" | "invite"}
     {"op": "topic_join", "topic": "<64 hex>"}
     {"op": "topic_leave", "topic": "<64 hex>"}
     {"op": "publish", "topic": "<64 hex>", "payload": "text"} | "payload_b64": "..."
     {"op": "publish_batch", "topic": "<64 hex>", "payloads": ["text", ...]}
     {"op": "subscribe", "topic": "<64 hex>", "since": 0, "count": null}
     {"op": "connect", "address": "/ip4/.../p2p/..."}
+    {"op": "state", "topic": ...}
+    {"op": "set_state", "topic": ..., "type": "app.config", "state_key": "", "content": {...}}
+    {"op": "invite" | "add_writer" | "ban", "topic": ..., "member": "<node id hex>"}
+    {"op": "set_role", "topic": ..., "member": ..., "role": "indexer"|"writer"|"relayed"|"none"}
 """
 
 from __future__ import annotations
@@ -84,6 +88,20 @@ def event_json(position: int, event: Event) -> dict[str, Any]:
     return out
 
 
+MEMBER_OPS = ("invite", "add_writer", "set_role", "ban")
+
+
+def _member_key(value: Any) -> bytes:
+    """A member's key from its hex node id (as `megnode status` prints it)."""
+    try:
+        key = bytes.fromhex(str(value))
+    except ValueError:
+        key = b""
+    if len(key) != 32:
+        raise NodeError(f"not a member key (the 64-hex node id from `megnode status`): {value!r}")
+    return key
+
+
 async def _send(stream: trio.abc.SendStream, obj: dict[str, Any]) -> None:
     await stream.send_all(json.dumps(obj, separators=(",", ":")).encode() + b"\n")
 
@@ -109,8 +127,9 @@ async def _handle(node: Node, request: dict[str, Any], stream: trio.SocketStream
         if not isinstance(name, str):
             raise NodeError("name must be a string")
         d_max = request.get("d_max")
+        access = request.get("access", "open")
         try:
-            topic = await node.create_topic(name, d_max=d_max)
+            topic = await node.create_topic(name, d_max=d_max, access=str(access))
         except ValueError as exc:
             raise NodeError(str(exc)) from None
         await _send(stream, {"ok": True, "topic": topic.id_hex})
@@ -147,6 +166,30 @@ async def _handle(node: Node, request: dict[str, Any], stream: trio.SocketStream
             sent += 1
             if count is not None and sent >= count:
                 raise _StreamDone
+    elif op == "state":
+        topic = node.topic(parse_topic_id(str(request.get("topic", ""))))
+        if not topic.ready or not topic.replica.authorizing:
+            raise NodeError("this topic has no state yet (not synced, or a pure MEG topic)")
+        await _send(stream, {"ok": True, "state": topic.state()})
+    elif op == "set_state":
+        topic = node.topic(parse_topic_id(str(request.get("topic", ""))))
+        kind, key, content = request.get("type"), request.get("state_key", ""), request.get("content")
+        if not isinstance(kind, str) or not isinstance(key, str) or not isinstance(content, dict):
+            raise NodeError("set_state needs a type, a state_key and a JSON object content")
+        event_id = await topic.set_state(kind, key, content)
+        await _send(stream, {"ok": True, "id": event_id.hex()})
+    elif op in MEMBER_OPS:
+        topic = node.topic(parse_topic_id(str(request.get("topic", ""))))
+        key = _member_key(request.get("member"))
+        if op == "invite":
+            event_id = await topic.invite(key)
+        elif op == "add_writer":
+            event_id = await topic.add_writer(key)
+        elif op == "set_role":
+            event_id = await topic.set_role(key, str(request.get("role", "")))
+        else:
+            event_id = await topic.ban(key, request.get("reason"))
+        await _send(stream, {"ok": True, "id": event_id.hex()})
     elif op == "connect":
         peer = await node.connect(str(request.get("address", "")))
         await _send(stream, {"ok": True, "peer": peer})
@@ -176,6 +219,12 @@ async def _serve_client(node: Node, stream: trio.SocketStream, limiter: trio.Cap
                     return  # a finished subscription ends the connection: the client reads to EOF
                 except NodeError as exc:
                     await _send(stream, {"ok": False, "error": str(exc)})
+                except (trio.BrokenResourceError, trio.ClosedResourceError):
+                    raise
+                except Exception as exc:  # a bug must cost one request, never the daemon
+                    logger.exception("control request %r failed", request.get("op"))
+                    await _send(stream, {"ok": False,
+                                         "error": f"internal error: {type(exc).__name__}: {exc}"})
         except (trio.BrokenResourceError, trio.ClosedResourceError, ValueError):
             return  # the client went away or sent an oversized line
 

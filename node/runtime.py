@@ -44,11 +44,16 @@ from analytics.logschema import JsonLinesLogWriter
 from node.config import NodeConfig
 from node.core.event import Event
 from node.core.identity import Identity, KeyFileError
-from node.core.replica import Replica, ReplicaConfig
+from node.core.replica import Replica, ReplicaConfig, StateDisabledError
+from node.state.actions import NotAuthorizedError, RoleError
+from node.state.roles import Role
+from node.state.types import RULE_INVITE, RULE_PUBLIC
 from storage.lmdb_store import LmdbStore, StoreLockedError
 from storage.protocol import TABLE_META, Delete, Put
 from transport.dissemination import Disconnect, DisseminationConfig, Disseminator, Log, Send
 from transport.libp2p_gossip import GossipConfig
+from transport.libp2p_streams import Misbehaviour, StreamLimits
+from transport.messages import MAX_FRAME_BYTES
 from transport.libp2p_host import (
     ConnectError,
     P2PHost,
@@ -71,7 +76,14 @@ SUBSCRIBE_BATCH = 256  # deliveries read from the store per wake-up
 BOOTSTRAP_RETRY_S = 2.0
 BOOTSTRAP_RETRY_MAX_S = 30.0
 MAX_TOPICS = 1_024
+JOIN_RETRY_MS = 1_000
+TRANSPORT_FAULTS_BEFORE_BAN = 1  # framing is ours: no honest peer breaks it even once
+BAN_DURATION_MS = 10 * 60 * 1_000  # a peer disconnected for misbehaviour stays out this long  # how often a wanted membership is attempted again
+ACCESS_OPEN = "open"
+ACCESS_INVITE = "invite"
+ACCESS_MODES = (ACCESS_OPEN, ACCESS_INVITE)
 _TOPIC_META_PREFIX = b"megnode/topic/"
+_WANTS_MEMBERSHIP = b"join"
 
 
 class NodeError(Exception):
@@ -112,6 +124,49 @@ class Topic:
         self.replica = replica
         self.topic_id = replica.topic_id
         self._changes = _Changes()
+        self.wants_membership = False  # join as soon as the topic's state allows
+        self.last_join_attempt_ms = -JOIN_RETRY_MS
+
+    def membership(self) -> str | None:
+        """This node's membership in the topic state ("join", "invite", ...), if any."""
+        if not self.replica.ready or not self.replica.authorizing:
+            return None
+        member = self.replica.state().get(("m.room.member", self._node.node_id))
+        if member is None:
+            return None
+        content = member.content()
+        return content.get("membership") if isinstance(content, dict) else None
+
+    def state(self) -> dict[str, dict[str, Any]]:
+        """The current resolved topic state as {"type|state_key": {sender, content}}."""
+        out: dict[str, dict[str, Any]] = {}
+        for (kind, key), event in sorted(self.replica.state().items()):
+            try:
+                content = event.content()
+            except Exception:
+                content = None
+            out[f"{kind}|{key}"] = {"event": event.id.hex(), "sender": event.author.hex(),
+                                    "content": content}
+        return out
+
+    async def set_state(self, kind: str, state_key: str, content: dict[str, Any]) -> bytes:
+        return self._node._state_action(self, lambda r, n, g: [r.set_state(kind, state_key, content, n, g)])[-1]
+
+    async def invite(self, key: bytes) -> bytes:
+        return self._node._state_action(self, lambda r, n, g: [r.invite(key, n, g)])[-1]
+
+    async def add_writer(self, key: bytes) -> bytes:
+        return self._node._state_action(self, lambda r, n, g: list(r.add_writer(key, n, g)))[-1]
+
+    async def set_role(self, key: bytes, role: str) -> bytes:
+        try:
+            parsed = Role(role)
+        except ValueError:
+            raise NodeError(f"role must be one of {', '.join(r.value for r in Role)}") from None
+        return self._node._state_action(self, lambda r, n, g: list(r.set_role(key, parsed, n, g)))[-1]
+
+    async def ban(self, key: bytes, reason: str | None = None) -> bytes:
+        return self._node._state_action(self, lambda r, n, g: [r.ban(key, n, g, reason=reason)])[-1]
 
     @property
     def id_hex(self) -> str:
@@ -145,8 +200,11 @@ class Topic:
         """Every delivered event from position `since` on, in causal order; waits for more."""
         position = since
         while True:
-            batch = self.replica.graph.deliveries(since=position, limit=SUBSCRIBE_BATCH)
+            batch = self.replica.deliveries(since=position, limit=SUBSCRIBE_BATCH)
             if not batch:
+                if position < self.replica.graph.delivered_count:
+                    position = self.replica.graph.delivered_count  # only rejected events there
+                    continue
                 await self._changes.wait()
                 continue
             for pos, event in batch:
@@ -163,6 +221,9 @@ class Topic:
             "extremities": graph.width,
             "buffered": graph.buffered_count,
             "equivocations": graph.equivocation_count,
+            "membership": self.membership(),
+            "indexers": sorted(k.hex() for k in self.replica.indexers())
+            if self.replica.ready and self.replica.authorizing else [],
             "rejected": {k.split(".", 1)[1]: v for k, v in self.replica.counters.items()
                          if k.startswith("rejected.")},
         }
@@ -174,7 +235,8 @@ class Node:
     def __init__(self, data_dir: Path, identity: Identity, store: LmdbStore, config: NodeConfig,
                  host: P2PHost, nursery: trio.Nursery, log_writer: JsonLinesLogWriter | None,
                  rng: random.Random,
-                 peer_events: trio.MemoryReceiveChannel[PeerEvent]) -> None:
+                 peer_events: trio.MemoryReceiveChannel[PeerEvent],
+                 misbehaviour: trio.MemoryReceiveChannel[Misbehaviour]) -> None:
         self.data_dir = data_dir
         self.identity = identity
         self.store = store
@@ -198,7 +260,10 @@ class Node:
             ),
         )
         self._topics: dict[bytes, Topic] = {}
+        self._banned: dict[str, int] = {}  # node id -> ms until which its connections are dropped
         self._peer_receive = peer_events
+        self._misbehaviour_receive = misbehaviour
+        self._transport_faults: dict[str, int] = {}
         self.stats: dict[str, int] = {"outbox_dropped": 0, "send_failed": 0, "log_failed": 0}
 
     # ------------------------------------------------------------------ lifecycle
@@ -238,14 +303,26 @@ class Node:
             except trio.WouldBlock:
                 logger.warning("peer event queue full; dropping %s", event)
 
+        misbehaviour_send, misbehaviour_receive = trio.open_memory_channel[Misbehaviour](
+            PEER_EVENT_CAPACITY)
+
+        def on_misbehaviour(report: Misbehaviour) -> None:
+            try:
+                misbehaviour_send.send_nowait(report)
+            except trio.WouldBlock:
+                pass  # a flood of reports: the ones already queued will ban the peer
+
         try:
             async with AsyncExitStack() as stack:
                 if config.log_dir is not None:
                     log_writer = JsonLinesLogWriter(data_dir / config.log_dir,
                                                     identity.public_key.hex())
                 gossip = GossipConfig(enabled=config.fast_path == "gossipsub")
+                # One frame of the dissemination protocol may be as large as the
+                # protocol allows (a bounded reply of many events).
+                limits = StreamLimits(max_message_bytes=MAX_FRAME_BYTES)
                 host = P2PHost(bytes(identity.signing_key), config.listen, gossip=gossip,
-                               on_peer=on_peer)
+                               limits=limits, on_peer=on_peer, on_misbehaviour=on_misbehaviour)
                 try:
                     await stack.enter_async_context(host)
                 except OSError as exc:
@@ -254,7 +331,7 @@ class Node:
                     raise NodeError(f"bad listen address {', '.join(config.listen)}: {exc}") from None
                 nursery = await stack.enter_async_context(trio.open_nursery())
                 node = cls(data_dir, identity, store, config, host, nursery, log_writer,
-                           random.Random(seed), peer_receive)
+                           random.Random(seed), peer_receive, misbehaviour_receive)
                 await node._start()
                 try:
                     yield node
@@ -270,9 +347,11 @@ class Node:
         host.set_message_handler(PROTOCOL_DISSEMINATION, self._on_frame)
         if host.gossip_enabled:
             host.set_gossip_handler(self._on_gossip)
-        for topic_id in self._stored_topics():
-            await self._open_topic(topic_id)
+        for topic_id, wants_membership in self._stored_topics():
+            topic = await self._open_topic(topic_id)
+            topic.wants_membership = wants_membership
         self._nursery.start_soon(self._peer_events)
+        self._nursery.start_soon(self._transport_misbehaviour)
         self._nursery.start_soon(self._ticker)
         for address in self.config.bootstrap:
             self._nursery.start_soon(self._dial_with_retry, address)
@@ -289,15 +368,30 @@ class Node:
         except KeyError:
             raise NodeError(f"not a member of topic {topic_id.hex()}") from None
 
-    async def create_topic(self, name: str = "", d_max: int | None = None) -> Topic:
-        """Create a new topic with this node's identity as its creator."""
+    async def create_topic(self, name: str = "", d_max: int | None = None,
+                           access: str = ACCESS_OPEN) -> Topic:
+        """Create a new topic with this node's identity as its creator and first indexer.
+
+        `access="open"`: anyone who knows the topic id may join and publish (a
+        publish-subscribe topic). `access="invite"`: members must be invited,
+        and writing is granted per member (`Topic.add_writer`).
+        """
+        if access not in ACCESS_MODES:
+            raise NodeError(f"access must be one of {', '.join(ACCESS_MODES)}")
         kwargs = {} if d_max is None else {"d_max": d_max}
-        replica = Replica.create_topic(self.store, self.identity, now_ms(), name=name,
-                                       config=self._replica_config(), **kwargs)
+        try:
+            replica = Replica.create_topic(
+                self.store, self.identity, now_ms(), name=name, config=self._replica_config(),
+                authorization=True, join_rule=RULE_PUBLIC if access == ACCESS_OPEN else RULE_INVITE,
+                members_write=access == ACCESS_OPEN, **kwargs)
+        except ValueError as exc:
+            raise NodeError(str(exc)) from None
         topic = await self._register(replica)
-        root = replica.graph.get(replica.topic_id)
-        assert root is not None
-        self._run(self.disseminator.on_publish(replica.topic_id, root, now_ms()))
+        now = now_ms()
+        effects: list[object] = []
+        for _, event in replica.graph.deliveries(0, limit=16):  # create + the bootstrap state
+            effects += self.disseminator.on_publish(replica.topic_id, event, now)
+        self._run(effects)
         return topic
 
     async def join(self, topic_id: bytes | str) -> Topic:
@@ -306,6 +400,8 @@ class Node:
         if topic_id in self._topics:
             return self._topics[topic_id]
         topic = await self._open_topic(topic_id)
+        topic.wants_membership = True
+        self.store.apply([Put(TABLE_META, _TOPIC_META_PREFIX + topic_id, _WANTS_MEMBERSHIP)])
         for peer in self.disseminator.peers:
             self._run(self.disseminator.sync_with(peer, topic_id, now_ms()))
         return topic
@@ -339,15 +435,38 @@ class Node:
             await self.host.join(GOSSIP_TOPIC_PREFIX + replica.topic_id.hex())
         return topic
 
-    def _stored_topics(self) -> list[bytes]:
+    def _stored_topics(self) -> list[tuple[bytes, bool]]:
         prefix = _TOPIC_META_PREFIX
-        return [key[len(prefix):] for key, _ in self.store.scan(TABLE_META, prefix)]
+        return [(key[len(prefix):], value == _WANTS_MEMBERSHIP)
+                for key, value in self.store.scan(TABLE_META, prefix)]
+
+    def _pursue_memberships(self, now: int) -> None:
+        """Join topics we asked to join, once their state says we may (rate-limited)."""
+        for topic in self._topics.values():
+            if not topic.wants_membership or now - topic.last_join_attempt_ms < JOIN_RETRY_MS:
+                continue
+            replica = topic.replica
+            if not replica.ready or not replica.authorizing:
+                continue
+            if topic.membership() == "join":
+                topic.wants_membership = False
+                continue
+            topic.last_join_attempt_ms = now
+            try:
+                event, _ = replica.join(now, self._rng)
+            except NotAuthorizedError as exc:
+                logger.info("cannot join %s yet: %s", topic.id_hex, exc)
+                continue
+            self._run(self.disseminator.on_publish(topic.topic_id, event, now))
 
     # ------------------------------------------------------------------ publishing
 
     def _publish(self, topic: Topic, payload: bytes, kind: str) -> bytes:
         self._check_publishable(topic)
-        event, _ = topic.replica.publish(payload, now_ms(), self._rng, kind=kind)
+        try:
+            event, _ = topic.replica.publish(payload, now_ms(), self._rng, kind=kind)
+        except NotAuthorizedError as exc:
+            raise NodeError(f"not allowed to publish: {exc}") from None
         # on_publish commits before returning effects: the event is durable here.
         self._run(self.disseminator.on_publish(topic.topic_id, event, now_ms()))
         if self.host.gossip_enabled:
@@ -358,13 +477,35 @@ class Node:
         if not payloads:
             return []
         self._check_publishable(topic)
-        events = [topic.replica.publish(p, now_ms(), self._rng, kind=kind)[0] for p in payloads]
+        events = []
+        try:
+            for payload in payloads:
+                events.append(topic.replica.publish(payload, now_ms(), self._rng, kind=kind)[0])
+        except NotAuthorizedError as exc:
+            if not events:
+                raise NodeError(f"not allowed to publish: {exc}") from None
+            topic.replica.graph.discard_pending()  # all or nothing
+            raise NodeError(f"not allowed to publish: {exc}") from None
         now = now_ms()
         effects: list[object] = []
         for event in events:  # the first on_publish commits them all: one fsync
             effects += self.disseminator.on_publish(topic.topic_id, event, now)
         self._run(effects)
         return [e.id for e in events]
+
+    def _state_action(self, topic: Topic, action) -> list[bytes]:
+        """Run a state-changing replica action; publish its events; their ids."""
+        self._check_publishable(topic)
+        try:
+            made = action(topic.replica, now_ms(), self._rng)
+        except (NotAuthorizedError, RoleError, StateDisabledError) as exc:
+            raise NodeError(str(exc)) from None
+        now = now_ms()
+        effects: list[object] = []
+        for event, _ in made:
+            effects += self.disseminator.on_publish(topic.topic_id, event, now)
+        self._run(effects)
+        return [event.id for event, _ in made]
 
     def _check_publishable(self, topic: Topic) -> None:
         if topic.topic_id not in self._topics:
@@ -393,6 +534,7 @@ class Node:
                 self._write_log(effect.record)
             elif isinstance(effect, Disconnect):
                 logger.warning("disconnecting peer %s: %s", effect.peer, effect.reason)
+                self._banned[effect.peer] = now_ms() + BAN_DURATION_MS
                 self._nursery.start_soon(self._disconnect, effect.peer)
         for topic in self._topics.values():
             topic._changes.notify()
@@ -445,6 +587,7 @@ class Node:
     async def _ticker(self) -> None:
         while True:
             self._run(self.disseminator.tick(now_ms()))
+            self._pursue_memberships(now_ms())
             await trio.sleep(TICK_INTERVAL_S)
 
     async def _peer_events(self) -> None:
@@ -454,9 +597,26 @@ class Node:
                 logger.info("ignoring peer %s: not an ed25519 identity", event.peer_id)
                 continue
             if event.up:
+                if self._banned.get(node_id, 0) > now_ms():
+                    self._nursery.start_soon(self._disconnect, node_id)  # still banned
+                    continue
                 self._run(self.disseminator.on_peer_up(node_id, now_ms()))
             else:
                 self._run(self.disseminator.on_peer_down(node_id, now_ms()))
+
+    async def _transport_misbehaviour(self) -> None:
+        """Frames the transport refused (oversized, garbage framing): honest peers never
+        send them, so TRANSPORT_FAULTS_BEFORE_BAN of them disconnect and ban the peer."""
+        async for report in self._misbehaviour_receive:
+            node_id = self._node_id_of(report.peer_id)
+            if node_id is None:
+                continue
+            faults = self._transport_faults.get(node_id, 0) + 1
+            self._transport_faults[node_id] = faults
+            self.stats["transport_faults"] = self.stats.get("transport_faults", 0) + 1
+            logger.info("peer %s: transport fault %s (%s)", node_id, report.reason, report.detail)
+            if faults >= TRANSPORT_FAULTS_BEFORE_BAN:
+                self._run([Disconnect(node_id, f"transport:{report.reason}")])
 
     async def _on_frame(self, peer: str, data: bytes) -> None:
         node_id = self._node_id_of(peer)

@@ -356,8 +356,24 @@ class P2PHost:
         return info.peer_id.to_base58()
 
     async def disconnect(self, peer_id: str) -> None:
-        """Close every connection to `peer_id` (e.g. after misbehaviour)."""
-        await self._running_host().disconnect(parse_peer_id(peer_id))
+        """Close every connection to `peer_id` (e.g. after misbehaviour).
+
+        Each connection's muxer is closed directly, bounded and shielded, so
+        the peer sees the socket go even if the library's own bookkeeping
+        (which `host.disconnect` relies on) is mid-update.
+        """
+        host = self._running_host()
+        target = parse_peer_id(peer_id)
+        with trio.CancelScope(shield=True), trio.move_on_after(HOST_CLOSE_TIMEOUT_S):
+            connections = [c for c in host.get_network().get_connections()
+                           if c.muxed_conn.peer_id == target]
+            async with trio.open_nursery() as closers:
+                for connection in connections:
+                    closers.start_soon(_close_connection, connection)
+            try:
+                await host.disconnect(target)
+            except Exception:
+                logger.debug("host.disconnect(%s) failed", peer_id, exc_info=True)
 
     def _peer_went_down(self, peer_id: str) -> None:
         if self._messages is not None:

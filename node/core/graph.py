@@ -30,6 +30,17 @@ the oldest buffered events are dropped (they can be fetched again: whoever
 sent a child still has its ancestry). This bounds the forged-parent DoS of
 the paper's Theorem 3 proof.
 
+An event rejected at application time can never become a vertex on any
+correct replica (the verdict depends on its ancestry alone), and neither
+can anything built on it. So the graph remembers such rejections
+(persistently, the newest `GraphLimits.rejected_remembered`), rejects a
+descendant with reason `parent_rejected` — at once when it arrives after
+the rejection, and by dropping it from the buffer when it was waiting
+there — and never lists a rejected id in `missing_parents()` (fetching it
+would only reject it again, forever). Both arrival orders end in the same
+state. A rejection forgotten beyond the bound only costs one re-fetch:
+the parent is rejected again and its waiting children with it.
+
 Writes collect in a PendingWrites set; `commit()` makes them durable in one
 store transaction (group commit). Reads always see pending writes.
 
@@ -42,9 +53,17 @@ Key layout (every key starts with the 32-byte topic id T)::
     buffer_index  T|"w"|missing parent|id   -> b""   (who waits on a parent)
                   T|"a"|author|arrival|id   -> b""   (per-author age order)
                   T|"o"|arrival|id          -> b""   (global age order)
+                  T|"r"|id                  -> ordinal (8 bytes) + reason (rejected ids)
     authors       T|author|seq|id           -> b""   (per-author sequence index)
     delivery      T|position                -> id
     meta          T|name[|...]              -> counters (8-byte big-endian)
+
+The walks anti-entropy needs (`not_below`, `recent`) live in
+`node.core.walks`, with the memo that makes a long catch-up's continuations
+cost one page each instead of the whole remaining gap.
+
+The counters read on every `add` (delivered, buffered) and the remembered
+rejections are mirrored in memory; `discard_pending` reloads them.
 
 Layers built on the graph (topic state, the linearizer) keep their records in
 the tables the graph does not own (`EXTENSION_TABLES`) through `table(name)`:
@@ -55,13 +74,13 @@ the graph after a crash.
 
 from __future__ import annotations
 
-import heapq
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import msgpack
 
+from node.core import walks
 from node.core.event import ID_BYTES, Event, trusted_event
 from node.core.pending import PendingWrites
 from storage.protocol import (
@@ -89,12 +108,17 @@ MAX_ANTICHAIN_VISITS = 65_536
 MAX_WALK = 100_000  # default bound for ancestor/descendant walks
 NODE_CACHE_SIZE = 65_536  # (depth, parents) of recently used events
 EVENT_CACHE_SIZE = 4_096  # decoded events
-MAX_REJECTED_REMEMBERED = 4_096
+MAX_REJECTED_REMEMBERED = 4_096  # application-time rejections kept (persistently) per topic
 LATEST_SEQ_CACHE_SIZE = 4_096  # authors whose latest sequence number is cached
+
+# The reason given to a descendant of an event rejected at application time.
+PARENT_REJECTED = "parent_rejected"
 
 _WAIT = b"w"
 _BY_AUTHOR = b"a"
 _BY_AGE = b"o"
+_REJECTED = b"r"
+_META_REJECTIONS = b"rejections"  # ordinal of the next remembered rejection
 _META_BUFFER_TOTAL = b"buffer_total"
 _META_BUFFER_AUTHOR = b"buffer_author"
 _META_ARRIVALS = b"arrivals"
@@ -115,6 +139,7 @@ class GraphLimits:
     buffered_per_author: int = MAX_BUFFERED_PER_AUTHOR
     buffered_total: int = MAX_BUFFERED_TOTAL
     antichain_visits: int = MAX_ANTICHAIN_VISITS
+    rejected_remembered: int = MAX_REJECTED_REMEMBERED
 
 
 @dataclass(frozen=True, slots=True)
@@ -181,11 +206,15 @@ class TopicTable:
         return [(key[cut:], value) for key, value in pairs]
 
 
-@dataclass
 class _Cascade:
-    applied: list[Event] = field(default_factory=list)
-    rejected: list[Rejection] = field(default_factory=list)
-    equivocations: list[Event] = field(default_factory=list)
+    """What one `add` did so far (a plain class: built for every event)."""
+
+    __slots__ = ("applied", "rejected", "equivocations")
+
+    def __init__(self) -> None:
+        self.applied: list[Event] = []
+        self.rejected: list[Rejection] = []
+        self.equivocations: list[Event] = []
 
 
 class Graph:
@@ -203,9 +232,14 @@ class Graph:
         }
         self._nodes: OrderedDict[bytes, tuple[int, tuple[bytes, ...]]] = OrderedDict()
         self._events: OrderedDict[bytes, Event] = OrderedDict()
-        self._rejected: OrderedDict[bytes, str] = OrderedDict()
         self._latest_seq: OrderedDict[bytes, int | None] = OrderedDict()
         self._discard_listeners: list[Callable[[], None]] = []
+        # Mirrors of persistent counters (None: read from the store on next use).
+        self._delivered: int | None = None
+        self._buffered: int | None = None
+        # id -> (ordinal, reason), oldest first: the whole (bounded) persistent memory.
+        self._rejected: OrderedDict[bytes, tuple[int, str]] = self._load_rejections()
+        self._memo = walks.NotBelowMemo()
 
     # ------------------------------------------------------------ extensions
 
@@ -267,41 +301,63 @@ class Graph:
             return False
         return self._w.get(TABLE_BUFFER, self._t + event_id) is not None
 
+    def knows(self, event_id: bytes) -> bool:
+        """True if `event_id` is applied or buffered here: receiving it again changes nothing.
+
+        Ids are hashes of the bytes, so a caller holding bytes with a known id
+        may skip decoding and verifying them (the Replica's duplicate path).
+        """
+        return self.has(event_id) or self.is_buffered(event_id)
+
     def buffered_event(self, event_id: bytes) -> Event | None:
         record = self._w.get(TABLE_BUFFER, self._t + event_id)
         return None if record is None else trusted_event(msgpack.unpackb(record)[1])
 
     @property
     def buffered_count(self) -> int:
-        return _from_u64(self._w.get(TABLE_META, self._t + _META_BUFFER_TOTAL))
+        if self._buffered is None:
+            self._buffered = _from_u64(self._w.get(TABLE_META, self._t + _META_BUFFER_TOTAL))
+        return self._buffered
 
     def buffered_ids(self) -> list[bytes]:
         prefix = self._t + _BY_AGE
         return [key[len(prefix) + 8:] for key, _ in self._w.scan(TABLE_BUFFER_INDEX, prefix)]
 
     def missing_parents(self, limit: int = 1_024) -> list[bytes]:
-        """Parents that buffered events wait for and that are neither here nor buffered."""
+        """Parents that buffered events wait for: not here, not buffered, not rejected."""
         prefix = self._t + _WAIT
         wanted: list[bytes] = []
         last = None
+        rejected = self._rejected
         for key, _ in self._w.scan(TABLE_BUFFER_INDEX, prefix):
             parent = key[len(prefix):len(prefix) + ID_BYTES]
             if parent == last:
                 continue
             last = parent
-            if not self.has(parent) and not self.is_buffered(parent):
+            if parent not in rejected and not self.has(parent) and not self.is_buffered(parent):
                 wanted.append(parent)
                 if len(wanted) >= limit:
                     break
         return wanted
 
     def rejected_reason(self, event_id: bytes) -> str | None:
-        """Why this replica rejected `event_id` at application time (recent ones only)."""
-        return self._rejected.get(event_id)
+        """Why this replica rejected `event_id` at application time, if it still remembers.
+
+        Remembered across restarts, the newest `limits.rejected_remembered`.
+        """
+        entry = self._rejected.get(event_id)
+        return None if entry is None else entry[1]
+
+    @property
+    def rejected_count(self) -> int:
+        """How many application-time rejections are remembered now (bounded)."""
+        return len(self._rejected)
 
     @property
     def delivered_count(self) -> int:
-        return _from_u64(self._w.get(TABLE_META, self._t + _META_DELIVERED))
+        if self._delivered is None:
+            self._delivered = _from_u64(self._w.get(TABLE_META, self._t + _META_DELIVERED))
+        return self._delivered
 
     def deliveries(self, since: int = 0, limit: int = 1_000) -> list[tuple[int, Event]]:
         """Applied events from delivery position `since` on: a causal order, resumable."""
@@ -366,46 +422,28 @@ class Graph:
         """Events here that are neither `heads` nor their ancestors, parents first.
 
         This is what a peer whose forward extremities are `heads` lacks (heads
-        unknown here are ignored). It walks back from our extremities in order
-        of decreasing depth, marking everything reachable from the peer's
-        heads; a node is popped only after every deeper node, so its mark is
-        final when popped, and the walk visits the missing events plus a
-        frontier about the size of the heads, not the whole graph. At most
-        MAX_WALK events are visited; the `limit` shallowest are returned, in
-        (depth, id) order, which is a valid delivery order.
+        unknown here are ignored): the `limit` shallowest, in (depth, id)
+        order, which is a valid delivery order. At most MAX_WALK events are
+        considered. A query that continues an earlier one — the peer applied
+        the page it got and asks again with its new heads — is answered from
+        a memo at the cost of one page (`node.core.walks`); the answer is
+        always the one a full walk gives.
         """
+        if limit <= 0:
+            return []
         known = {h for h in heads if self.has(h)}
-        heap: list[tuple[int, bytes]] = []
-        below: set[bytes] = set(known)
-        queued: set[bytes] = set()
-        unmarked_in_heap = 0
+        return self._memo.not_below(self._node, self._extremities, known, limit, MAX_WALK)
 
-        def push(event_id: bytes) -> None:
-            nonlocal unmarked_in_heap
-            if event_id in queued:
-                return
-            queued.add(event_id)
-            if event_id not in below:
-                unmarked_in_heap += 1
-            heapq.heappush(heap, (-(self.depth(event_id) or 0), event_id))
+    def recent(self, since: Iterable[bytes], floor: int = 0,
+               cap: int = MAX_WALK) -> tuple[list[bytes], int]:
+        """Ids not below `since` with depth >= `floor`, deepest first; (ids, floor covered).
 
-        for event_id in sorted(known | self._extremities):
-            push(event_id)
-        found: list[tuple[int, bytes]] = []
-        while heap and unmarked_in_heap > 0 and len(found) < MAX_WALK:
-            negative_depth, event_id = heapq.heappop(heap)
-            is_below = event_id in below
-            if not is_below:
-                unmarked_in_heap -= 1
-                found.append((-negative_depth, event_id))
-            for parent in self.parents_of(event_id) or ():
-                if is_below and parent not in below:
-                    below.add(parent)
-                    if parent in queued:
-                        unmarked_in_heap -= 1  # queued unmarked, marked now
-                push(parent)
-        found.sort()
-        return [event_id for _, event_id in found[:limit]]
+        What an anti-entropy offer's Bloom filter holds. Beyond `cap` only the
+        deepest whole depth levels that fit are kept and the returned floor
+        is raised to match, so "every event at depth >= floor" stays true.
+        """
+        known = {s for s in since if self.has(s)}
+        return walks.recent(self._node, self._extremities, known, floor, cap)
 
     # ------------------------------------------------------------------ updates
 
@@ -414,12 +452,20 @@ class Graph:
         event_id = event.id
         if self.has(event_id) or self.is_buffered(event_id):
             return AddResult("duplicate", event_id)
+        rejected = self._rejected
+        if rejected and event_id in rejected:
+            return self._reject_only(event_id, rejected[event_id][1])
         if event.is_create:
             if event_id != self.topic_id:
                 return self._reject_only(event_id, "wrong_topic")
         elif event.topic != self.topic_id:
             return self._reject_only(event_id, "wrong_topic")
-        missing = tuple(p for p in event.parents if not self.has(p))
+        parents = event.parents
+        if rejected and any(p in rejected for p in parents):
+            cascade = _Cascade()
+            self._reject(event_id, PARENT_REJECTED, cascade)
+            return AddResult("rejected", event_id, rejected=tuple(cascade.rejected))
+        missing = tuple(p for p in parents if not self.has(p))
         if missing:
             dropped = self._buffer(event, missing)
             if event_id in dropped:
@@ -429,17 +475,33 @@ class Graph:
             return AddResult("buffered", event_id, missing=wanted, dropped=tuple(dropped))
         cascade = _Cascade()
         self._apply_cascade(event, cascade)
-        status = "rejected" if any(r.event_id == event_id for r in cascade.rejected) else "applied"
+        if cascade.rejected and any(r.event_id == event_id for r in cascade.rejected):
+            status = "rejected"
+        else:
+            status = "applied"
         return AddResult(status, event_id, applied=tuple(cascade.applied),
                          rejected=tuple(cascade.rejected),
                          equivocations=tuple(cascade.equivocations))
 
     def commit(self) -> int:
-        """Make every pending write durable in one transaction; returns the op count."""
-        ops = self._w.take_ops()
-        if ops:
-            self._w.store.apply(ops)
-        return len(ops)
+        """Make every pending write durable in one transaction; returns the op count.
+
+        Stores that take a write-set whole (`apply_writes`: the LMDB and memory
+        stores) get it as collected, which saves building an op object per
+        write; any other Store gets `apply(ops)`.
+        """
+        store = self._w.store
+        apply_writes = getattr(store, "apply_writes", None)
+        if apply_writes is None:
+            ops = self._w.take_ops()
+            if ops:
+                store.apply(ops)
+            return len(ops)
+        writes = self._w.take_writes()
+        count = sum(len(pending) for pending in writes.values())
+        if count:
+            apply_writes(writes)
+        return count
 
     @property
     def pending_ops(self) -> int:
@@ -451,6 +513,10 @@ class Graph:
         self._nodes.clear()
         self._events.clear()
         self._latest_seq.clear()
+        self._delivered = None
+        self._buffered = None
+        self._rejected = self._load_rejections()
+        self._memo.clear()
         self._extremities = {
             key[ID_BYTES:] for key, _ in self._w.store.scan(TABLE_EXTREMITIES, self._t)
         }
@@ -461,6 +527,49 @@ class Graph:
 
     def _reject_only(self, event_id: bytes, reason: str) -> AddResult:
         return AddResult("rejected", event_id, rejected=(Rejection(event_id, reason),))
+
+    def _load_rejections(self) -> OrderedDict[bytes, tuple[int, str]]:
+        prefix = self._t + _REJECTED
+        entries = []
+        for key, value in self._w.scan(TABLE_BUFFER_INDEX, prefix):
+            entries.append((int.from_bytes(value[:8], "big"), key[len(prefix):],
+                            value[8:].decode("utf-8", "replace")))
+        entries.sort()
+        return OrderedDict((event_id, (ordinal, reason)) for ordinal, event_id, reason in entries)
+
+    def _remember_rejection(self, event_id: bytes, reason: str) -> None:
+        """Persist an application-time rejection; forget the oldest beyond the bound."""
+        if event_id in self._rejected:
+            return
+        t = self._t
+        ordinal = _from_u64(self._w.get(TABLE_META, t + _META_REJECTIONS))
+        self._w.put(TABLE_META, t + _META_REJECTIONS, _u64(ordinal + 1))
+        self._w.put(TABLE_BUFFER_INDEX, t + _REJECTED + event_id, _u64(ordinal) + reason.encode())
+        self._rejected[event_id] = (ordinal, reason)
+        while len(self._rejected) > self.limits.rejected_remembered:
+            forgotten, _ = self._rejected.popitem(last=False)
+            self._w.delete(TABLE_BUFFER_INDEX, t + _REJECTED + forgotten)
+
+    def _reject(self, event_id: bytes, reason: str, cascade: _Cascade) -> None:
+        """Reject `event_id` at application time, with every buffered event built on it.
+
+        Breadth first, children in id order: the same rejections, in the same
+        order, on every replica holding the same buffer.
+        """
+        t = self._t
+        queue = [(event_id, reason)]
+        for current, why in queue:  # the list grows while it is walked
+            cascade.rejected.append(Rejection(current, why))
+            self._remember_rejection(current, why)
+            if not self.buffered_count:
+                continue
+            for waiting_id in self._waiting_on(current):
+                waiting = self.buffered_event(waiting_id)
+                if waiting is None:  # a stale index entry: nothing waits any more
+                    self._w.delete(TABLE_BUFFER_INDEX, t + _WAIT + current + waiting_id)
+                    continue
+                self._unbuffer(waiting)
+                queue.append((waiting_id, PARENT_REJECTED))
 
     @staticmethod
     def _remember(cache: OrderedDict, key, value, size: int) -> None:
@@ -510,13 +619,15 @@ class Graph:
         return None
 
     def _apply_cascade(self, first: Event, cascade: _Cascade) -> None:
+        if not self._apply_one(first, cascade) or not self.buffered_count:
+            return  # nothing can be waiting: the hot path ends here
         ready = [first]
         while ready:
             event = ready.pop()
-            if not self._apply_one(event, cascade):
+            if event is not first and not self._apply_one(event, cascade):
                 continue
             if not self.buffered_count:
-                continue  # nothing can be waiting: skip the index scan on the hot path
+                continue  # nothing can be waiting: skip the index scan
             for waiting_id in self._waiting_on(event.id):
                 self._w.delete(TABLE_BUFFER_INDEX, self._t + _WAIT + event.id + waiting_id)
                 waiting = self.buffered_event(waiting_id)
@@ -530,36 +641,49 @@ class Graph:
 
     def _apply_one(self, event: Event, cascade: _Cascade) -> bool:
         # Callers guarantee the event is new: `add` checked, and a buffered event
-        # cannot also be in the graph.
-        reason = self._antichain_violation(event.parents)
-        if reason is not None:
-            cascade.rejected.append(Rejection(event.id, reason))
-            self._remember(self._rejected, event.id, reason, MAX_REJECTED_REMEMBERED)
-            return False
-        depth = 0 if not event.parents else 1 + max(self._node(p)[0] for p in event.parents)  # type: ignore[index]
+        # cannot also be in the graph. Every event passes here: no lookup it
+        # cannot need (the counters are mirrored, parents' nodes are cached).
+        parents = event.parents
+        if len(parents) > 1:
+            reason = self._antichain_violation(parents)
+            if reason is not None:
+                self._reject(event.id, reason, cascade)
+                return False
+        depth = 0
+        for parent in parents:
+            parent_depth = self._node(parent)[0]  # type: ignore[index]
+            if parent_depth >= depth:
+                depth = parent_depth + 1
+        event_id = event.id
         t = self._t
+        w = self._w
         position = self.delivered_count
-        self._w.put(TABLE_EVENTS, t + event.id, msgpack.packb([depth, position, event.raw]))
-        self._w.put(TABLE_DELIVERY, t + _u64(position), event.id)
-        self._w.put(TABLE_META, t + _META_DELIVERED, _u64(position + 1))
-        for parent in event.parents:
-            self._w.put(TABLE_CHILDREN, t + parent + event.id, b"")
-            if parent in self._extremities:
-                self._extremities.discard(parent)
-                self._w.delete(TABLE_EXTREMITIES, t + parent)
-        self._extremities.add(event.id)
-        self._w.put(TABLE_EXTREMITIES, t + event.id, b"")
-        latest = self.author_latest_seq(event.author)
+        self._delivered = position + 1
+        w.put(TABLE_EVENTS, t + event_id, msgpack.packb([depth, position, event.raw]))
+        w.put(TABLE_DELIVERY, t + _u64(position), event_id)
+        w.put(TABLE_META, t + _META_DELIVERED, _u64(position + 1))
+        extremities = self._extremities
+        for parent in parents:
+            w.put(TABLE_CHILDREN, t + parent + event_id, b"")
+            if parent in extremities:
+                extremities.discard(parent)
+                w.delete(TABLE_EXTREMITIES, t + parent)
+        extremities.add(event_id)
+        w.put(TABLE_EXTREMITIES, t + event_id, b"")
+        author, seq = event.author, event.seq
+        latest = self.author_latest_seq(author)
         # Only a sequence number at or below the author's latest can already be taken.
-        if latest is not None and event.seq <= latest and self.events_by(event.author, event.seq):
+        if latest is not None and seq <= latest and self.events_by(author, seq):
             cascade.equivocations.append(event)
-            count = _from_u64(self._w.get(TABLE_META, t + _META_EQUIVOCATIONS))
-            self._w.put(TABLE_META, t + _META_EQUIVOCATIONS, _u64(count + 1))
-        self._w.put(TABLE_AUTHORS, t + event.author + _u64(event.seq) + event.id, b"")
-        if latest is None or event.seq > latest:
-            self._remember(self._latest_seq, event.author, event.seq, LATEST_SEQ_CACHE_SIZE)
-        self._remember(self._nodes, event.id, (depth, event.parents), NODE_CACHE_SIZE)
-        self._remember(self._events, event.id, event, EVENT_CACHE_SIZE)
+            count = _from_u64(w.get(TABLE_META, t + _META_EQUIVOCATIONS))
+            w.put(TABLE_META, t + _META_EQUIVOCATIONS, _u64(count + 1))
+        w.put(TABLE_AUTHORS, t + author + _u64(seq) + event_id, b"")
+        if latest is None or seq > latest:
+            self._remember(self._latest_seq, author, seq, LATEST_SEQ_CACHE_SIZE)
+        self._remember(self._nodes, event_id, (depth, parents), NODE_CACHE_SIZE)
+        self._remember(self._events, event_id, event, EVENT_CACHE_SIZE)
+        if self._memo:
+            self._memo.note_applied(depth, event_id)
         cascade.applied.append(event)
         return True
 
@@ -591,6 +715,7 @@ class Graph:
     def _bump_buffer_counts(self, author: bytes, delta: int) -> None:
         t = self._t
         total = self.buffered_count + delta
+        self._buffered = total
         self._w.put(TABLE_META, t + _META_BUFFER_TOTAL, _u64(total))
         per_author = self._author_buffered(author) + delta
         if per_author:

@@ -2,9 +2,28 @@
 
 The graph applies many events between commits. Their writes collect here,
 reads see them at once (an event applied a moment ago is a parent now), and
-`take_ops` hands the whole set to `Store.apply` in one transaction. This is
-how a burst of a thousand gossip events costs one fsync instead of a
-thousand.
+`take_ops` (or `take_writes`, for stores that take a write-set whole) hands
+the whole set to the store in one transaction. This is how a burst of a
+thousand gossip events costs one fsync instead of a thousand.
+
+Why three table layouts
+-----------------------
+A write here is on the hot path of every event (about seven per event), a
+prefix scan is not, so each table gets the cheapest structure that still
+answers the scans made of it:
+
+* plain dicts for tables only read by key (events, delivery, meta, ...):
+  one hash insert per write;
+* *grouped* dicts for the children and per-author indexes: every scan of
+  them names at least the first GROUP_PREFIX_BYTES of a key (topic + parent,
+  topic + author), so the keys are also listed per such group and a scan
+  sorts one small group instead of keeping the whole table sorted;
+* a SortedDict for the buffer index, which is scanned by short prefixes
+  (global age order) in eviction loops, where re-sorting would be quadratic.
+  It is written only when events are buffered, off the hot path.
+
+Scans of the plain tables (the extension tables' own prefixes) filter and
+sort the pending keys: rare, and over the few keys of one batch.
 """
 
 from __future__ import annotations
@@ -22,10 +41,22 @@ from storage.protocol import (
     Store,
 )
 
-# Tables the graph reads by prefix while writes are pending.
-SCANNED_TABLES = frozenset({TABLE_CHILDREN, TABLE_BUFFER_INDEX, TABLE_AUTHORS})
+# Tables kept sorted while writes are pending (scanned by short prefixes).
+SORTED_TABLES = frozenset({TABLE_BUFFER_INDEX})
+# Tables whose pending keys are listed per GROUP_PREFIX_BYTES-byte prefix.
+GROUPED_TABLES = frozenset({TABLE_CHILDREN, TABLE_AUTHORS})
+# topic id + event id (children) or topic id + author key (authors): the
+# shortest prefix the graph scans those tables by.
+GROUP_PREFIX_BYTES = 64
+# Tables the graph reads by prefix while writes are pending (kept for callers).
+SCANNED_TABLES = SORTED_TABLES | GROUPED_TABLES
 
 _TOMBSTONE = None
+_ABSENT = object()  # "no pending write" (None is a pending delete)
+
+# {table: {key: value, or None for a delete}}: a write-set, handed whole to
+# stores that implement `apply_writes`.
+Writes = dict[str, dict[bytes, bytes | None]]
 
 
 class PendingWrites:
@@ -33,36 +64,45 @@ class PendingWrites:
 
     def __init__(self, store: Store) -> None:
         self.store = store
-        self._tables: dict[str, dict] = {}
-        self._count = 0
+        self._tables: Writes = {}
+        self._groups: dict[str, dict[bytes, list[bytes]]] = {}
 
     def __len__(self) -> int:
-        return self._count
+        return sum(len(pending) for pending in self._tables.values())
 
-    def _table(self, table: str) -> dict:
-        pending = self._tables.get(table)
-        if pending is None:
-            # Sorted only where the core scans by prefix; plain dicts elsewhere are
-            # several times cheaper per write on the hot path.
-            pending = self._tables[table] = SortedDict() if table in SCANNED_TABLES else {}
+    def _new_table(self, table: str) -> dict:
+        pending: dict = SortedDict() if table in SORTED_TABLES else {}
+        self._tables[table] = pending
+        if table in GROUPED_TABLES:
+            self._groups[table] = {}
         return pending
 
     def get(self, table: str, key: bytes) -> bytes | None:
         pending = self._tables.get(table)
-        if pending is not None and key in pending:
-            return pending[key]
+        if pending is not None:
+            value = pending.get(key, _ABSENT)
+            if value is not _ABSENT:
+                return value
         return self.store.get(table, key)
 
     def put(self, table: str, key: bytes, value: bytes) -> None:
-        pending = self._table(table)
+        pending = self._tables.get(table)
+        if pending is None:
+            pending = self._new_table(table)
         if key not in pending:
-            self._count += 1
+            groups = self._groups.get(table)
+            if groups is not None:
+                _group_add(groups, key)
         pending[key] = value
 
     def delete(self, table: str, key: bytes) -> None:
-        pending = self._table(table)
+        pending = self._tables.get(table)
+        if pending is None:
+            pending = self._new_table(table)
         if key not in pending:
-            self._count += 1
+            groups = self._groups.get(table)
+            if groups is not None:
+                _group_add(groups, key)
         pending[key] = _TOMBSTONE
 
     def scan(
@@ -72,11 +112,7 @@ class PendingWrites:
         pending = self._tables.get(table)
         if not pending:
             return list(self.store.scan(table, prefix, reverse=reverse, limit=limit))
-        if isinstance(pending, SortedDict):
-            high = prefix_upper_bound(prefix)
-            overlay = list(pending.irange(prefix, high, inclusive=(True, False)))
-        else:
-            overlay = sorted(k for k in pending if k.startswith(prefix))
+        overlay = self._overlay(table, pending, prefix)
         if not overlay:
             return list(self.store.scan(table, prefix, reverse=reverse, limit=limit))
         merged: dict[bytes, bytes | None] = {}
@@ -91,16 +127,47 @@ class PendingWrites:
             keys = keys[:limit]
         return [(k, merged[k]) for k in keys]  # type: ignore[misc]
 
+    def _overlay(self, table: str, pending: dict, prefix: bytes) -> list[bytes]:
+        """The pending keys under `prefix` (sorted or not: the caller sorts the merge)."""
+        if isinstance(pending, SortedDict):
+            high = prefix_upper_bound(prefix)
+            return list(pending.irange(prefix, high, inclusive=(True, False)))
+        groups = self._groups.get(table)
+        if groups is not None and len(prefix) >= GROUP_PREFIX_BYTES:
+            group = groups.get(prefix[:GROUP_PREFIX_BYTES], ())
+            if len(prefix) == GROUP_PREFIX_BYTES:
+                return list(group)
+            return [k for k in group if k.startswith(prefix)]
+        return [k for k in pending if k.startswith(prefix)]
+
     def take_ops(self) -> list[Op]:
         """All pending writes as store ops, emptying this write-set."""
         ops: list[Op] = []
-        for table, pending in self._tables.items():
+        for table, pending in self.take_writes().items():
             for key, value in pending.items():
                 ops.append(Delete(table, key) if value is _TOMBSTONE else Put(table, key, value))
-        self._tables = {}
-        self._count = 0
         return ops
+
+    def take_writes(self) -> Writes:
+        """All pending writes as {table: {key: value or None}}, emptying this write-set.
+
+        The form `Store.apply_writes` takes: no per-op objects to build, and
+        the store can hand each table's puts to its engine in one call.
+        """
+        writes = {table: pending for table, pending in self._tables.items() if pending}
+        self._tables = {}
+        self._groups = {}
+        return writes
 
     def discard(self) -> None:
         self._tables = {}
-        self._count = 0
+        self._groups = {}
+
+
+def _group_add(groups: dict[bytes, list[bytes]], key: bytes) -> None:
+    group_key = key[:GROUP_PREFIX_BYTES]
+    group = groups.get(group_key)
+    if group is None:
+        groups[group_key] = [key]
+    else:
+        group.append(key)

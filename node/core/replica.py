@@ -36,6 +36,21 @@ The creator bootstraps the topic in `create_topic`: create, its own join
 (`node.state.actions.initial_power_levels`) and the join rule, so the creator
 can write at once. Local operations are checked before signing and raise
 `NotAuthorizedError` naming the missing power.
+
+Total order (node.ordering)
+---------------------------
+An authorizing replica also keeps the topic's consistent total order
+(`ReplicaConfig.ordering`; `TopicOrder`, built on first use): every batch of
+applied events is fed to it, and `Received.order` reports what changed.
+
+    replica.ordered("confirmed" | "tentative" | "causal", since=0)
+    replica.order_status()             # confirmed/tentative length, indexers
+    replica.maybe_ack(now_ms, rng)     # the dissemination tick calls it
+    replica.sign_relayed(payload, now_ms, rng)   # a relayed device's writes
+
+Local events keep the author's chain (the extremity above its own latest
+event is always a parent) and reference pending relayed events first when
+the width exceeds `d_max` (`TopicOrder.parents_to_keep`).
 """
 
 from __future__ import annotations
@@ -57,6 +72,7 @@ from node.core.event import (
 from node.core.graph import AddResult, Graph, GraphLimits
 from node.core.identity import Identity, sign_event
 from node.core.monitor import MAX_FUTURE_SKEW_MS, ReferenceMonitor, Rejected
+from node.core.order import OrderUpdate
 from node.core.parents import (
     DEFAULT_D_MAX,
     MAX_D_MAX,
@@ -64,6 +80,15 @@ from node.core.parents import (
     DepletionPolicy,
     ParentPolicy,
     select_parents,
+)
+from node.ordering import (
+    KIND_ACK,
+    ORDER_CAUSAL,
+    ORDER_CONFIRMED,
+    ORDER_TENTATIVE,
+    OrderConfig,
+    OrderStatus,
+    TopicOrder,
 )
 from node.state import actions
 from node.state.actions import EventSpec, NotAuthorizedError, RoleError
@@ -87,8 +112,8 @@ from node.state.view import StateView
 from storage.protocol import TABLE_STATE, Store
 
 __all__ = [
-    "NotAuthorizedError", "NotReadyError", "PublishError", "Received", "Replica",
-    "ReplicaConfig", "RoleError", "StateDisabledError", "TopicParams",
+    "NotAuthorizedError", "NotReadyError", "OrderingDisabledError", "PublishError", "Received",
+    "Replica", "ReplicaConfig", "RoleError", "StateDisabledError", "TopicParams",
 ]
 
 
@@ -104,6 +129,10 @@ class StateDisabledError(Exception):
     """Topic state was asked of a replica that does not track it (see `Replica.authorizing`)."""
 
 
+class OrderingDisabledError(StateDisabledError):
+    """A total order was asked of a replica that keeps none (see `Replica.ordering`)."""
+
+
 @dataclass(frozen=True, slots=True)
 class ReplicaConfig:
     parent_policy: ParentPolicy = ParentPolicy.RANDOM
@@ -114,6 +143,8 @@ class ReplicaConfig:
     # asks for them. False: pure MEG, no state (the simulator, the CRDT tests).
     authorization: bool = True
     state_delta_chain: int = MAX_DELTA_CHAIN  # see node.state.store
+    # The total order of authorizing topics (node.ordering): on/off, ack interval.
+    ordering: OrderConfig = field(default_factory=OrderConfig)
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,6 +190,8 @@ class Received:
     # Applied events (a subset of `applied`) that failed the auth rules: stored
     # as rejected vertices, never delivered, never in state. (id, reason).
     unauthorized: tuple[tuple[bytes, str], ...] = ()
+    # What the applied events changed in the total order (None: nothing, or no order).
+    order: OrderUpdate | None = None
 
 
 class Replica:
@@ -177,7 +210,9 @@ class Replica:
         self._last_dummy_ms: int | None = None
         self._tracker: StateTracker | None = None
         self._authorizing: bool | None = None
+        self._order: TopicOrder | None = None
         self.graph.on_discard(self._forget_state_caches)
+        self.graph.on_discard(self._forget_order)
 
     @classmethod
     def create_topic(
@@ -191,6 +226,7 @@ class Replica:
         *,
         authorization: bool = False,
         join_rule: str = RULE_INVITE,
+        members_write: bool = False,
     ) -> "Replica":
         """Author a new topic and return the replica holding it (committed).
 
@@ -198,6 +234,8 @@ class Replica:
         bootstraps it: its own join, the initial power levels and the join
         rule follow the create event, so the creator can write at once. Without
         it, the topic is a pure MEG (the create event alone, no auth rules).
+        `members_write` gives every joined member the writing level (an open
+        publish-subscribe topic); otherwise writing is granted per member.
         """
         if not MIN_D_MAX <= d_max <= MAX_D_MAX:
             raise ValueError(f"d_max must be in [{MIN_D_MAX}, {MAX_D_MAX}]")
@@ -219,7 +257,8 @@ class Replica:
             rng = random.Random(0)
             for spec in (
                 actions.membership_spec(identity.public_key, JOIN),
-                EventSpec(TYPE_POWER_LEVELS, "", actions.initial_power_levels(identity.public_key)),
+                EventSpec(TYPE_POWER_LEVELS, "", actions.initial_power_levels(
+                    identity.public_key, members_write=members_write)),
                 EventSpec(TYPE_JOIN_RULES, "", {"join_rule": join_rule}),
             ):
                 replica._publish_spec(spec, now_ms, rng)
@@ -345,18 +384,20 @@ class Replica:
         if result.equivocations:
             self.counters["equivocations"] += len(result.equivocations)
         unauthorized: tuple[tuple[bytes, str], ...] = ()
+        order: OrderUpdate | None = None
         if result.applied and self.authorizing:
             # Same write-set as the graph's: state commits with the events.
             unauthorized = tuple(self.tracker.apply(result.applied))
             for _, reason in unauthorized:
                 self.counters[f"rejected.{reason}"] += 1
             self.counters["unauthorized"] += len(unauthorized)
+            order = self._order_applied(result.applied)
         return Received(
             status=result.status, event_id=result.event_id, reason=result.reason,
             applied=result.applied, missing=result.missing, dropped=result.dropped,
             equivocations=result.equivocations,
             rejected_ids=tuple((r.event_id, r.reason) for r in result.rejected),
-            unauthorized=unauthorized,
+            unauthorized=unauthorized, order=order,
         )
 
     def publish(
@@ -378,10 +419,7 @@ class Replica:
             raise NotReadyError("the topic's create event has not arrived yet; wait for sync")
         if kind == KIND_CREATE:
             raise PublishError("a topic has exactly one create event")
-        parents = select_parents(
-            self.graph.extremities(), self.params.d_max, self.config.parent_policy, rng,
-            lambda i: self.graph.depth(i) or 0,
-        )
+        parents = self._choose_parents(rng)
         latest = self.graph.author_latest_seq(self.identity.public_key)
         seq = (latest if latest is not None else -1) + 1
         auth: tuple[bytes, ...] = (self.topic_id,)
@@ -512,3 +550,123 @@ class Replica:
             self._checked(self._draft(spec.kind, spec.state_key, payload, parents, 0, now_ms))
         return tuple(self._publish_spec(spec, now_ms, rng) for spec in specs)
 
+
+    # --------------------------------------------------------- total order
+    #
+    # node.ordering holds the logic; these are the replica's hooks into it.
+
+    @property
+    def ordering(self) -> TopicOrder | None:
+        """The topic's total order, built on first use (a replay of the delivery order).
+
+        None unless this replica is `authorizing` (roles exist only there) and
+        `ReplicaConfig.ordering.enabled`.
+        """
+        if self._order is None and self.authorizing and self.config.ordering.enabled:
+            self._order = TopicOrder(self.graph, self.tracker, self.config.ordering)
+        return self._order
+
+    def _order_applied(self, applied: tuple[Event, ...]) -> OrderUpdate | None:
+        """Feed newly applied (and judged) events to the order; what changed."""
+        if not self.config.ordering.enabled:
+            return None
+        if self._order is None:
+            # Replay what came before this batch, so the batch itself is reported.
+            self._order = TopicOrder(self.graph, self.tracker, self.config.ordering,
+                                     replay_to=self.graph.delivered_count - len(applied))
+        return self._order.catch_up(applied)
+
+    def _forget_order(self) -> None:
+        self._order = None  # pending writes were discarded: rebuild from what is durable
+
+    def _choose_parents(self, rng: random.Random) -> list[bytes]:
+        """Parents of a local event: the policy's choice, keeping the author's chain
+        and pending relayed events when the width exceeds d_max."""
+        extremities = self.graph.extremities()
+        d_max = self.params.d_max
+        policy, depth = self.config.parent_policy, (lambda i: self.graph.depth(i) or 0)
+        order = self.ordering if len(extremities) > d_max else None
+        if order is None:
+            return select_parents(extremities, d_max, policy, rng, depth)
+        me = self.identity.public_key
+        keep = order.parents_to_keep(me, self.role_of(me) is Role.RELAYED)[:d_max]
+        rest = [e for e in extremities if e not in set(keep)]
+        chosen = select_parents(rest, d_max - len(keep), policy, rng, depth) if len(keep) < d_max else []
+        return sorted(keep + chosen)
+
+    def _require_order(self) -> TopicOrder:
+        order = self.ordering
+        if order is None:
+            raise OrderingDisabledError(
+                "this replica keeps no total order: it needs an authorized topic, "
+                "ReplicaConfig.authorization and ReplicaConfig.ordering.enabled")
+        return order
+
+    def ordered(self, order: str = ORDER_CAUSAL, since: int = 0,
+                limit: int = 1_000) -> list[tuple[int, Event]]:
+        """(position, event) pairs of one view, from position `since`, at most `limit`.
+
+        "causal": the delivery order (`deliveries`: rejected events left out).
+        "confirmed": the confirmed prefix; a position never changes.
+        "tentative": the full order, confirmed prefix then tentative tail; after
+        an update (`Received.order`) re-read from its `rewind_to`.
+        Acks and dummies are events of the order like any other.
+        """
+        if order == ORDER_CAUSAL:
+            return self.deliveries(since, limit)
+        if order == ORDER_CONFIRMED:
+            ids = self._require_order().confirmed_slice(since, limit)
+        elif order == ORDER_TENTATIVE:
+            ids = self._require_order().full_slice(since, limit)
+        else:
+            raise ValueError(f"order must be one of causal, confirmed, tentative; got {order!r}")
+        return [(position, self._event(event_id)) for position, event_id in ids]
+
+    def order_status(self) -> OrderStatus | None:
+        """Confirmed length, tentative length and indexers (hex); None without an order."""
+        order = self.ordering
+        return None if order is None else order.status()
+
+    def maybe_ack(self, now_ms: int, rng: random.Random) -> tuple[Event, Received] | None:
+        """Append an empty acknowledgement (kind "ack") if the order needs one now.
+
+        An indexer acks while some non-ack event is unconfirmed and it has
+        something new to vote on (a lone indexer: until its writes are
+        confirmed); any writer acks to reference pending relayed events; at
+        most once per `ReplicaConfig.ordering.ack_interval_ms`. The
+        dissemination engine's tick calls it, commits, and pushes the event.
+        """
+        order = self.ordering if self.ready else None
+        if order is None:
+            return None
+        me = self.identity.public_key
+        if not order.ack_due(me, now_ms, lambda: self.role_of(me)):
+            return None
+        order.note_ack(now_ms)
+        try:
+            made = self.publish(b"", now_ms, rng, kind=KIND_ACK)
+        except NotAuthorizedError:
+            self.counters["acks_not_authorized"] += 1
+            return None
+        self.counters["acks"] += 1
+        return made
+
+    def sign_relayed(self, payload: bytes, now_ms: int, rng: random.Random,
+                     kind: str = KIND_MESSAGE, state_key: str | None = None) -> Event:
+        """Author an event as a relayed writer; the caller hands `event.raw` to a relay.
+
+        Only for an identity whose role is RELAYED (RoleError otherwise). The
+        event's parents are the current extremities (the previous own event's
+        chain kept), and it is added to the local graph, so its sequence
+        number is durable (never reused after a restart: that would be an
+        equivocation), the next relayed event chains on it and its auth refs
+        come from the local state. It is never a head of the order, here or
+        anywhere: every replica keeps it aside until a writer references it.
+        """
+        me = self.identity.public_key
+        if self.role_of(me) is not Role.RELAYED:
+            raise RoleError("sign_relayed is for relayed writers; this identity is "
+                            f"{self.role_of(me).value}: use publish")
+        event, _ = self.publish(payload, now_ms, rng, kind=kind, state_key=state_key)
+        self.counters["relayed_signed"] += 1
+        return event

@@ -79,11 +79,14 @@ class EventSpec:
     content: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
 
 
-def initial_power_levels(creator: bytes) -> dict[str, Any]:
-    """Power levels content of a new topic (see the module docstring)."""
+def initial_power_levels(creator: bytes, members_write: bool = False) -> dict[str, Any]:
+    """Power levels content of a new topic (see the module docstring).
+
+    `members_write`: every member starts at the writing level (open topics).
+    """
     return {
         "users": {user_id(creator): CREATOR_LEVEL},
-        "users_default": 0,
+        "users_default": WRITER_LEVEL if members_write else 0,
         "events_default": WRITER_LEVEL,
         "state_default": MODERATOR_LEVEL,
         "ban": MODERATOR_LEVEL,

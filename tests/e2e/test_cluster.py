@@ -33,16 +33,21 @@ def assert_causal_exactly_once(events: list[dict], expected_ids: set[str]) -> No
     assert [e["position"] for e in events] == list(range(len(events)))
 
 
+def bootstrap_events(nodes: int) -> int:
+    """Create, the creator's join, power levels, join rule, then one join per other node."""
+    return 4 + (nodes - 1)
+
+
 def run_topic(cluster: LocalCluster, publishes_per_node: int) -> tuple[str, int]:
     topic = cluster.cli(0, "topic", "create", "e2e")["topic"]
     for i in range(1, len(cluster.nodes)):
         cluster.cli(i, "topic", "join", topic)
-    cluster.wait_delivered(topic, 1, DELIVERY_TIMEOUT_S)  # everyone has the create event
+    cluster.wait_joined(topic, DELIVERY_TIMEOUT_S)  # each node's join event is in its state
     for i in range(len(cluster.nodes)):
         lines = "\n".join(f"node {i} message {n}" for n in range(publishes_per_node))
         result = cluster.cli_raw(i, "publish", topic, "-", "--lines", input_text=lines)
         assert result.returncode == 0, result.stderr
-    total = 1 + publishes_per_node * len(cluster.nodes)
+    total = bootstrap_events(len(cluster.nodes)) + publishes_per_node * len(cluster.nodes)
     cluster.wait_delivered(topic, total, DELIVERY_TIMEOUT_S)
     return topic, total
 
@@ -72,7 +77,7 @@ def test_stopped_node_catches_up_and_killed_node_loses_nothing(tmp_path):
         topic = cluster.cli(0, "topic", "create", "catch-up")["topic"]
         for i in (1, 2):
             cluster.cli(i, "topic", "join", topic)
-        cluster.wait_delivered(topic, 1, DELIVERY_TIMEOUT_S)
+        cluster.wait_joined(topic, DELIVERY_TIMEOUT_S)
         # Node 2 acknowledges events of its own, then is killed without warning.
         lines = "\n".join(f"from node 2, {n}" for n in range(200))
         assert cluster.cli_raw(2, "publish", topic, "-", "--lines", input_text=lines).returncode == 0
@@ -86,7 +91,7 @@ def test_stopped_node_catches_up_and_killed_node_loses_nothing(tmp_path):
         cluster.signal(1, signal.SIGCONT)
         cluster.start_node(2, bootstrap=[cluster.nodes[0].address, cluster.nodes[1].address])
         assert cluster.topic_status(2, topic)["delivered"] >= acknowledged  # nothing acked lost
-        total = 1 + 200 + 3_000
+        total = bootstrap_events(3) + 200 + 3_000
         cluster.wait_delivered(topic, total, CATCH_UP_TIMEOUT_S)
 
 

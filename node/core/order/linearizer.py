@@ -21,7 +21,9 @@ Feed it nodes in causal order (dependencies first); each `add` returns an
 Relayed writers' nodes (`add(node, relayed=True)`) are kept aside: they are
 never heads and never ordered until a non-relayed node references them; then
 they enter the graph just before it (with their own relayed ancestors). A
-relayed node nobody references stays aside forever.
+relayed node nobody references stays aside forever. A batch that mixes
+relayed and other nodes passes the relayed ids as a set:
+`extend(nodes, relayed={...})`.
 
 Indexer changes take effect between decisions. `set_indexers` switches at
 once; to switch at the same point of the confirmed order on every replica,
@@ -29,7 +31,11 @@ pass `role_change`: it is asked about each newly confirmed node, and a
 non-None answer becomes the indexer set right after the batch holding that
 node (the rest of the anchors found in the same step are dropped and
 searched again under the new set). Either way a new epoch begins:
-rounds restart from the confirmed prefix (see `consensus`).
+rounds restart from the confirmed prefix (see `consensus`). `role_change` is
+asked after the batch has joined the confirmed prefix, so `last_confirmed` is
+the batch's anchor while it is asked (the anchor has the whole batch in its
+past: a caller that reads "the state at the newest confirmed node" answers
+for that node only).
 
 Sans-IO and deterministic: no clock, no randomness, no I/O; two linearizers
 fed the same nodes in any causal order hold the same confirmed sequence
@@ -38,7 +44,7 @@ fed the same nodes in any causal order hold the same confirmed sequence
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 
 from .clock import CausalIndex
 from .consensus import Consensus, quorum_degree
@@ -81,6 +87,35 @@ class Linearizer:
     def is_confirmed(self, node_id: bytes) -> bool:
         return node_id in self._is_confirmed
 
+    @property
+    def confirmed_length(self) -> int:
+        return len(self._confirmed)
+
+    @property
+    def last_confirmed(self) -> bytes | None:
+        """The newest confirmed node (O(1)), None before the first confirmation."""
+        return self._confirmed[-1] if self._confirmed else None
+
+    def is_aside(self, node_id: bytes) -> bool:
+        """True for a relayed node nobody has referenced yet."""
+        return node_id in self._aside
+
+    def sees(self, y: bytes, x: bytes) -> bool:
+        """True if x is y or an ancestor of y; both must be in the order (O(1))."""
+        return self._index.sees(y, x)
+
+    def latest_seen(self, node_id: bytes, writer: bytes) -> int:
+        """Highest seq of `writer` among `node_id` and its ancestors (-1: none).
+
+        `node_id` must be in the order. Over every lane of the writer, so a
+        forked writer's branches count too.
+        """
+        index = self._index
+        best = -1
+        for lane in index.lanes_of(writer):
+            best = max(best, index.latest(node_id, lane))
+        return best
+
     def round_of(self, node_id: bytes) -> int:
         """The node's round in the current epoch (-1 for non-indexers and older nodes)."""
         return self._consensus.round_of(node_id)
@@ -95,20 +130,23 @@ class Linearizer:
         """Add one node (its dependencies were added before); see `extend`."""
         return self.extend((node,), relayed)
 
-    def extend(self, nodes: Iterable[OrderNode], relayed: bool = False) -> OrderUpdate:
+    def extend(self, nodes: Iterable[OrderNode],
+               relayed: bool | Collection[bytes] = False) -> OrderUpdate:
         """Add nodes in causal order, then decide once.
 
         Nodes that arrive together (a cascade released by one event, the two
         siblings of an equivocation) should come in one call: no decision is
-        taken on part of them. A known id is a no-op. On a bad node,
-        `OrderError` is raised after the nodes before it were added and
-        decided; its `update` attribute reports them.
+        taken on part of them. `relayed` is True (all are relayed), False
+        (none), or the ids of the relayed ones. A known id is a no-op. On a
+        bad node, `OrderError` is raised after the nodes before it were added
+        and decided; its `update` attribute reports them.
         """
         before = self.tentative
         rewind = len(before)
         try:
             for node in nodes:
-                rewind = min(rewind, self._accept(node, relayed))
+                flag = relayed if isinstance(relayed, bool) else node.id in relayed
+                rewind = min(rewind, self._accept(node, flag))
         except OrderError as error:
             error.update = self._settle(before, rewind)
             raise

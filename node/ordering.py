@@ -1,0 +1,490 @@
+"""A topic's consistent total order: the quorum linearizer, fed by a replica.
+
+`node.core.order.Linearizer` orders abstract nodes. `TopicOrder` is the
+glue between it and one topic's replica: which events it sees, as which
+nodes, under which indexer set, what survives a restart, and when a node
+should acknowledge. Sans-IO like the rest of the core: time comes in as
+`now_ms`, nothing here draws randomness or does I/O of its own (the
+confirmed prefix is written through the graph's write-set).
+
+Theory of operation
+-------------------
+*What is ordered.* The replica applies events in causal order (the graph's
+delivery order) and the state tracker judges each one; `catch_up` then
+feeds the newly applied events, one `Linearizer.extend` per batch (a graph
+cascade: the event received and the buffered descendants it released, so
+the two siblings of a fork that arrive together are decided together):
+
+    event e, judged by the auth rules          node given to the linearizer
+    ----------------------------------------   ---------------------------------
+    rejected (unauthorized)                     none: e is a *proxy* for its
+                                                parents; children that name e
+                                                depend on e's parents instead
+    author RELAYED in the state before e        OrderNode, kept aside (relayed)
+    anything else                               OrderNode(e.id, e.author, n, deps)
+
+`deps` are the parents with proxies replaced. `n` is the author's ordinal:
+1 + the highest ordinal of the author's nodes in e's past (0 if none). For a
+well-behaved writer, whose every event has its previous one in its past
+(`own_tip` sees to that for local events), n == e.seq. For a writer that
+breaks its chain n still numbers a chain, so two events with one ordinal are
+a fork, which the linearizer's equivocation rule handles; nothing authorized
+is ever left out, and the linearizer never meets a node it must refuse.
+Everything above is a function of e's past, so every replica builds the same
+nodes.
+
+*Indexers.* The first set is the topic's creator (the first indexer, see
+`node.state.roles`). The linearizer asks `role_change` about newly confirmed
+nodes; the answer is the indexer set in the state after the newest confirmed
+node - the anchor that ends the batch, whose past holds everything
+confirmed - when it differs from the current set. So a role change takes
+effect when the event that made it is confirmed, at the same point of the
+confirmed order on every replica. A state with no indexer at all keeps the
+previous set (the order would otherwise stall for ever).
+
+*Relayed writers.* Their events stay aside until a non-relayed event
+references them; `parents_to_keep` makes every local event reference the
+pending relayed events that are forward extremities first, and `ack_due`
+makes a writer that holds some emit an acknowledgement, so "the relay
+references them promptly" holds for whoever has them.
+
+*Acknowledgements* (kind `ack`, empty payload; the auth rules ask the
+writing level, `events_default`, as for any non-state kind). `ack_due` says
+yes, at most once per `OrderConfig.ack_interval_ms`, when
+
+* pending relayed events are extremities and the local identity is a
+  writer or indexer in the current state (the relay duty), or
+* the local identity is in the linearizer's indexer set, some non-ack event
+  is unconfirmed, and either its latest event has not seen every
+  unconfirmed event (it has something new to vote on) or it is the only
+  indexer (a lone indexer's rounds advance on its own nodes; after a write
+  it acks once or twice until the write is confirmed).
+
+Acks of acks are never needed: when only acks are unconfirmed, nobody acks,
+so a quiet topic falls silent.
+
+*Persistence* (`TABLE_ORDER`, through `Graph.table`, so it commits with the
+events it describes)::
+
+    c|position (8)  -> event id     the confirmed prefix, append-only
+    n               -> u64          its length
+    b|delivery end  -> b""          where each `extend` batch ended
+
+The linearizer lives in memory. On restart `TopicOrder` replays the
+delivery order batch by batch, exactly as it was fed (the batch marks), and
+checks that the rebuilt confirmed prefix equals the persisted one
+(`OrderIntegrityError` otherwise: the promise that confirmed positions never
+change would be broken).
+
+*Views.* `confirmed` is append-only; the tentative view is the full order
+`confirmed + tentative`. Each batch returns one `OrderUpdate` (None if it
+changed nothing): a subscriber of the tentative view truncates its copy to
+`rewind_to` entries and replays `full_slice(rewind_to, ...)`; a subscriber
+of the confirmed view appends `confirmed_appended`.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, OrderedDict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from node.core.event import Event
+from node.core.graph import Graph
+from node.core.order import Linearizer, OrderNode, OrderUpdate
+from node.state.roles import Role
+from node.state.roles import indexers as indexers_in
+from node.state.roles import role_of as role_in
+from node.state.tracker import StateTracker
+from storage.protocol import TABLE_ORDER
+
+KIND_ACK = "ack"
+
+ORDER_CAUSAL = "causal"
+ORDER_CONFIRMED = "confirmed"
+ORDER_TENTATIVE = "tentative"
+ORDERS = (ORDER_CAUSAL, ORDER_CONFIRMED, ORDER_TENTATIVE)
+
+DEFAULT_ACK_INTERVAL_MS = 250  # at most one ack per interval per topic
+MAX_TIP_WALK = 4_096  # children followed from the own latest event up to an extremity
+REPLAY_PAGE = 1_024  # events read per page while replaying the delivery order
+ROLE_CACHE_SIZE = 4_096  # (state group, author) -> role
+
+_CONFIRMED = b"c"
+_COUNT = b"n"
+_BATCH = b"b"
+_NO_GROUP = -1
+
+
+def _u64(value: int) -> bytes:
+    return value.to_bytes(8, "big")
+
+
+class OrderIntegrityError(RuntimeError):
+    """The rebuilt confirmed prefix differs from the persisted one (a bug or a damaged store)."""
+
+
+@dataclass(frozen=True, slots=True)
+class OrderConfig:
+    """Ordering switches of a replica. `enabled=False`: no total order (causal only)."""
+
+    enabled: bool = True
+    ack_interval_ms: int = DEFAULT_ACK_INTERVAL_MS
+
+
+@dataclass(frozen=True, slots=True)
+class OrderStatus:
+    """What `status` reports about a topic's order; indexers as sorted hex keys."""
+
+    confirmed_length: int
+    tentative_length: int
+    indexers: tuple[str, ...]
+    pending_relayed: int
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"confirmed_length": self.confirmed_length,
+                "tentative_length": self.tentative_length,
+                "indexers": list(self.indexers), "pending_relayed": self.pending_relayed}
+
+
+def merge_updates(first: OrderUpdate | None, second: OrderUpdate | None) -> OrderUpdate | None:
+    """One update equivalent to `first` then `second` (rewind to the shorter shared prefix)."""
+    if first is None or second is None:
+        return first or second
+    return OrderUpdate(first.confirmed_appended + second.confirmed_appended, second.tentative,
+                       min(first.rewind_to, second.rewind_to))
+
+
+def own_tip(graph: Graph, author: bytes) -> bytes | None:
+    """A forward extremity at or above `author`'s latest event, None if it has none.
+
+    Referencing it keeps the author's events a chain (each has the previous
+    one in its past), which the linearizer's writer numbering assumes. The
+    latest event itself when it is an extremity; else the walk follows the
+    smallest child until an extremity (bounded by MAX_TIP_WALK).
+    """
+    seq = graph.author_latest_seq(author)
+    if seq is None:
+        return None
+    candidates = graph.events_by(author, seq)
+    if not candidates:
+        return None
+    current = max(candidates)
+    extremities = set(graph.extremities())
+    for _ in range(MAX_TIP_WALK):
+        if current in extremities:
+            return current
+        children = graph.children(current)
+        if not children:
+            return None
+        current = min(children)
+    return None
+
+
+class TopicOrder:
+    """The total order of one topic's authorized events (see the module docstring)."""
+
+    def __init__(self, graph: Graph, tracker: StateTracker, config: OrderConfig = OrderConfig(),
+                 replay_to: int | None = None) -> None:
+        root = graph.get(graph.topic_id)
+        if root is None:
+            raise ValueError("a topic order needs the topic's create event")
+        self.config = config
+        self.stats: Counter[str] = Counter()
+        self._graph = graph
+        self._tracker = tracker
+        self._table = graph.table(TABLE_ORDER)
+        self._lin = Linearizer(frozenset({root.author}), role_change=self._role_change)
+        self._fed = 0  # delivery positions consumed
+        self._proxy: dict[bytes, tuple[bytes, ...]] = {}  # rejected event -> ordered deps
+        self._aside: dict[bytes, OrderNode] = {}  # relayed, not referenced yet
+        self._acks: set[bytes] = set()
+        self._latest: dict[bytes, tuple[int, bytes]] = {}  # writer -> (ordinal, id), ordered nodes
+        self._roles: OrderedDict[tuple[int, bytes], Role] = OrderedDict()
+        self._indexers_group = _NO_GROUP
+        self._last_ack_ms: int | None = None
+        self._confirmed: list[bytes] = []
+        self._tentative: tuple[bytes, ...] = ()
+        self._replay(graph.delivered_count if replay_to is None else replay_to)
+
+    # ------------------------------------------------------------------ reading
+
+    @property
+    def confirmed(self) -> tuple[bytes, ...]:
+        return tuple(self._confirmed)
+
+    @property
+    def tentative(self) -> tuple[bytes, ...]:
+        return self._tentative
+
+    @property
+    def confirmed_length(self) -> int:
+        return len(self._confirmed)
+
+    @property
+    def tentative_length(self) -> int:
+        return len(self._tentative)
+
+    @property
+    def indexers(self) -> frozenset[bytes]:
+        return self._lin.indexers
+
+    @property
+    def linearizer(self) -> Linearizer:
+        return self._lin
+
+    def is_confirmed(self, event_id: bytes) -> bool:
+        return self._lin.is_confirmed(event_id)
+
+    def pending_relayed(self) -> list[bytes]:
+        """Relayed events nobody has referenced yet, sorted."""
+        return sorted(self._aside)
+
+    def confirmed_slice(self, since: int, limit: int) -> list[tuple[int, bytes]]:
+        start = max(since, 0)
+        return list(enumerate(self._confirmed[start:start + max(limit, 0)], start))
+
+    def full_slice(self, since: int, limit: int) -> list[tuple[int, bytes]]:
+        """Positions and ids of the tentative view (confirmed + tentative) from `since`."""
+        start = max(since, 0)
+        end = start + max(limit, 0)
+        confirmed = len(self._confirmed)
+        out = list(enumerate(self._confirmed[start:min(end, confirmed)], start))
+        if end > confirmed:
+            first = max(start, confirmed)
+            out += enumerate(self._tentative[first - confirmed:end - confirmed], first)
+        return out
+
+    def status(self) -> OrderStatus:
+        return OrderStatus(len(self._confirmed), len(self._tentative),
+                           tuple(sorted(k.hex() for k in self._lin.indexers)), len(self._aside))
+
+    # ------------------------------------------------------------------ feeding
+
+    def catch_up(self, applied: Sequence[Event] = ()) -> OrderUpdate | None:
+        """Feed every event the graph applied since the last call, as one batch.
+
+        `applied` (the events the graph just applied, in order) saves reading
+        them back when they are exactly the unfed tail of the delivery order.
+        """
+        end = self._graph.delivered_count
+        if self._fed >= end:
+            return None
+        if applied and self._fed + len(applied) == end:
+            events: Sequence[Event] = applied
+        else:
+            events = self._read(self._fed, end)
+        update = self._feed(events)
+        self._fed = end
+        if update is not None:
+            self._table.put(_BATCH + _u64(end), b"")
+        return update
+
+    def _read(self, start: int, end: int) -> list[Event]:
+        events: list[Event] = []
+        while start < end:
+            page = self._graph.deliveries(start, min(REPLAY_PAGE, end - start))
+            events += [event for _, event in page]
+            start = page[-1][0] + 1
+        return events
+
+    def _replay(self, end: int) -> None:
+        """Rebuild the linearizer from the delivery order, batch by batch as first fed."""
+        persisted = int.from_bytes(self._table.get(_COUNT) or bytes(8), "big")
+        cut = len(_BATCH)
+        for key, _ in self._table.scan(_BATCH):
+            mark = int.from_bytes(key[cut:], "big")
+            if mark > end:
+                break
+            self._feed(self._read(self._fed, mark), persist=False)
+            self._fed = mark
+        if self._fed < end:
+            self._fed_to(end)
+        self._verify(persisted)
+        if len(self._confirmed) > persisted:
+            self._persist(persisted)
+            self.stats["persisted_on_replay"] += len(self._confirmed) - persisted
+
+    def _fed_to(self, end: int) -> None:
+        if self._feed(self._read(self._fed, end), persist=False) is not None:
+            self._table.put(_BATCH + _u64(end), b"")
+        self._fed = end
+
+    def _verify(self, persisted: int) -> None:
+        if persisted > len(self._confirmed):
+            raise OrderIntegrityError(
+                f"{persisted} events were confirmed before the restart, {len(self._confirmed)} after")
+        for position in range(persisted):
+            stored = self._table.get(_CONFIRMED + _u64(position))
+            if stored != self._confirmed[position]:
+                raise OrderIntegrityError(f"confirmed position {position} holds "
+                                          f"{(stored or b'').hex()[:16]}, the replay gives "
+                                          f"{self._confirmed[position].hex()[:16]}")
+
+    def _persist(self, start: int) -> None:
+        for position in range(start, len(self._confirmed)):
+            self._table.put(_CONFIRMED + _u64(position), self._confirmed[position])
+        self._table.put(_COUNT, _u64(len(self._confirmed)))
+
+    def _feed(self, events: Sequence[Event], persist: bool = True) -> OrderUpdate | None:
+        nodes: list[OrderNode] = []
+        relayed: set[bytes] = set()
+        batch: dict[bytes, OrderNode] = {}
+        memo: dict[tuple[bytes, bytes], int] = {}
+        for event in events:
+            record = self._tracker.event_state(event.id)
+            if record is None:  # applied while state was not tracked: judge it now
+                self._tracker.apply([event])
+                record = self._tracker.event_state(event.id)
+                assert record is not None
+            deps = self._deps(event.parents)
+            if record.reason is not None:
+                self._proxy[event.id] = deps
+                self.stats["rejected_skipped"] += 1
+                continue
+            ordinal = 1 + max((self._seen(d, event.author, batch, memo) for d in deps), default=-1)
+            if ordinal != event.seq:
+                self.stats["renumbered"] += 1
+            node = OrderNode(event.id, event.author, ordinal, deps)
+            batch[event.id] = node
+            nodes.append(node)
+            if self._role(event.author, record.before) is Role.RELAYED:
+                relayed.add(event.id)
+                self._aside[event.id] = node
+            elif ordinal >= self._latest.get(event.author, (-1, b""))[0]:
+                self._latest[event.author] = (ordinal, event.id)
+            if event.kind == KIND_ACK:
+                self._acks.add(event.id)
+        if not nodes:
+            return None
+        start = len(self._confirmed)
+        update = self._lin.extend(nodes, relayed)
+        if self._aside:
+            for node_id in [i for i in self._aside if i in self._lin]:
+                del self._aside[node_id]
+        self._confirmed += update.confirmed_appended
+        self._tentative = update.tentative
+        if persist and update.confirmed_appended:
+            self._persist(start)
+        return update
+
+    def _deps(self, parents: tuple[bytes, ...]) -> tuple[bytes, ...]:
+        """Parents with every rejected event replaced by its own (ordered) deps."""
+        proxy = self._proxy
+        if not proxy or not any(p in proxy for p in parents):
+            return parents
+        deps: set[bytes] = set()
+        for parent in parents:
+            deps.update(proxy.get(parent, (parent,)))
+        return tuple(sorted(deps))
+
+    def _seen(self, start: bytes, writer: bytes, batch: dict[bytes, OrderNode],
+              memo: dict[tuple[bytes, bytes], int]) -> int:
+        """Highest ordinal of `writer` among `start` and its ancestors (-1: none).
+
+        The linearizer answers for nodes in the order; nodes of this batch and
+        relayed nodes kept aside are walked (iteratively, memoised) down to it.
+        """
+        lin = self._lin
+        if start in lin:
+            return lin.latest_seen(start, writer)
+        stack = [start]
+        while stack:
+            current = stack[-1]
+            if (current, writer) in memo:
+                stack.pop()
+                continue
+            node = batch.get(current) or self._aside[current]
+            if node.writer == writer:  # its ordinal tops the writer's nodes in its past
+                memo[(current, writer)] = node.seq
+                stack.pop()
+                continue
+            todo = [d for d in node.deps if d not in lin and (d, writer) not in memo]
+            if todo:
+                stack += todo
+                continue
+            memo[(current, writer)] = max(
+                (lin.latest_seen(d, writer) if d in lin else memo[(d, writer)] for d in node.deps),
+                default=-1)
+            stack.pop()
+        return memo[(start, writer)]
+
+    def _role(self, author: bytes, group: int) -> Role:
+        key = (group, author)
+        role = self._roles.get(key)
+        if role is None:
+            role = role_in(author, self._tracker.state(group), self._graph)
+            self._roles[key] = role
+            if len(self._roles) > ROLE_CACHE_SIZE:
+                self._roles.popitem(last=False)
+        return role
+
+    def _role_change(self, node: OrderNode) -> frozenset[bytes] | None:
+        """The linearizer's hook: the indexers after the newest confirmed node, if changed."""
+        if node.id != self._lin.last_confirmed:
+            return None  # not the anchor: the anchor's state covers this node
+        record = self._tracker.event_state(node.id)
+        if record is None or record.after == self._indexers_group:
+            return None
+        self._indexers_group = record.after
+        found = indexers_in(self._tracker.state(record.after), self._graph)
+        if not found or found == self._lin.indexers:
+            return None
+        self.stats["indexer_changes"] += 1
+        return found
+
+    # ------------------------------------------------------------------ policy
+
+    def ack_due(self, me: bytes, now_ms: int, role: Callable[[], Role]) -> bool:
+        """Should `me` append an acknowledgement now? (See the module docstring.)
+
+        `role` gives `me`'s role in the current state; it is asked only when
+        pending relayed events make it matter.
+        """
+        last = self._last_ack_ms
+        if last is not None and now_ms - last < self.config.ack_interval_ms:
+            return False
+        if self._relay_due() and role() in (Role.INDEXER, Role.WRITER):
+            return True
+        return self._vote_due(me)
+
+    def note_ack(self, now_ms: int) -> None:
+        """An acknowledgement was attempted at `now_ms` (starts the rate-limit interval)."""
+        self._last_ack_ms = now_ms
+
+    def _relay_due(self) -> bool:
+        if not self._aside:
+            return False
+        extremities = set(self._graph.extremities())
+        return any(node_id in extremities for node_id in self._aside)
+
+    def _vote_due(self, me: bytes) -> bool:
+        lin = self._lin
+        if me not in lin.indexers:
+            return False
+        tentative = self._tentative
+        if not any(t not in self._acks for t in tentative):
+            return False
+        if len(lin.indexers) == 1:
+            return True
+        latest = self._latest.get(me)
+        if latest is None or latest[1] not in lin:
+            return True
+        return any(not lin.sees(latest[1], t) for t in tentative)
+
+    def parents_to_keep(self, me: bytes, relayed_self: bool) -> list[bytes]:
+        """Extremities a local event of `me` must reference, most important first.
+
+        The extremity above `me`'s own latest event (its chain), then the
+        pending relayed events that are extremities (unless `me` is relayed
+        itself: its references would be kept aside too).
+        """
+        keep: list[bytes] = []
+        tip = own_tip(self._graph, me)
+        if tip is not None:
+            keep.append(tip)
+        if not relayed_self and self._aside:
+            extremities = set(self._graph.extremities())
+            keep += sorted(i for i in self._aside if i in extremities and i != tip)
+        return keep
