@@ -217,18 +217,6 @@ def cmd_export_logs(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def cmd_analyze(args: argparse.Namespace) -> int:
-    from analytics.__main__ import main as analytics_main
-
-    return analytics_main(["analyze", *args.rest])
-
-
-def cmd_simulate(args: argparse.Namespace) -> int:
-    from transport.sim import main as sim_main
-
-    return sim_main(args.rest)
-
-
 # ---------------------------------------------------------------------- parser
 
 
@@ -311,18 +299,33 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--log-dir", default="logs")
     p.set_defaults(func=cmd_export_logs)
 
-    p = commands.add_parser("analyze", help="Spark analysis of logs (see `megnode analyze -h`)",
-                            add_help=False)
-    p.add_argument("rest", nargs=argparse.REMAINDER)
-    p.set_defaults(func=cmd_analyze)
-
-    p = commands.add_parser("simulate", help="run the deterministic simulator", add_help=False)
-    p.add_argument("rest", nargs=argparse.REMAINDER)
-    p.set_defaults(func=cmd_simulate)
+    # Listed for --help; main() hands their arguments to their own parsers.
+    commands.add_parser("analyze", help="Spark analysis of logs (see `megnode analyze -h`)")
+    commands.add_parser("simulate", help="the deterministic simulator (`megnode simulate -h`)")
     return parser
 
 
+# Commands whose arguments belong to another module's parser, passed through whole.
+PASS_THROUGH = {"analyze": lambda rest: _analytics_main(["analyze", *rest]),
+                "simulate": lambda rest: _sim_main(rest)}
+
+
+def _analytics_main(argv: list[str]) -> int:
+    from analytics.__main__ import main as analytics_main
+
+    return analytics_main(argv)
+
+
+def _sim_main(argv: list[str]) -> int:
+    from transport.sim import main as sim_main
+
+    return sim_main(argv)
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] in PASS_THROUGH:
+        return PASS_THROUGH[argv[0]](argv[1:])
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
