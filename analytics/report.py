@@ -36,6 +36,7 @@ MAX_PLOTTED_SERIES: Final = 12
 MAX_POINTS_PER_SERIES: Final = 2_000
 PLOT_DPI: Final = 110
 NUMBER_DECIMALS: Final = 2
+TERMINAL_CELL_CHARS: Final = 16  # 64-hex ids would make the terminal summary too wide
 
 T = TypeVar("T")
 
@@ -358,9 +359,16 @@ def format_value(value: Any) -> str:
     return str(value)
 
 
-def format_table(table: Table) -> str:
-    """A plain-text table: title, header, rule, right-aligned cells, note."""
-    cells = [list(table.columns)] + [[format_value(v) for v in row] for row in table.rows]
+def _shorten(text: str, limit: int | None) -> str:
+    """Cut long hex ids (only those: labels stay whole) to `limit` characters."""
+    if limit is None or len(text) <= limit or not ls.is_hex_id(text):
+        return text
+    return text[: limit - 1] + "…"
+
+
+def format_table(table: Table, max_cell_chars: int | None = None) -> str:
+    """A plain-text table: title, header, rule, right-aligned cells (ids cut to max_cell_chars), note."""
+    cells = [list(table.columns)] + [[_shorten(format_value(v), max_cell_chars) for v in row] for row in table.rows]
     widths = [max(len(line[i]) for line in cells) for i in range(len(table.columns))]
     lines = [table.title, "  ".join(c.rjust(w) for c, w in zip(cells[0], widths))]
     lines.append("  ".join("-" * w for w in widths))
@@ -373,7 +381,7 @@ def format_table(table: Table) -> str:
 
 
 def format_summary(report: Report) -> str:
-    blocks = [format_table(table) for table in report.summary]
+    blocks = [format_table(table, TERMINAL_CELL_CHARS) for table in report.summary]
     blocks.append(f"Report: {report.index_html}")
     return "\n\n".join(blocks)
 

@@ -68,13 +68,20 @@ events it describes)::
 
     c|position (8)  -> event id     the confirmed prefix, append-only
     n               -> u64          its length
-    b|delivery end  -> b""          where each `extend` batch ended
+    b|start (8)     -> end (8)      a batch replay must feed as it was fed
 
 The linearizer lives in memory. On restart `TopicOrder` replays the
-delivery order batch by batch, exactly as it was fed (the batch marks), and
-checks that the rebuilt confirmed prefix equals the persisted one
-(`OrderIntegrityError` otherwise: the promise that confirmed positions never
-change would be broken).
+delivery order and checks that the rebuilt confirmed prefix equals the
+persisted one (`OrderIntegrityError` otherwise: the promise that confirmed
+positions never change would be broken). How the delivery order is cut into
+`extend` calls does not change the confirmed sequence - the linearizer's
+guarantee: any causal feeding of the same nodes confirms the same - except
+around a fork, where a replica that has seen one sibling only may count a
+vote the fork voids (`node.core.order.consensus`, "Forks"). So a batch that
+reveals a fork is recorded (its delivery range), replay feeds it as one
+batch and everything between such batches in chunks of REPLAY_BATCH: the
+decisions made live, at the cost of one record per fork instead of one per
+batch.
 
 *Views.* `confirmed` is append-only; the tentative view is the full order
 `confirmed + tentative`. Each batch returns one `OrderUpdate` (None if it
@@ -109,6 +116,7 @@ ORDERS = (ORDER_CAUSAL, ORDER_CONFIRMED, ORDER_TENTATIVE)
 DEFAULT_ACK_INTERVAL_MS = 250  # at most one ack per interval per topic
 MAX_TIP_WALK = 4_096  # children followed from the own latest event up to an extremity
 REPLAY_PAGE = 1_024  # events read per page while replaying the delivery order
+REPLAY_BATCH = 256  # events per `extend` between recorded batches (keeps the tail short)
 ROLE_CACHE_SIZE = 4_096  # (state group, author) -> role
 
 _CONFIRMED = b"c"
@@ -199,13 +207,14 @@ class TopicOrder:
         self._fed = 0  # delivery positions consumed
         self._proxy: dict[bytes, tuple[bytes, ...]] = {}  # rejected event -> ordered deps
         self._aside: dict[bytes, OrderNode] = {}  # relayed, not referenced yet
-        self._acks: set[bytes] = set()
+        self._acks: set[bytes] = set()  # unconfirmed acks
         self._latest: dict[bytes, tuple[int, bytes]] = {}  # writer -> (ordinal, id), ordered nodes
         self._roles: OrderedDict[tuple[int, bytes], Role] = OrderedDict()
         self._indexers_group = _NO_GROUP
         self._last_ack_ms: int | None = None
         self._confirmed: list[bytes] = []
         self._tentative: tuple[bytes, ...] = ()
+        self._forks_recorded: dict[bytes, int] = {}  # forks known at the last recorded batch
         self._replay(graph.delivered_count if replay_to is None else replay_to)
 
     # ------------------------------------------------------------------ reading
@@ -276,9 +285,10 @@ class TopicOrder:
         else:
             events = self._read(self._fed, end)
         update = self._feed(events)
+        if self._lin.forks != self._forks_recorded:  # this batch revealed a fork
+            self._table.put(_BATCH + _u64(self._fed), _u64(end))
+            self._forks_recorded = self._lin.forks
         self._fed = end
-        if update is not None:
-            self._table.put(_BATCH + _u64(end), b"")
         return update
 
     def _read(self, start: int, end: int) -> list[Event]:
@@ -290,31 +300,34 @@ class TopicOrder:
         return events
 
     def _replay(self, end: int) -> None:
-        """Rebuild the linearizer from the delivery order, batch by batch as first fed."""
+        """Rebuild the linearizer from the delivery order (recorded batches kept whole)."""
         persisted = int.from_bytes(self._table.get(_COUNT) or bytes(8), "big")
         cut = len(_BATCH)
-        for key, _ in self._table.scan(_BATCH):
-            mark = int.from_bytes(key[cut:], "big")
-            if mark > end:
+        for key, value in self._table.scan(_BATCH):
+            start, stop = int.from_bytes(key[cut:], "big"), int.from_bytes(value, "big")
+            if stop > end:
                 break
-            self._feed(self._read(self._fed, mark), persist=False)
-            self._fed = mark
-        if self._fed < end:
-            self._fed_to(end)
+            self._replay_chunks(start)
+            self._feed(self._read(self._fed, stop), persist=False)
+            self._fed = stop
+        self._replay_chunks(end)
+        self._forks_recorded = self._lin.forks
         self._verify(persisted)
         if len(self._confirmed) > persisted:
             self._persist(persisted)
             self.stats["persisted_on_replay"] += len(self._confirmed) - persisted
 
-    def _fed_to(self, end: int) -> None:
-        if self._feed(self._read(self._fed, end), persist=False) is not None:
-            self._table.put(_BATCH + _u64(end), b"")
-        self._fed = end
+    def _replay_chunks(self, end: int) -> None:
+        while self._fed < end:
+            stop = min(end, self._fed + REPLAY_BATCH)
+            self._feed(self._read(self._fed, stop), persist=False)
+            self._fed = stop
 
     def _verify(self, persisted: int) -> None:
         if persisted > len(self._confirmed):
             raise OrderIntegrityError(
-                f"{persisted} events were confirmed before the restart, {len(self._confirmed)} after")
+                f"{persisted} events were confirmed before the restart, "
+                f"{len(self._confirmed)} after")
         for position in range(persisted):
             stored = self._table.get(_CONFIRMED + _u64(position))
             if stored != self._confirmed[position]:
@@ -365,6 +378,8 @@ class TopicOrder:
                 del self._aside[node_id]
         self._confirmed += update.confirmed_appended
         self._tentative = update.tentative
+        if self._acks:
+            self._acks.difference_update(update.confirmed_appended)  # only unconfirmed ones matter
         if persist and update.confirmed_appended:
             self._persist(start)
         return update

@@ -45,6 +45,7 @@ from node.config import NodeConfig
 from node.core.event import Event
 from node.core.identity import Identity, KeyFileError
 from node.core.replica import Replica, ReplicaConfig, StateDisabledError
+from node.metrics import MetricsExporter, close_listeners, open_metrics_listeners
 from node.state.actions import NotAuthorizedError, RoleError
 from node.state.roles import Role
 from node.state.types import RULE_INVITE, RULE_PUBLIC
@@ -256,7 +257,8 @@ class Node:
                                    config.anti_entropy_interval_ms - 1),
                 width_sample_ms=config.width_sample_interval_ms,
                 misbehaviour_threshold=config.peer_misbehaviour_limit,
-                log=log_writer is not None,
+                # The metrics' latency histogram reads the `delivered` records too.
+                log=log_writer is not None or config.metrics_port > 0,
             ),
         )
         self._topics: dict[bytes, Topic] = {}
@@ -265,6 +267,7 @@ class Node:
         self._misbehaviour_receive = misbehaviour
         self._transport_faults: dict[str, int] = {}
         self.stats: dict[str, int] = {"outbox_dropped": 0, "send_failed": 0, "log_failed": 0}
+        self.metrics: MetricsExporter | None = None  # set by open() when metrics_port > 0
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -314,6 +317,14 @@ class Node:
 
         try:
             async with AsyncExitStack() as stack:
+                metrics_listeners = []  # bound first: a taken port is a plain NodeError
+                if config.metrics_port:
+                    try:
+                        metrics_listeners = await open_metrics_listeners(config.metrics_port)
+                    except OSError as exc:
+                        raise NodeError(f"cannot serve metrics on port {config.metrics_port}: "
+                                        f"{exc.strerror or exc}") from None
+                    stack.push_async_callback(close_listeners, metrics_listeners)
                 if config.log_dir is not None:
                     log_writer = JsonLinesLogWriter(data_dir / config.log_dir,
                                                     identity.public_key.hex())
@@ -332,6 +343,8 @@ class Node:
                 nursery = await stack.enter_async_context(trio.open_nursery())
                 node = cls(data_dir, identity, store, config, host, nursery, log_writer,
                            random.Random(seed), peer_receive, misbehaviour_receive)
+                if metrics_listeners:
+                    node.metrics = MetricsExporter(node, metrics_listeners)
                 await node._start()
                 try:
                     yield node
@@ -353,6 +366,8 @@ class Node:
         self._nursery.start_soon(self._peer_events)
         self._nursery.start_soon(self._transport_misbehaviour)
         self._nursery.start_soon(self._ticker)
+        if self.metrics is not None:
+            self._nursery.start_soon(self.metrics.serve)
         for address in self.config.bootstrap:
             self._nursery.start_soon(self._dial_with_retry, address)
 
@@ -532,6 +547,8 @@ class Node:
                 self._send_now(effect.peer, effect.data)
             elif isinstance(effect, Log):
                 self._write_log(effect.record)
+                if self.metrics is not None:
+                    self.metrics.on_log(effect.record)
             elif isinstance(effect, Disconnect):
                 logger.warning("disconnecting peer %s: %s", effect.peer, effect.reason)
                 self._banned[effect.peer] = now_ms() + BAN_DURATION_MS

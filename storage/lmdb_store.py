@@ -22,9 +22,18 @@ Operational rules this module enforces or relies on:
   (or scribbles on) a data dir written in a format it does not understand.
 - A store belongs to one thread, the node's storage worker. py-lmdb binds a
   write transaction to the thread that began it, and resizing the map needs
-  every transaction in the process closed; each call here opens and finishes
-  its own transactions, and an internal lock serialises calls, so neither can
-  be violated even if the store is misused from several threads.
+  every transaction in the process closed; each write opens and finishes its
+  own transaction, and an internal lock serialises calls, so neither can be
+  violated even if the store is misused from several threads.
+- Reads share one cached read transaction. Beginning a transaction per `get`
+  cost more than the lookup itself (the graph makes a few per event), so the
+  first read after a write begins one and later reads reuse it. Every write
+  (`apply`, `apply_writes`) and `close` aborts it *before* touching the
+  environment, so a read never sees a snapshot older than the last commit
+  (this process is the only writer: the data-dir lock), and no read
+  transaction is open while the map is resized. py-lmdb always opens the
+  environment with MDB_NOTLS, so a read transaction is not tied to the
+  thread that began it; the internal lock keeps its use serial.
 - An environment never crosses `fork()`: open the store in the process that
   uses it (analytics read exported logs, never the live store).
 """
@@ -35,7 +44,7 @@ import fcntl
 import mmap
 import os
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 
@@ -46,6 +55,7 @@ from storage.memory import (
     check_batch,
     check_key,
     check_scan_args,
+    check_writes,
     encode_store_format,
     prefix_upper_bound,
 )
@@ -97,6 +107,7 @@ class LmdbStore:
         self._path = Path(path)
         self._closed = False
         self._mutex = threading.Lock()
+        self._reader: lmdb.Transaction | None = None  # the shared read transaction (module doc)
         self.commits = 0  # how many batches were applied (group-commit statistics)
         try:
             self._path.mkdir(parents=True, exist_ok=True)
@@ -120,15 +131,19 @@ class LmdbStore:
     # --- the Store protocol -------------------------------------------------
 
     def get(self, table: str, key: bytes) -> bytes | None:
+        # The graph's most frequent call (a few per event): checks inlined.
         with self._mutex:
-            db = self._db(table)
-            check_key(key)
+            db = self._dbs.get(table)
+            if db is None or self._closed:
+                db = self._db(table)  # raises the precise error
+            if not (type(key) is bytes and 0 < len(key) <= MAX_KEY_BYTES):
+                check_key(key)  # raises with the precise message
             try:
-                with self._env.begin(db=db) as txn:
-                    # buffers=False (the default): the value is a bytes copy,
-                    # valid after the read transaction ends.
-                    return txn.get(key)
+                # buffers=False (the default): the value is a bytes copy,
+                # valid after the read transaction ends.
+                return (self._reader or self._read_txn()).get(key, None, db)
             except lmdb.Error as exc:
+                self._drop_reader()
                 raise StoreError(f"read from {self._path} failed: {exc}") from exc
 
     def scan(
@@ -152,13 +167,13 @@ class LmdbStore:
             if limit == 0:
                 return iter(())
             try:
-                with self._env.begin(db=db) as txn:
-                    cursor = txn.cursor()
+                with self._read_txn().cursor(db=db) as cursor:
                     if reverse:
                         pairs = _read_backward(cursor, prefix, start, limit)
                     else:
                         pairs = _read_forward(cursor, prefix, start, limit)
             except lmdb.Error as exc:
+                self._drop_reader()
                 raise StoreError(f"read from {self._path} failed: {exc}") from exc
             return iter(pairs)
 
@@ -168,8 +183,26 @@ class LmdbStore:
             # Validate everything before the write transaction exists, so a bad
             # batch is rejected without touching the store.
             check_batch(ops)
+            self._drop_reader()
             if ops:
                 self._write(lambda txn: self._write_ops(txn, ops))
+            self.commits += 1
+
+    def apply_writes(self, writes: Mapping[str, Mapping[bytes, bytes | None]]) -> None:
+        """Commit a write-set {table: {key: value, or None to delete}} atomically.
+
+        The same contract as `apply` (validated whole before the transaction,
+        one commit, one fsync), in the form `node.core.pending.PendingWrites`
+        collects: no op objects to build, and each table's puts go to LMDB in
+        one `putmulti` call. A write-set has one value per key, so the order
+        of its writes cannot matter.
+        """
+        with self._mutex:
+            self._check_open()
+            check_writes(writes)
+            self._drop_reader()
+            if any(writes.values()):
+                self._write(lambda txn: self._write_tables(txn, writes))
             self.commits += 1
 
     def close(self) -> None:
@@ -178,6 +211,7 @@ class LmdbStore:
             if self._closed:
                 return
             self._closed = True
+            self._drop_reader()
             # No fsync here even with sync=False: that mode never promises
             # durability, and simulations open and close stores by the hundred.
             try:
@@ -226,6 +260,19 @@ class LmdbStore:
         if self._closed:
             raise StoreClosedError("store is closed")
 
+    def _read_txn(self) -> lmdb.Transaction:
+        """The cached read transaction (begun now if the last write dropped it)."""
+        reader = self._reader
+        if reader is None:
+            reader = self._reader = self._env.begin()
+        return reader
+
+    def _drop_reader(self) -> None:
+        """End the cached read transaction: a write is coming, or the store closes."""
+        reader, self._reader = self._reader, None
+        if reader is not None:
+            reader.abort()
+
     def _db(self, table: str) -> lmdb._Database:
         self._check_open()
         try:
@@ -269,6 +316,20 @@ class LmdbStore:
                 txn.put(op.key, op.value, db=db)
             else:
                 txn.delete(op.key, db=db)
+
+    def _write_tables(
+        self, txn: lmdb.Transaction, writes: Mapping[str, Mapping[bytes, bytes | None]]
+    ) -> None:
+        for table, pending in writes.items():
+            db = self._dbs[table]
+            puts = [(key, value) for key, value in pending.items() if value is not None]
+            if puts:
+                with txn.cursor(db=db) as cursor:
+                    cursor.putmulti(puts)
+            if len(puts) != len(pending):
+                for key, value in pending.items():
+                    if value is None:
+                        txn.delete(key, db=db)
 
     def _write(self, work: Callable[[lmdb.Transaction], None]) -> None:
         """Run `work` in one write transaction, growing the map until it fits.

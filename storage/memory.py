@@ -8,7 +8,7 @@ interchangeable.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from itertools import islice
 
 from sortedcontainers import SortedDict
@@ -83,6 +83,34 @@ def check_batch(ops: Sequence[Op]) -> None:
         check_op(op)
 
 
+def check_writes(writes: Mapping[str, Mapping[bytes, bytes | None]]) -> None:
+    """`check_batch` for a write-set {table: {key: value, or None to delete}}.
+
+    The same rules op by op, written as one loop per table because it runs
+    for every key of every group commit (a few per event).
+    """
+    count = 0
+    for table, pending in writes.items():
+        if table not in TABLES:
+            raise StoreError(f"unknown table {table!r}")
+        count += len(pending)
+        if count > MAX_BATCH_OPS:
+            raise StoreError(f"batch of more than MAX_BATCH_OPS={MAX_BATCH_OPS} ops")
+        if table == TABLE_META and STORE_FORMAT_KEY in pending:
+            raise StoreError(f"meta key {STORE_FORMAT_KEY!r} is reserved for the store itself")
+        for key, value in pending.items():
+            if not (isinstance(key, bytes) and 0 < len(key) <= MAX_KEY_BYTES):
+                check_key(key)  # raises with the precise message
+            if value is not None and not (
+                isinstance(value, bytes) and len(value) <= MAX_VALUE_BYTES
+            ):
+                if not isinstance(value, bytes):
+                    raise StoreError("values must be bytes")
+                raise StoreError(
+                    f"value of {len(value)} bytes exceeds MAX_VALUE_BYTES={MAX_VALUE_BYTES}"
+                )
+
+
 def prefix_upper_bound(prefix: bytes) -> bytes | None:
     """The smallest key greater than every key starting with `prefix` (None: no bound)."""
     stripped = prefix.rstrip(b"\xff")
@@ -154,6 +182,24 @@ class MemoryStore:
                 table[op.key] = op.value
             else:
                 table.pop(op.key, None)
+        self.commits += 1
+
+    def apply_writes(self, writes: Mapping[str, Mapping[bytes, bytes | None]]) -> None:
+        """Commit a write-set {table: {key: value, or None to delete}} atomically.
+
+        The same contract as `apply` (validated whole first, one commit), in
+        the form `node.core.pending.PendingWrites` collects: no op objects.
+        """
+        if self._closed:
+            raise StoreClosedError("store is closed")
+        check_writes(writes)
+        for name, pending in writes.items():
+            table = self._tables[name]
+            for key, value in pending.items():
+                if value is None:
+                    table.pop(key, None)
+                else:
+                    table[key] = value
         self.commits += 1
 
     def close(self) -> None:

@@ -226,50 +226,12 @@ class DisseminationConfig:
 def recent_events(graph: Graph, since: Iterable[bytes], floor: int, cap: int) -> tuple[list[bytes], int]:
     """Ids of events here that are not below `since` and have depth >= `floor`.
 
-    Walks back from the extremities in decreasing depth (like
-    `Graph.not_below`), so it visits the answer plus a frontier, not the
-    whole graph. If more than `cap` qualify, the deepest whole depth levels
-    that fit are kept and the floor is raised to match; returns
-    `(ids, floor actually covered)`.
+    `Graph.recent` (the walk lives with the graph's other walks); kept under
+    this name for callers of the engine's API. If more than `cap` qualify,
+    the deepest whole depth levels that fit are kept and the floor is raised
+    to match; returns `(ids, floor actually covered)`.
     """
-    below = {s for s in since if graph.has(s)}
-    heap: list[tuple[int, bytes]] = []
-    queued: set[bytes] = set()
-    unmarked = 0
-
-    def push(event_id: bytes) -> None:
-        nonlocal unmarked
-        if event_id in queued:
-            return
-        queued.add(event_id)
-        if event_id not in below:
-            unmarked += 1
-        heapq.heappush(heap, (-(graph.depth(event_id) or 0), event_id))
-
-    for event_id in sorted(below | set(graph.extremities())):
-        push(event_id)
-    found: list[tuple[int, bytes]] = []
-    while heap and unmarked > 0:
-        negative_depth, event_id = heapq.heappop(heap)
-        depth = -negative_depth
-        if depth < floor:
-            break
-        is_below = event_id in below
-        if not is_below:
-            unmarked -= 1
-            if len(found) >= cap:
-                # Keep whole levels only: "everything at depth >= floor" must stay true.
-                while found and found[-1][0] == depth:
-                    found.pop()
-                return [i for _, i in found], depth + 1
-            found.append((depth, event_id))
-        for parent in graph.parents_of(event_id) or ():
-            if is_below and parent not in below:
-                below.add(parent)
-                if parent in queued:
-                    unmarked -= 1
-            push(parent)
-    return [i for _, i in found], floor
+    return graph.recent(since, floor, cap)
 
 
 _NONE, _LIKELY, _CERTAIN = 0, 1, 2

@@ -78,7 +78,9 @@ def convergence(
     """
     samples = width_samples(records)
     half_band = F.greatest(F.lit(float(band_min)), F.col("steady_median") * band_fraction)
-    peak = samples.groupBy(*_SERIES).agg(F.min(F.struct((-F.col("width")).alias("neg_width"), F.col("ts_ms"))).alias("_peak"))
+    # The largest width, earliest first: the minimum of (-width, ts).
+    first_peak = F.min(F.struct((-F.col("width")).alias("neg_width"), F.col("ts_ms")))
+    peak = samples.groupBy(*_SERIES).agg(first_peak.alias("_peak"))
     series = (
         steady_state(samples, steady_fraction)
         .join(peak, list(_SERIES))

@@ -82,7 +82,9 @@ def holdings(records: DataFrame) -> DataFrame:
     skew shows up as negative offsets, which are kept, not hidden.
     """
     origins = event_origins(records)
-    at_origin = origins.select("topic", "event", F.col("origin_node").alias("node"), F.lit(0).cast("long").alias("offset_ms"))
+    at_origin = origins.select(
+        "topic", "event", F.col("origin_node").alias("node"), F.lit(0).cast("long").alias("offset_ms")
+    )
     elsewhere = remote_deliveries(records).select("topic", "event", "node", F.col("latency_ms").alias("offset_ms"))
     return at_origin.unionByName(elsewhere)
 

@@ -36,6 +36,7 @@ MALFORMED = "malformed_reason"  # not "reason": that is a schema field (why an e
 _SENTINEL = "megnode:end-of-line"
 _INTEGER_VARIANT_TYPES = ("TINYINT", "SMALLINT", "INT", "BIGINT")
 _SPARK_CAST = {"int": "bigint", "hex": "string", "text": "string"}
+_FIELDS_AS_VARIANTS = "struct<" + ", ".join(f"{spec.name}: variant" for spec in ls.FIELDS) + ">"
 
 
 @dataclass(frozen=True)
@@ -48,7 +49,8 @@ class FieldColumns:
 
 
 def _parse(lines: DataFrame, column: str, keep: list[Column]) -> DataFrame:
-    """Add _doc (the line's JSON value as VARIANT, null if unparsable) and _parse_ok."""
+    """Add _parse_ok and _fields: the line's top-level object as a struct of one VARIANT
+    per schema field (null when the line is not an object; a field is null when absent)."""
     wrapped = F.try_parse_json(F.concat(F.lit("["), F.col(column), F.lit(f',"{_SENTINEL}"]')))
     with_wrapped = lines.select(*keep, wrapped.alias("_wrapped"))
     w = F.col("_wrapped")
@@ -58,7 +60,9 @@ def _parse(lines: DataFrame, column: str, keep: list[Column]) -> DataFrame:
         & F.try_variant_get(w, "$[2]", "variant").isNull(),
         F.lit(False),
     )
-    return _fenced(with_wrapped, keep, [parse_ok.alias("_parse_ok"), F.try_variant_get(w, "$[0]", "variant").alias("_doc")])
+    # One cast reads every field: cheaper than one path lookup per field.
+    fields = F.try_variant_get(w, "$[0]", _FIELDS_AS_VARIANTS)
+    return _fenced(with_wrapped, keep, [parse_ok.alias("_parse_ok"), fields.alias("_fields")])
 
 
 def _fenced(df: DataFrame, keep: list[Column], new: list[Column]) -> DataFrame:
@@ -86,13 +90,22 @@ def _value_ok(spec: ls.FieldSpec, value: Column) -> Column:
     if spec.kind == "int":
         return value >= 0
     if spec.kind == "hex":
-        # No regex anchors: Java's `$` also matches before a trailing newline.
-        return F.length(value).between(1, ls.MAX_HEX_ID_CHARS) & (
-            F.translate(value, ls.HEX_DIGITS, "") == F.lit("")
+        # Hex digits only (try_to_binary), lowercase, bounded: twice as fast as a regex.
+        return (
+            F.try_to_binary(value, F.lit("hex")).isNotNull()
+            & (value == F.lower(value))
+            & F.length(value).between(1, ls.MAX_HEX_ID_CHARS)
         )
     if spec.name == "channel":
         return value.isin(*ls.CHANNELS)
     return F.length(value).between(1, spec.max_chars)
+
+
+def _all(conditions: list[Column]) -> Column:
+    result = F.lit(True)
+    for condition in conditions:
+        result = result & condition
+    return result
 
 
 def _any(conditions: list[Column]) -> Column:
@@ -106,12 +119,15 @@ def record_reason(fields: dict[str, FieldColumns]) -> Column:
     """The reason a record is invalid (null when valid), checks in the schema's order."""
     v, record_type = fields["v"], fields["type"]
     wrong_type = _any([f.present & ~f.type_ok for f in fields.values()])
-    missing = _any(
-        [
-            ~fields[name].present & record_type.value.isin(*types)
-            for name, types in _types_requiring().items()
-        ]
-    )
+    # One branch per record type (a known one by then): cheaper per row than
+    # asking, for every field, whether this type requires it.
+    branches = [
+        (record_type.value == F.lit(name), ~_all([fields[field].present for field in ls.required_fields(name)]))
+        for name in ls.RECORD_TYPES
+    ]
+    missing = F.when(*branches[0])
+    for condition, value in branches[1:]:
+        missing = missing.when(condition, value)
     bad_value = _any(
         [fields[spec.name].present & ~_value_ok(spec, fields[spec.name].value) for spec in ls.FIELDS]
     )
@@ -132,21 +148,21 @@ def classify_lines(lines: DataFrame, column: str = "value") -> DataFrame:
     """Text lines -> the schema's typed columns plus MALFORMED (null for valid records).
 
     The other columns of `lines` are kept; so is the line itself. The work is
-    split into stages (parse, read the fields, judge), fenced from each other
+    split into stages (parse, read the fields, judge), the parse fenced off
     (`_fenced`) so each line is parsed once whatever a caller does with the
     result: written as one expression, the parse would be copied into every
     field's expression.
     """
     keep = [F.col(c) for c in lines.columns]
     parsed = _parse(lines, column, keep)
-    doc = F.when(F.col("_parse_ok"), F.col("_doc"))
     per_field = []
     for spec in ls.FIELDS:
-        path = f"$.{spec.name}"
-        per_field.append(F.schema_of_variant(F.try_variant_get(doc, path, "variant")).alias(f"_t_{spec.name}"))
-        per_field.append(F.try_variant_get(doc, path, _SPARK_CAST[spec.kind]).alias(spec.name))
-    is_object = F.coalesce(F.schema_of_variant(doc).startswith("OBJECT"), F.lit(False))
-    read = _fenced(parsed, keep, [F.col("_parse_ok"), is_object.alias("_is_object"), *per_field])
+        raw = F.when(F.col("_parse_ok"), F.col("_fields")[spec.name])
+        per_field.append(F.schema_of_variant(raw).alias(f"_t_{spec.name}"))
+        per_field.append(F.try_variant_get(raw, "$", _SPARK_CAST[spec.kind]).alias(spec.name))
+    is_object = F.col("_parse_ok") & F.col("_fields").isNotNull()
+    # Not fenced: a filter pushed through here repeats cheap per-field reads, not the parse.
+    read = parsed.select(*keep, F.col("_parse_ok"), is_object.alias("_is_object"), *per_field)
     fields = {spec.name: _field_from_json_type(spec, F.col(f"_t_{spec.name}")) for spec in ls.FIELDS}
     reason = (
         F.when(F.length(F.col(column)) > ls.MAX_LINE_CHARS, F.lit(ls.TOO_LONG))
@@ -164,12 +180,3 @@ def _field_from_json_type(spec: ls.FieldSpec, json_type: Column) -> FieldColumns
     else:
         type_ok = json_type == F.lit("STRING")
     return FieldColumns(present, type_ok, F.col(spec.name))
-
-
-def _types_requiring() -> dict[str, tuple[str, ...]]:
-    """Field name -> record types that require it (the transpose of REQUIRED_BY_TYPE)."""
-    result: dict[str, list[str]] = {}
-    for record_type in ls.RECORD_TYPES:
-        for name in ls.required_fields(record_type):
-            result.setdefault(name, []).append(record_type)
-    return {name: tuple(types) for name, types in result.items()}

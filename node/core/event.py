@@ -33,6 +33,8 @@ from typing import Any
 
 import msgpack
 
+from node.core.fastinit import fast_init
+
 EVENT_VERSION = 1
 SIGNING_DOMAIN = b"megnode/event/v1\x00"
 
@@ -50,6 +52,14 @@ MAX_TIMESTAMP_MS = (1 << 63) - 1
 
 FIELD_COUNT = 11
 
+# One Packer for the hot paths (signing, the canonical-form check, store
+# records): `msgpack.packb` builds a Packer and its buffer on every call,
+# which cost twice the packing itself. `pack` runs in C under the GIL and
+# calls back into Python only through a `default` hook, which this one has
+# not, so sharing it between graphs (or threads) is safe.
+_PACKER = msgpack.Packer(use_bin_type=True)
+pack = _PACKER.pack
+
 # Kinds with a meaning to the core. Any other kind is application-defined.
 KIND_CREATE = "m.room.create"
 KIND_MESSAGE = "message"
@@ -65,6 +75,7 @@ class EventFormatError(ValueError):
         self.detail = detail
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class Event:
     """A decoded, self-consistent event. `raw` is its canonical encoding, `id` its hash.
@@ -267,25 +278,26 @@ def decode_event(raw: bytes) -> Event:
     by one (`_check_fields`), which name the reason. The fast test only ever
     accepts what the detailed checks accept.
     """
+    # `if ...: raise` rather than `_expect`: its detail strings would be built
+    # for every valid event too.
     if type(raw) is not bytes:
         _expect(isinstance(raw, (bytes, bytearray)), "not_bytes")
         raw = bytes(raw)
-    _expect(len(raw) <= MAX_EVENT_BYTES, "too_large", f"{len(raw)} > {MAX_EVENT_BYTES} bytes")
+    if len(raw) > MAX_EVENT_BYTES:
+        raise EventFormatError("too_large", f"{len(raw)} > {MAX_EVENT_BYTES} bytes")
     try:
         fields = _unpack_strict(raw)
     except Exception as exc:  # msgpack raises many types for malformed input
         raise EventFormatError("not_msgpack", type(exc).__name__) from None
-    _expect(isinstance(fields, list) and len(fields) == FIELD_COUNT, "bad_shape",
-            f"expected an array of {FIELD_COUNT} fields")
+    if type(fields) is not list or len(fields) != FIELD_COUNT:
+        raise EventFormatError("bad_shape", f"expected an array of {FIELD_COUNT} fields")
+    if not _plainly_valid(*fields):
+        _check_fields(*fields)
+    # One encoding per event: re-encoding what we decoded must give the same bytes.
+    if pack(fields) != raw:
+        raise EventFormatError("not_canonical", "re-encoding differs")
     (version, topic, author, seq, parents, auth, timestamp_ms, kind, state_key, payload,
      signature) = fields
-    if not _plainly_valid(version, topic, author, seq, parents, auth, timestamp_ms, kind,
-                          state_key, payload, signature):
-        _check_fields(version, topic, author, seq, parents, auth, timestamp_ms, kind,
-                      state_key, payload, signature)
-    # One encoding per event: re-encoding what we decoded must give the same bytes.
-    _expect(msgpack.packb(fields, use_bin_type=True) == raw, "not_canonical",
-            "re-encoding differs")
     return make_event(
         version, topic, author, seq, tuple(parents), tuple(auth), timestamp_ms, kind, state_key,
         payload, signature, raw, event_id_of(raw),

@@ -81,7 +81,8 @@ from dataclasses import dataclass
 import msgpack
 
 from node.core import walks
-from node.core.event import ID_BYTES, Event, trusted_event
+from node.core.event import ID_BYTES, Event, pack, trusted_event
+from node.core.fastinit import fast_init
 from node.core.pending import PendingWrites
 from storage.protocol import (
     TABLE_AUTHORS,
@@ -114,6 +115,8 @@ LATEST_SEQ_CACHE_SIZE = 4_096  # authors whose latest sequence number is cached
 # The reason given to a descendant of an event rejected at application time.
 PARENT_REJECTED = "parent_rejected"
 
+_UNCACHED = object()  # "not in the cache" (None is a cached "no events yet")
+
 _WAIT = b"w"
 _BY_AUTHOR = b"a"
 _BY_AGE = b"o"
@@ -142,12 +145,14 @@ class GraphLimits:
     rejected_remembered: int = MAX_REJECTED_REMEMBERED
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class Rejection:
     event_id: bytes
     reason: str
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class AddResult:
     """What one `add` did.
@@ -240,6 +245,15 @@ class Graph:
         # id -> (ordinal, reason), oldest first: the whole (bounded) persistent memory.
         self._rejected: OrderedDict[bytes, tuple[int, str]] = self._load_rejections()
         self._memo = walks.NotBelowMemo()
+        # The last id `has` found absent in the store: the Reference Monitor's
+        # duplicate test and `add` ask about each new event in turn. Reset when
+        # any event is applied and when writes are discarded.
+        self._absent: bytes | None = None
+        self._root_seen = False
+        # Extremities added since the last commit: the store does not hold them,
+        # so one that stops being an extremity before the commit is forgotten
+        # rather than deleted (`PendingWrites.forget`).
+        self._fresh_extremities: set[bytes] = set()
 
     # ------------------------------------------------------------ extensions
 
@@ -258,7 +272,12 @@ class Graph:
     def has(self, event_id: bytes) -> bool:
         if event_id in self._nodes:  # cached nodes are present: events are never removed
             return True
-        return self._w.get(TABLE_EVENTS, self._t + event_id) is not None
+        if event_id == self._absent:
+            return False
+        if self._w.get(TABLE_EVENTS, self._t + event_id) is None:
+            self._absent = event_id
+            return False
+        return True
 
     def get(self, event_id: bytes) -> Event | None:
         cached = self._events.get(event_id)
@@ -282,7 +301,12 @@ class Graph:
 
     @property
     def has_root(self) -> bool:
-        return self.has(self.topic_id)
+        # Asked before every local event; once true it stays true (until
+        # uncommitted writes are discarded), and the root may have left the
+        # node cache long ago.
+        if not self._root_seen:
+            self._root_seen = self.has(self.topic_id)
+        return self._root_seen
 
     def extremities(self) -> list[bytes]:
         """Forward extremities (events with no children), sorted."""
@@ -465,7 +489,8 @@ class Graph:
             cascade = _Cascade()
             self._reject(event_id, PARENT_REJECTED, cascade)
             return AddResult("rejected", event_id, rejected=tuple(cascade.rejected))
-        missing = tuple(p for p in parents if not self.has(p))
+        nodes = self._nodes
+        missing = [p for p in parents if p not in nodes and not self.has(p)]
         if missing:
             dropped = self._buffer(event, missing)
             if event_id in dropped:
@@ -491,6 +516,7 @@ class Graph:
         write; any other Store gets `apply(ops)`.
         """
         store = self._w.store
+        self._fresh_extremities = set()  # whatever happens next, they leave the write-set
         apply_writes = getattr(store, "apply_writes", None)
         if apply_writes is None:
             ops = self._w.take_ops()
@@ -517,6 +543,9 @@ class Graph:
         self._buffered = None
         self._rejected = self._load_rejections()
         self._memo.clear()
+        self._absent = None
+        self._root_seen = False
+        self._fresh_extremities = set()
         self._extremities = {
             key[ID_BYTES:] for key, _ in self._w.store.scan(TABLE_EXTREMITIES, self._t)
         }
@@ -641,58 +670,76 @@ class Graph:
 
     def _apply_one(self, event: Event, cascade: _Cascade) -> bool:
         # Callers guarantee the event is new: `add` checked, and a buffered event
-        # cannot also be in the graph. Every event passes here: no lookup it
-        # cannot need (the counters are mirrored, parents' nodes are cached).
+        # cannot also be in the graph. Every event passes here, so the caches
+        # are used inline rather than through their helpers (a call each).
         parents = event.parents
         if len(parents) > 1:
             reason = self._antichain_violation(parents)
             if reason is not None:
                 self._reject(event.id, reason, cascade)
                 return False
+        nodes = self._nodes
         depth = 0
         for parent in parents:
-            parent_depth = self._node(parent)[0]  # type: ignore[index]
-            if parent_depth >= depth:
-                depth = parent_depth + 1
+            info = nodes.get(parent) or self._node(parent)
+            if info[0] >= depth:  # type: ignore[index]
+                depth = info[0] + 1  # type: ignore[index]
         event_id = event.id
         t = self._t
         w = self._w
-        position = self.delivered_count
+        position = self._delivered
+        if position is None:
+            position = self.delivered_count
         self._delivered = position + 1
-        w.put(TABLE_EVENTS, t + event_id, msgpack.packb([depth, position, event.raw]))
-        w.put(TABLE_DELIVERY, t + _u64(position), event_id)
-        w.put(TABLE_META, t + _META_DELIVERED, _u64(position + 1))
+        self._absent = None
+        w.put(TABLE_EVENTS, t + event_id, pack([depth, position, event.raw]))
+        w.put(TABLE_DELIVERY, t + position.to_bytes(8, "big"), event_id)
+        w.put(TABLE_META, t + _META_DELIVERED, (position + 1).to_bytes(8, "big"))
         extremities = self._extremities
+        fresh = self._fresh_extremities
         for parent in parents:
             w.put(TABLE_CHILDREN, t + parent + event_id, b"")
             if parent in extremities:
                 extremities.discard(parent)
-                w.delete(TABLE_EXTREMITIES, t + parent)
+                if parent in fresh:
+                    fresh.discard(parent)
+                    w.forget(TABLE_EXTREMITIES, t + parent)
+                else:
+                    w.delete(TABLE_EXTREMITIES, t + parent)
         extremities.add(event_id)
+        fresh.add(event_id)
         w.put(TABLE_EXTREMITIES, t + event_id, b"")
         author, seq = event.author, event.seq
-        latest = self.author_latest_seq(author)
+        latest_seq = self._latest_seq
+        latest = latest_seq.get(author, _UNCACHED)
+        if latest is _UNCACHED:
+            latest = self.author_latest_seq(author)
         # Only a sequence number at or below the author's latest can already be taken.
-        if latest is not None and seq <= latest and self.events_by(author, seq):
+        if latest is not None and seq <= latest and self.events_by(author, seq):  # type: ignore[operator]
             cascade.equivocations.append(event)
             count = _from_u64(w.get(TABLE_META, t + _META_EQUIVOCATIONS))
             w.put(TABLE_META, t + _META_EQUIVOCATIONS, _u64(count + 1))
-        w.put(TABLE_AUTHORS, t + author + _u64(seq) + event_id, b"")
-        if latest is None or seq > latest:
-            self._remember(self._latest_seq, author, seq, LATEST_SEQ_CACHE_SIZE)
-        self._remember(self._nodes, event_id, (depth, parents), NODE_CACHE_SIZE)
-        self._remember(self._events, event_id, event, EVENT_CACHE_SIZE)
-        if self._memo:
+        w.put(TABLE_AUTHORS, t + author + seq.to_bytes(8, "big") + event_id, b"")
+        if latest is None or seq > latest:  # type: ignore[operator]
+            self._remember(latest_seq, author, seq, LATEST_SEQ_CACHE_SIZE)
+        nodes[event_id] = (depth, parents)
+        if len(nodes) > NODE_CACHE_SIZE:
+            nodes.popitem(last=False)
+        events = self._events
+        events[event_id] = event
+        if len(events) > EVENT_CACHE_SIZE:
+            events.popitem(last=False)
+        if self._memo.memos:
             self._memo.note_applied(depth, event_id)
         cascade.applied.append(event)
         return True
 
-    def _buffer(self, event: Event, missing: tuple[bytes, ...]) -> list[bytes]:
+    def _buffer(self, event: Event, missing: list[bytes]) -> list[bytes]:
         """Put `event` in the buffer; returns ids evicted to respect the caps."""
         t = self._t
         arrival = _from_u64(self._w.get(TABLE_META, t + _META_ARRIVALS))
         self._w.put(TABLE_META, t + _META_ARRIVALS, _u64(arrival + 1))
-        self._w.put(TABLE_BUFFER, t + event.id, msgpack.packb([arrival, event.raw]))
+        self._w.put(TABLE_BUFFER, t + event.id, pack([arrival, event.raw]))
         for parent in missing:
             self._w.put(TABLE_BUFFER_INDEX, t + _WAIT + parent + event.id, b"")
         self._w.put(TABLE_BUFFER_INDEX, t + _BY_AUTHOR + event.author + _u64(arrival) + event.id, b"")

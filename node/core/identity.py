@@ -14,7 +14,6 @@ from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 
-import msgpack
 import nacl.bindings
 import nacl.exceptions
 import nacl.signing
@@ -30,6 +29,7 @@ from node.core.event import (
     check_local_event,
     event_id_of,
     make_event,
+    pack,
     signed_encoding,
 )
 
@@ -130,11 +130,9 @@ def sign_event(
     parents_t = tuple(sorted(parents))
     auth_t = tuple(sorted(auth))
     author = identity.public_key
-    packed_body = msgpack.packb(
+    packed_body = pack(
         _body_fields(EVENT_VERSION, topic, author, seq, parents_t, auth_t, timestamp_ms, kind,
-                     state_key, payload),
-        use_bin_type=True,
-    )
+                     state_key, payload))
     signature = identity.sign(SIGNING_DOMAIN + packed_body)
     raw = signed_encoding(packed_body, signature)
     check_local_event(raw, parents_t, auth_t, kind, state_key)

@@ -18,6 +18,7 @@ Reasons (stable strings; tests, logs and metrics use them):
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from node.core.event import Event, EventFormatError, decode_event
@@ -46,13 +47,23 @@ class ReferenceMonitor:
         self.max_future_skew_ms = max_future_skew_ms
         self.rejections: Counter[str] = Counter()
 
-    def check(self, raw: bytes, now_ms: int, expected_id: bytes | None = None) -> Event | Rejected:
-        verdict = self._check(raw, now_ms, expected_id)
+    def check(self, raw: bytes, now_ms: int, expected_id: bytes | None = None,
+              known: Callable[[bytes], bool] | None = None) -> Event | Rejected:
+        """The decoded event, or why not.
+
+        `known(id)` (the graph's `knows`) marks ids this replica already
+        holds: such bytes are returned without a signature check. That is
+        safe because an id is the hash of the very bytes checked when they
+        first arrived, and it is most of the cost of gossip, which delivers
+        each event once per neighbour.
+        """
+        verdict = self._check(raw, now_ms, expected_id, known)
         if isinstance(verdict, Rejected):
             self.rejections[verdict.reason] += 1
         return verdict
 
-    def _check(self, raw: bytes, now_ms: int, expected_id: bytes | None) -> Event | Rejected:
+    def _check(self, raw: bytes, now_ms: int, expected_id: bytes | None,
+               known: Callable[[bytes], bool] | None = None) -> Event | Rejected:
         try:
             event = decode_event(raw)
         except EventFormatError as error:
@@ -61,6 +72,8 @@ class ReferenceMonitor:
             return Rejected("bad_shape", f"unexpected {type(error).__name__}")
         if expected_id is not None and event.id != expected_id:
             return Rejected("id_mismatch", f"asked for {expected_id.hex()[:16]}")
+        if known is not None and known(event.id):
+            return event  # a duplicate: verified when it first came
         if event.topic_id() != self.topic_id:
             return Rejected("wrong_topic", event.topic_id().hex()[:16])
         if event.timestamp_ms > now_ms + self.max_future_skew_ms:

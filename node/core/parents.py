@@ -15,6 +15,25 @@ When the width (number of extremities) exceeds a threshold a replica emits
 events); `DepletionPolicy` rate-limits them so a replica that keeps seeing
 a wide graph does not flood it. Randomness comes in as a `random.Random`
 the caller seeds: the core has no global random.
+
+Why a dummy may name more parents than `d_max`
+----------------------------------------------
+`d_max` bounds what an ordinary event carries: it is the paper's d, the
+knob of the width model, and keeps messages and antichain checks small on
+the hot path. A dummy has no payload and no other purpose than merging: one
+with d parents removes d - 1 extremities. Held to `d_max` a replica needs
+(width - threshold) / (d_max - 1) dummies in a row — and every replica over
+the threshold is emitting its own at the same time, each dummy itself a new
+extremity for the others: the dummy storm. So a dummy takes up to
+`DepletionPolicy.max_parents` (default MAX_DUMMY_PARENTS, the event format's
+limit of 20) and one usually suffices. `max_parents=None` restores the old
+rule (dummies held to `d_max`).
+
+What the dissemination engine needs to schedule dummies (it adds the
+randomized backoff that keeps n replicas from answering one wide graph with
+n dummies) is on the policy: `over(width)` (a dummy is wanted),
+`settled(width)` (the width is back to at most half the threshold: reset the
+backoff), `dummy_parents(d_max)` and `width_after_dummy(width, d_max)`.
 """
 
 from __future__ import annotations
@@ -30,6 +49,7 @@ MAX_D_MAX = 20  # the event format's MAX_PARENTS
 
 DEFAULT_DEPLETION_THRESHOLD = 10
 DEFAULT_DEPLETION_INTERVAL_MS = 1_000
+MAX_DUMMY_PARENTS = MAX_D_MAX  # a dummy merges as many extremities as an event may name
 
 
 class ParentPolicy(enum.Enum):
@@ -63,13 +83,46 @@ def select_parents(
 
 @dataclass(frozen=True, slots=True)
 class DepletionPolicy:
-    """Emit a dummy event when width > `threshold`, at most once per `interval_ms`."""
+    """Emit a dummy event when width > `threshold`, at most once per `interval_ms`.
+
+    A dummy names up to `max_parents` extremities (None: `d_max`, the rule
+    before dummies could merge more; see the module docstring for why).
+    """
 
     threshold: int = DEFAULT_DEPLETION_THRESHOLD
     interval_ms: int = DEFAULT_DEPLETION_INTERVAL_MS
     enabled: bool = True
+    max_parents: int | None = MAX_DUMMY_PARENTS
+
+    def __post_init__(self) -> None:
+        if self.max_parents is not None and not MIN_D_MAX < self.max_parents <= MAX_D_MAX:
+            # One parent merges nothing: a dummy must be able to name two.
+            raise ValueError(f"max_parents must be None or in ({MIN_D_MAX}, {MAX_D_MAX}]")
 
     def due(self, width: int, now_ms: int, last_dummy_ms: int | None) -> bool:
-        if not self.enabled or width <= self.threshold:
+        if not self.over(width):
             return False
         return last_dummy_ms is None or now_ms - last_dummy_ms >= self.interval_ms
+
+    def over(self, width: int) -> bool:
+        """True when the width calls for a dummy (rate limits aside)."""
+        return self.enabled and width > self.threshold
+
+    def settled(self, width: int) -> bool:
+        """True once the width is at most half the threshold.
+
+        The hysteresis level for backoffs: a width hovering just around the
+        threshold must not keep re-arming short timers.
+        """
+        return width <= self.threshold // 2
+
+    def dummy_parents(self, d_max: int) -> int:
+        """How many extremities one dummy may name in a topic whose ordinary limit is `d_max`."""
+        if self.max_parents is None:
+            return d_max
+        return max(d_max, self.max_parents)
+
+    def width_after_dummy(self, width: int, d_max: int) -> int:
+        """The width right after one dummy, if nothing else arrives meanwhile."""
+        merged = min(width, self.dummy_parents(d_max))
+        return width - merged + 1

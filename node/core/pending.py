@@ -16,8 +16,10 @@ answers the scans made of it:
   one hash insert per write;
 * *grouped* dicts for the children and per-author indexes: every scan of
   them names at least the first GROUP_PREFIX_BYTES of a key (topic + parent,
-  topic + author), so the keys are also listed per such group and a scan
-  sorts one small group instead of keeping the whole table sorted;
+  topic + author), so the keys are listed per such group and a scan sorts
+  one small group instead of keeping the whole table sorted. The lists are
+  built by the first such scan of a write-set and kept up to date after it:
+  applying events in order never scans these tables, so it never pays;
 * a SortedDict for the buffer index, which is scanned by short prefixes
   (global age order) in eviction loops, where re-sorting would be quadratic.
   It is written only when events are buffered, off the hot path.
@@ -65,16 +67,20 @@ class PendingWrites:
     def __init__(self, store: Store) -> None:
         self.store = store
         self._tables: Writes = {}
-        self._groups: dict[str, dict[bytes, list[bytes]]] = {}
+        # The tables among `_tables` whose writes need no index: a put is one
+        # dict store. A grouped table stays here until a scan builds its groups.
+        self._plain: Writes = {}
+        self._groups: dict[str, dict[bytes, list[bytes]]] = {}  # built group lists
 
     def __len__(self) -> int:
         return sum(len(pending) for pending in self._tables.values())
 
     def _new_table(self, table: str) -> dict:
-        pending: dict = SortedDict() if table in SORTED_TABLES else {}
+        if table in SORTED_TABLES:
+            pending: dict = SortedDict()
+        else:
+            pending = self._plain[table] = {}
         self._tables[table] = pending
-        if table in GROUPED_TABLES:
-            self._groups[table] = {}
         return pending
 
     def get(self, table: str, key: bytes) -> bytes | None:
@@ -86,24 +92,46 @@ class PendingWrites:
         return self.store.get(table, key)
 
     def put(self, table: str, key: bytes, value: bytes) -> None:
-        pending = self._tables.get(table)
-        if pending is None:
-            pending = self._new_table(table)
-        if key not in pending:
-            groups = self._groups.get(table)
-            if groups is not None:
-                _group_add(groups, key)
-        pending[key] = value
+        pending = self._plain.get(table)
+        if pending is not None:  # the common case: one dict store
+            pending[key] = value
+            return
+        self._write(table, key, value)
 
     def delete(self, table: str, key: bytes) -> None:
+        pending = self._plain.get(table)
+        if pending is not None:
+            pending[key] = _TOMBSTONE
+            return
+        self._write(table, key, _TOMBSTONE)
+
+    def _write(self, table: str, key: bytes, value: bytes | None) -> None:
         pending = self._tables.get(table)
         if pending is None:
             pending = self._new_table(table)
-        if key not in pending:
-            groups = self._groups.get(table)
-            if groups is not None:
-                _group_add(groups, key)
-        pending[key] = _TOMBSTONE
+            if table in self._plain:
+                pending[key] = value
+                return
+        groups = self._groups.get(table)
+        if groups is not None and key not in pending:
+            _group_add(groups, key)
+        pending[key] = value
+
+    def forget(self, table: str, key: bytes) -> None:
+        """Drop the pending write to `key` as if it had never been made.
+
+        Only for a key the caller knows the store does not hold (it was put
+        in this write-set): a delete would cost the store a lookup for a
+        key that is not there. The graph uses it for forward extremities that
+        come and go within one group commit — every event of a chain.
+        """
+        pending = self._tables.get(table)
+        if pending is None or key not in pending:
+            return
+        del pending[key]
+        groups = self._groups.get(table)
+        if groups is not None:
+            groups[key[:GROUP_PREFIX_BYTES]].remove(key)
 
     def scan(
         self, table: str, prefix: bytes, *, reverse: bool = False, limit: int | None = None
@@ -132,13 +160,24 @@ class PendingWrites:
         if isinstance(pending, SortedDict):
             high = prefix_upper_bound(prefix)
             return list(pending.irange(prefix, high, inclusive=(True, False)))
-        groups = self._groups.get(table)
-        if groups is not None and len(prefix) >= GROUP_PREFIX_BYTES:
+        if table in GROUPED_TABLES and len(prefix) >= GROUP_PREFIX_BYTES:
+            groups = self._groups.get(table)
+            if groups is None:
+                groups = self._build_groups(table, pending)
             group = groups.get(prefix[:GROUP_PREFIX_BYTES], ())
             if len(prefix) == GROUP_PREFIX_BYTES:
                 return list(group)
             return [k for k in group if k.startswith(prefix)]
         return [k for k in pending if k.startswith(prefix)]
+
+    def _build_groups(self, table: str, pending: dict) -> dict[bytes, list[bytes]]:
+        """List `table`'s pending keys per group, once; writes keep the lists from now on."""
+        groups: dict[bytes, list[bytes]] = {}
+        for key in pending:
+            _group_add(groups, key)
+        self._groups[table] = groups
+        del self._plain[table]
+        return groups
 
     def take_ops(self) -> list[Op]:
         """All pending writes as store ops, emptying this write-set."""
@@ -155,12 +194,12 @@ class PendingWrites:
         the store can hand each table's puts to its engine in one call.
         """
         writes = {table: pending for table, pending in self._tables.items() if pending}
-        self._tables = {}
-        self._groups = {}
+        self.discard()
         return writes
 
     def discard(self) -> None:
         self._tables = {}
+        self._plain = {}
         self._groups = {}
 
 

@@ -69,6 +69,7 @@ from node.core.event import (
     Event,
     pack_payload,
 )
+from node.core.fastinit import fast_init
 from node.core.graph import AddResult, Graph, GraphLimits
 from node.core.identity import Identity, sign_event
 from node.core.monitor import MAX_FUTURE_SKEW_MS, ReferenceMonitor, Rejected
@@ -175,6 +176,7 @@ class TopicParams:
         return cls(name=name, d_max=d_max, authorization=authorization)
 
 
+@fast_init  # built for every event received or published: node.core.fastinit
 @dataclass(frozen=True, slots=True)
 class Received:
     """The outcome of `Replica.receive` for one incoming byte string."""
@@ -371,7 +373,9 @@ class Replica:
 
     def receive(self, raw: bytes, now_ms: int, expected_id: bytes | None = None) -> Received:
         """Validate and add one event from outside. Never raises for bad input."""
-        verdict = self.monitor.check(raw, now_ms, expected_id)
+        # A known id skips the signature check: ids hash the bytes, which were
+        # verified when first received (gossip repeats each event many times).
+        verdict = self.monitor.check(raw, now_ms, expected_id, known=self.graph.knows)
         if isinstance(verdict, Rejected):
             self.counters[f"rejected.{verdict.reason}"] += 1
             return Received("rejected", None, reason=verdict.reason)
@@ -396,7 +400,8 @@ class Replica:
             status=result.status, event_id=result.event_id, reason=result.reason,
             applied=result.applied, missing=result.missing, dropped=result.dropped,
             equivocations=result.equivocations,
-            rejected_ids=tuple((r.event_id, r.reason) for r in result.rejected),
+            rejected_ids=tuple((r.event_id, r.reason) for r in result.rejected)
+            if result.rejected else (),
             unauthorized=unauthorized, order=order,
         )
 
@@ -419,7 +424,7 @@ class Replica:
             raise NotReadyError("the topic's create event has not arrived yet; wait for sync")
         if kind == KIND_CREATE:
             raise PublishError("a topic has exactly one create event")
-        parents = self._choose_parents(rng)
+        parents = self._choose_parents(rng, kind)
         latest = self.graph.author_latest_seq(self.identity.public_key)
         seq = (latest if latest is not None else -1) + 1
         auth: tuple[bytes, ...] = (self.topic_id,)
@@ -579,11 +584,13 @@ class Replica:
     def _forget_order(self) -> None:
         self._order = None  # pending writes were discarded: rebuild from what is durable
 
-    def _choose_parents(self, rng: random.Random) -> list[bytes]:
+    def _choose_parents(self, rng: random.Random, kind: str = KIND_MESSAGE) -> list[bytes]:
         """Parents of a local event: the policy's choice, keeping the author's chain
         and pending relayed events when the width exceeds d_max."""
         extremities = self.graph.extremities()
         d_max = self.params.d_max
+        if kind == KIND_DUMMY:  # a dummy only merges: it may name more (node.core.parents)
+            d_max = self.config.depletion.dummy_parents(d_max)
         policy, depth = self.config.parent_policy, (lambda i: self.graph.depth(i) or 0)
         order = self.ordering if len(extremities) > d_max else None
         if order is None:
@@ -591,7 +598,8 @@ class Replica:
         me = self.identity.public_key
         keep = order.parents_to_keep(me, self.role_of(me) is Role.RELAYED)[:d_max]
         rest = [e for e in extremities if e not in set(keep)]
-        chosen = select_parents(rest, d_max - len(keep), policy, rng, depth) if len(keep) < d_max else []
+        chosen = (select_parents(rest, d_max - len(keep), policy, rng, depth)
+                  if len(keep) < d_max else [])
         return sorted(keep + chosen)
 
     def _require_order(self) -> TopicOrder:

@@ -58,13 +58,13 @@ MEMO_REACH_SLACK = 1_024
 MAX_MEMO_VERIFY_VISITS = 4_096  # bounded walk proving the old heads lie below the new ones
 
 
-def walk_not_below(node_of: NodeOf, tops: Iterable[bytes],
-                   known: set[bytes]) -> Iterator[tuple[int, bytes]]:
+def walk_not_below(node_of: NodeOf, tops: Iterable[bytes], known: set[bytes],
+                   floor: int = 0) -> Iterator[tuple[int, bytes]]:
     """Yield (depth, id) of the events reachable from `tops` not below `known`, deepest first.
 
     `known` must hold only ids present here. The walk stops by itself once
-    every queued node is marked below `known`; a consumer that has enough
-    simply stops iterating.
+    every queued node is marked below `known`, or at depth `floor`; a
+    consumer that has enough simply stops iterating.
     """
     below: set[bytes] = set(known)
     queued: set[bytes] = set()
@@ -80,7 +80,7 @@ def walk_not_below(node_of: NodeOf, tops: Iterable[bytes],
         heap.append((-info[0], event_id, info[1]))
     heapq.heapify(heap)
     pop, push = heapq.heappop, heapq.heappush
-    while heap and unmarked > 0:
+    while heap and unmarked > 0 and -heap[0][0] >= floor:
         negative_depth, event_id, parents = pop(heap)
         is_below = event_id in below
         if not is_below:
@@ -109,9 +109,7 @@ def recent(node_of: NodeOf, tops: Iterable[bytes], since: set[bytes], floor: int
     stays true, which is what a Bloom filter of them promises its reader.
     """
     found: list[tuple[int, bytes]] = []
-    for depth, event_id in walk_not_below(node_of, tops, since):
-        if depth < floor:
-            break
+    for depth, event_id in walk_not_below(node_of, tops, since, floor):
         if len(found) >= cap:
             while found and found[-1][0] == depth:
                 found.pop()
@@ -120,7 +118,7 @@ def recent(node_of: NodeOf, tops: Iterable[bytes], since: set[bytes], floor: int
     return [i for _, i in found], floor
 
 
-@dataclass
+@dataclass(eq=False)  # identity: two memos may hold equal state, and lists remove by ==
 class _Memo:
     heads: frozenset[bytes]  # the query the remembered answer is relative to
     base: list[tuple[int, bytes]]  # a full walk's answer, sorted; shared, never mutated
@@ -143,28 +141,30 @@ class NotBelowMemo:
     """
 
     def __init__(self) -> None:
-        self._memos: list[_Memo] = []  # most recently used last
+        # Most recently used last. Public for one reason: the graph tests it for
+        # emptiness on every applied event, and an attribute is cheaper than a call.
+        self.memos: list[_Memo] = []
         self.hits = 0  # statistics for tests and benchmarks
         self.misses = 0
 
     def __bool__(self) -> bool:
-        return bool(self._memos)
+        return bool(self.memos)
 
     def clear(self) -> None:
-        self._memos = []
+        self.memos = []
 
     def note_applied(self, depth: int, event_id: bytes) -> None:
         """A new event is here: it is missing for every remembered query."""
-        for memo in self._memos:
+        for memo in self.memos:
             memo.applied.append((depth, event_id))
-        if any(len(m.applied) > MAX_MEMO_EXTRA for m in self._memos):
-            self._memos = [m for m in self._memos if len(m.applied) <= MAX_MEMO_EXTRA]
+        if any(len(m.applied) > MAX_MEMO_EXTRA for m in self.memos):
+            self.memos = [m for m in self.memos if len(m.applied) <= MAX_MEMO_EXTRA]
 
     def not_below(self, node_of: NodeOf, tops: Iterable[bytes], known: set[bytes],
                   limit: int, max_found: int) -> list[bytes]:
         """The `limit` shallowest events not below `known` (ids here), parents first."""
         heads = frozenset(known)
-        for memo in reversed(self._memos):
+        for memo in reversed(self.memos):
             answer = self._resume(memo, node_of, heads, limit)
             if answer is not None:
                 self.hits += 1
@@ -185,12 +185,12 @@ class NotBelowMemo:
     # ------------------------------------------------------------- internals
 
     def _keep(self, memo: _Memo) -> None:
-        self._memos.append(memo)
-        while len(self._memos) > MAX_WALK_MEMOS or (
-                len(self._memos) > 1 and sum(m.size for m in self._memos) > MAX_MEMO_EVENTS):
-            self._memos.pop(0)
+        self.memos.append(memo)
+        while len(self.memos) > MAX_WALK_MEMOS or (
+                len(self.memos) > 1 and sum(m.size for m in self.memos) > MAX_MEMO_EVENTS):
+            self.memos.pop(0)
         if memo.size > MAX_MEMO_EVENTS:
-            self._memos.remove(memo)
+            self.memos.remove(memo)
 
     def _resume(self, memo: _Memo, node_of: NodeOf, heads: frozenset[bytes],
                 limit: int) -> list[bytes] | None:
@@ -216,7 +216,8 @@ class NotBelowMemo:
         if reach - start > MEMO_REACH_FACTOR * memo.page + MEMO_REACH_SLACK:
             return None
         candidates = {event_id for _, event_id in base[start:reach]}
-        candidates.update(event_id for key_, event_id in extra if top is not None and key_ <= top)
+        if top is not None:
+            candidates.update(pair[1] for pair in extra if pair <= top)
         # D: what the new heads reach inside the missing set; B: what they reach outside it.
         reached = set(inside)
         boundary: set[bytes] = set()
@@ -241,10 +242,10 @@ class NotBelowMemo:
         memo.applied = []
         memo.page = limit
         if len(memo.extra) > MAX_MEMO_EXTRA or memo.start >= len(base) and not memo.extra:
-            self._memos.remove(memo)  # too scattered to help, or nothing left to page through
+            self.memos.remove(memo)  # too scattered to help, or nothing left to page through
         else:
-            self._memos.remove(memo)
-            self._memos.append(memo)  # most recently used
+            self.memos.remove(memo)
+            self.memos.append(memo)  # most recently used
         page = islice(heapq.merge(memo.extra, base[reach:reach + limit]), limit)
         return [event_id for _, event_id in page]
 

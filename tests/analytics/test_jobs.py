@@ -305,7 +305,9 @@ def test_latency_percentiles_overall_per_channel_per_node(records):
     gossip, sync = by_channel["gossip"], by_channel["sync"]  # 2 2 2 5 10 20 30 | 40 100 500 990 995 1000
     assert (gossip["deliveries"], gossip["p50_ms"], gossip["p90_ms"], gossip["max_ms"]) == pytest.approx((7, 5, 24, 30))
     assert (sync["deliveries"], sync["p50_ms"], sync["p99_ms"], sync["max_ms"]) == pytest.approx((6, 745, 999.75, 1000))
-    by_node = {r["node"]: (r["deliveries"], r["p50_ms"], r["max_ms"]) for r in latency_summary(rows, ("node",)).collect()}
+    by_node = {
+        r["node"]: (r["deliveries"], r["p50_ms"], r["max_ms"]) for r in latency_summary(rows, ("node",)).collect()
+    }
     assert by_node == {A: (5, 2.0, 20.0), B: (2, 25.0, 40.0), C: (6, 745.0, 1000.0)}
     rows.unpersist()
 

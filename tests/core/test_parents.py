@@ -4,8 +4,8 @@ import random
 
 import pytest
 
-from node.core.event import KIND_DUMMY
-from node.core.parents import DepletionPolicy, ParentPolicy, select_parents
+from node.core.event import KIND_DUMMY, MAX_PARENTS
+from node.core.parents import MAX_DUMMY_PARENTS, DepletionPolicy, ParentPolicy, select_parents
 from node.core.replica import Replica, ReplicaConfig
 from storage.memory import MemoryStore
 from tests.helpers import child, identity, new_topic
@@ -55,25 +55,59 @@ def test_depletion_policy_threshold_and_rate_limit():
     assert not DepletionPolicy(enabled=False).due(100, 0, None)
 
 
-def test_dummy_events_bring_a_wide_graph_down():
+@pytest.mark.parametrize("max_parents, per_dummy, dummies_needed", [
+    (None, 3, 5),  # the old rule: held to d_max=3, 12 -> 10 -> 8 -> 6 -> 4 -> 2
+    (6, 6, 2),  # 12 -> 7 -> 2
+    (MAX_DUMMY_PARENTS, 12, 1),  # the default: one dummy merges all twelve
+])
+def test_dummy_events_bring_a_wide_graph_down(max_parents, per_dummy, dummies_needed):
     origin = new_topic(d_max=3)
     writers = [identity(f"w{i}") for i in range(12)]
     for writer in writers:
         origin.receive(child(writer, origin.topic_id, [origin.topic_id], seq=1).raw, 5_000)
-    config = ReplicaConfig(depletion=DepletionPolicy(threshold=2, interval_ms=100))
-    replica = Replica(MemoryStore(), origin.topic_id, identity("gateway"), config)
+    policy = DepletionPolicy(threshold=2, interval_ms=100, max_parents=max_parents)
+    replica = Replica(MemoryStore(), origin.topic_id, identity("gateway"),
+                      ReplicaConfig(depletion=policy))
     for _, event in origin.graph.deliveries():
         replica.receive(event.raw, 5_000)
     assert replica.graph.width == 12
     rng = random.Random(7)
-    assert replica.maybe_deplete(5_000, rng) is not None
-    assert replica.maybe_deplete(5_050, rng) is None  # rate-limited
-    now, dummies = 5_000, 1
+    now, dummies = 5_000, 0
     while replica.graph.width > 2 and dummies < 20:
-        now += 100
+        width = replica.graph.width
         made = replica.maybe_deplete(now, rng)
-        assert made is not None and made[0].kind == KIND_DUMMY and len(made[0].parents) <= 3
+        assert made is not None and made[0].kind == KIND_DUMMY
+        assert len(made[0].parents) == min(width, per_dummy)
+        assert replica.graph.width == policy.width_after_dummy(width, 3)
+        assert replica.maybe_deplete(now + 50, rng) is None  # rate-limited
         dummies += 1
-    # each dummy merges up to d_max=3 extremities into one: 12 -> 10 -> 8 -> ... -> 2
-    assert replica.graph.width <= 2 and dummies == 5
+        now += 100
+    assert replica.graph.width <= 2 and dummies == dummies_needed
     assert replica.counters["dummies"] == dummies
+
+
+def test_ordinary_events_stay_held_to_d_max_while_dummies_merge_more():
+    origin = new_topic(d_max=3)
+    for i in range(8):
+        origin.receive(child(identity(f"w{i}"), origin.topic_id, [origin.topic_id], seq=1).raw,
+                       5_000)
+    event, _ = origin.publish(b"ordinary", 5_000, random.Random(1))
+    assert len(event.parents) == 3
+    dummy, _ = origin.publish(b"", 5_000, random.Random(1), kind=KIND_DUMMY)
+    assert len(dummy.parents) == 6  # everything left: 8 - 3 + 1
+
+
+def test_depletion_policy_exposes_what_the_engine_schedules_by():
+    policy = DepletionPolicy(threshold=10)
+    assert not policy.over(10) and policy.over(11)
+    assert not DepletionPolicy(threshold=10, enabled=False).over(100)
+    assert policy.settled(5) and not policy.settled(6)  # hysteresis at half the threshold
+    assert policy.dummy_parents(4) == MAX_DUMMY_PARENTS == MAX_PARENTS
+    assert DepletionPolicy(max_parents=None).dummy_parents(4) == 4
+    assert policy.width_after_dummy(50, 10) == 31 and policy.width_after_dummy(7, 10) == 1
+    # backward compatible: positional fields keep their meaning, defaults unchanged
+    assert DepletionPolicy(3, 1_000, True).threshold == 3
+    with pytest.raises(ValueError, match="max_parents"):
+        DepletionPolicy(max_parents=1)
+    with pytest.raises(ValueError, match="max_parents"):
+        DepletionPolicy(max_parents=MAX_PARENTS + 1)

@@ -340,7 +340,9 @@ def test_a_parent_we_rejected_is_not_wanted_again():
     engine.on_message("a", encode(Push(root, (child.raw, bad.raw))), PAIR_NOW_MS)
     graph = pair.replicas["b"].graph
     assert graph.rejected_reason(bad.id) == "parents_not_antichain"
-    assert graph.missing_parents() == [bad.id]  # the core still lists it (reported)
+    # The core no longer lists it, and the buffered child went with it (tests/core/test_rejections.py).
+    assert graph.missing_parents() == []
+    assert graph.rejected_reason(child.id) == "parent_rejected" and graph.buffered_count == 0
     wants = [decode(s.data) for s in sends(engine.tick(PAIR_NOW_MS + 10_000))
              if isinstance(decode(s.data), Want)]
     assert wants == []

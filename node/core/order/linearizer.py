@@ -96,6 +96,11 @@ class Linearizer:
         """The newest confirmed node (O(1)), None before the first confirmation."""
         return self._confirmed[-1] if self._confirmed else None
 
+    @property
+    def forks(self) -> dict[bytes, int]:
+        """Forked writers: writer -> lowest seq holding two nodes (a copy)."""
+        return dict(self._index.forks)
+
     def is_aside(self, node_id: bytes) -> bool:
         """True for a relayed node nobody has referenced yet."""
         return node_id in self._aside

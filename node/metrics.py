@@ -1,0 +1,336 @@
+"""Prometheus metrics of a running node, served on 127.0.0.1:<metrics_port>.
+
+Enabled by `metrics_port` > 0 in the node's config. The node already counts
+what matters (each replica's `counters`, the disseminator's `stats`, the
+graph's width and buffer); this module reads those at scrape time instead of
+keeping a second set of counters on the hot path. Only the dissemination
+latency is new state: a histogram fed from the `delivered` log records the
+core emits (`on_log`).
+
+Exported (all names start with `megnode_`; `topic` is the 64-hex topic id):
+
+    name                                       type       labels          source
+    events_accepted_total                      counter    topic, origin   replica counters
+    events_rejected_total                      counter    topic, reason   replica counters rejected.*
+    events_delivered_total                     counter    topic           graph.delivered_count (stored)
+    topic_buffered_events                      gauge      topic           graph.buffered_count
+    topic_extremities                          gauge      topic           graph.width
+    topics                                     gauge      -               joined topics
+    peers                                      gauge      -               peers with an open connection
+    bytes_sent_total, bytes_received_total     counter    -               disseminator stats
+    bytes_sent_by_message_total                counter    message         disseminator stats bytes_sent_*
+    messages_sent_total                        counter    -               disseminator stats
+    duplicates_received_total                  counter    -               disseminator stats
+    peer_misbehaviour_total                    counter    -               disseminator stats
+    anti_entropy_sessions_total                counter    -               disseminator stats
+    anti_entropy_offers_sent_total             counter    -               disseminator stats
+    wants_sent_total                           counter    -               disseminator stats
+    outbox_dropped_total, send_failed_total,
+    transport_faults_total, log_failed_total   counter    -               Node.stats
+    dissemination_latency_seconds              histogram  channel         delivered log records
+
+`origin` is "local" (authored here: `created`) or "remote" (received, passed
+the reference monitor and the auth rules: applied + buffered - created -
+unauthorized; an event is counted when it arrives, buffered or not).
+Latency is the delivery time here minus the event's own timestamp, for the
+first delivery of events authored elsewhere; `channel` is how the delivering
+frame came (`gossip`: the fast path, `sync`: anti-entropy). The event
+timestamp is the author's clock, so across machines the figure includes
+clock skew; a negative difference is counted as 0. Bytes are dissemination
+frames (push and anti-entropy); gossipsub's own traffic is not in them.
+
+Why a trio task and not prometheus_client's `start_http_server` thread: a
+scrape reads the core's state (Counters, the graph's caches, LMDB through the
+graph), which the trio thread mutates without locks by design. Answering on
+the trio thread makes each scrape a consistent snapshot taken between two core
+calls, needs no lock, and the task belongs to the node's nursery, so it stops
+(and frees the port) when the node closes. The responder speaks just enough
+HTTP/1.0 for a Prometheus scraper: GET or HEAD, bounded request size and time,
+a bounded number of connections, one response, then close.
+
+Each node has its own `CollectorRegistry` (never the process-global one), so
+several nodes in one process (tests) do not clash.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import trio
+from prometheus_client import CollectorRegistry, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
+
+from analytics.logschema import CHANNELS
+
+if TYPE_CHECKING:  # runtime imports this module; only the type is needed here
+    from node.runtime import Node
+
+LOOPBACK = "127.0.0.1"  # NodeConfig has no metrics_host: the exporter never leaves the machine
+METRICS_PATHS = ("/metrics", "/")
+MAX_REQUEST_BYTES = 8 * 1024  # request line + headers; a scraper sends a few hundred
+REQUEST_TIMEOUT_S = 5.0  # a client must send its request (and take the answer) within this
+MAX_CONNECTIONS = 8  # concurrent scrapes; more are answered 503 at once
+RECEIVE_CHUNK = 4_096
+# Seconds: from a few ms (push on a LAN) to minutes (anti-entropy after an outage).
+LATENCY_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+                     60.0, 300.0, math.inf)
+MS_PER_S = 1_000
+
+# (metric name, disseminator stats key, help). Counters of the whole node.
+DISSEMINATION_COUNTERS = (
+    ("megnode_bytes_sent", "bytes_sent", "Bytes of dissemination frames sent (push, anti-entropy)"),
+    ("megnode_bytes_received", "bytes_received", "Bytes of dissemination frames received"),
+    ("megnode_messages_sent", "messages_sent", "Dissemination frames sent"),
+    ("megnode_duplicates_received", "duplicates", "Events received again after they were known"),
+    ("megnode_peer_misbehaviour", "misbehaviour", "Invalid messages blamed on peers"),
+    ("megnode_anti_entropy_sessions", "sessions", "Anti-entropy exchanges opened"),
+    ("megnode_anti_entropy_offers_sent", "offers_sent", "Anti-entropy offers sent (round trips)"),
+    ("megnode_wants_sent", "wants_sent", "Missing parents asked for"),
+)
+# (metric name, Node.stats key, help).
+NODE_COUNTERS = (
+    ("megnode_outbox_dropped", "outbox_dropped", "Frames dropped because a peer's queue was full"),
+    ("megnode_send_failed", "send_failed", "Frames whose peer stream failed"),
+    ("megnode_transport_faults", "transport_faults", "Frames the transport refused (bad framing)"),
+    ("megnode_log_failed", "log_failed", "Dissemination log records that could not be written"),
+)
+BYTES_BY_MESSAGE_PREFIX = "bytes_sent_"
+REJECTED_PREFIX = "rejected."
+
+
+# --------------------------------------------------------------------------- collection
+
+
+class NodeCollector:
+    """A prometheus_client collector reading one node's own counters at scrape time."""
+
+    def __init__(self, node: Node) -> None:
+        self._node = node
+
+    def collect(self) -> Iterator[Metric]:
+        node = self._node
+        yield from _topic_metrics(node)
+        peers = GaugeMetricFamily("megnode_peers", "Peers with an open connection")
+        peers.add_metric([], len(node.host.peers()))
+        yield peers
+        stats = node.disseminator.stats
+        for name, key, help_text in DISSEMINATION_COUNTERS:
+            yield CounterMetricFamily(name, help_text, value=stats.get(key, 0))
+        by_message = CounterMetricFamily("megnode_bytes_sent_by_message",
+                                         "Bytes of dissemination frames sent, by message type",
+                                         labels=["message"])
+        for key, value in sorted(stats.items()):
+            if key.startswith(BYTES_BY_MESSAGE_PREFIX):
+                by_message.add_metric([key[len(BYTES_BY_MESSAGE_PREFIX):]], value)
+        yield by_message
+        for name, key, help_text in NODE_COUNTERS:
+            yield CounterMetricFamily(name, help_text, value=node.stats.get(key, 0))
+
+
+def _topic_metrics(node: Node) -> Iterator[Metric]:
+    accepted = CounterMetricFamily("megnode_events_accepted", "Events accepted into the graph",
+                                   labels=["topic", "origin"])
+    rejected = CounterMetricFamily("megnode_events_rejected", "Events rejected, by reason",
+                                   labels=["topic", "reason"])
+    delivered = CounterMetricFamily("megnode_events_delivered",
+                                    "Events delivered to subscribers (stored count)",
+                                    labels=["topic"])
+    buffered = GaugeMetricFamily("megnode_topic_buffered_events",
+                                 "Events waiting for missing parents", labels=["topic"])
+    extremities = GaugeMetricFamily("megnode_topic_extremities",
+                                    "Forward extremities (the graph's width)", labels=["topic"])
+    topics = node.topics
+    for topic_id, topic in sorted(topics.items()):
+        label = topic_id.hex()
+        counters = topic.replica.counters
+        graph = topic.replica.graph
+        local, remote = accepted_counts(counters)
+        accepted.add_metric([label, "local"], local)
+        accepted.add_metric([label, "remote"], remote)
+        for key, value in sorted(counters.items()):
+            if key.startswith(REJECTED_PREFIX):
+                rejected.add_metric([label, key[len(REJECTED_PREFIX):]], value)
+        delivered.add_metric([label], graph.delivered_count)
+        buffered.add_metric([label], graph.buffered_count)
+        extremities.add_metric([label], graph.width)
+    count = GaugeMetricFamily("megnode_topics", "Topics this node replicates")
+    count.add_metric([], len(topics))
+    yield from (accepted, rejected, delivered, buffered, extremities, count)
+
+
+def accepted_counts(counters: dict[str, int]) -> tuple[int, int]:
+    """(local, remote) accepted events from a replica's counters (see the module docstring)."""
+    local = counters.get("created", 0)
+    arrived = counters.get("applied", 0) + counters.get("buffered", 0)
+    return local, max(0, arrived - local - counters.get("unauthorized", 0))
+
+
+# --------------------------------------------------------------------------- HTTP
+
+
+class RequestError(Exception):
+    """The request cannot be answered with metrics; `status` is the HTTP status to send."""
+
+    def __init__(self, status: int, reason: str) -> None:
+        super().__init__(reason)
+        self.status = status
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    method: str
+    path: str
+
+
+_REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed",
+            408: "Request Timeout", 431: "Request Header Fields Too Large",
+            503: "Service Unavailable"}
+
+
+def request_complete(data: bytes) -> bool:
+    """True once `data` holds the request line and all headers (we read no body)."""
+    return b"\r\n\r\n" in data or b"\n\n" in data
+
+
+def parse_request(data: bytes) -> Request:
+    """The method and path of an HTTP/1.x request head; RequestError if unusable."""
+    line = data.split(b"\n", 1)[0].rstrip(b"\r")
+    parts = line.split(b" ")
+    if len(parts) != 3 or not parts[2].startswith(b"HTTP/1."):
+        raise RequestError(400, "not an HTTP/1.x request line")
+    method = parts[0].decode("ascii", "replace")
+    path = parts[1].decode("ascii", "replace").split("?", 1)[0]
+    if method not in ("GET", "HEAD"):
+        raise RequestError(405, f"method {method} not allowed")
+    if path not in METRICS_PATHS:
+        raise RequestError(404, f"no such path {path}")
+    return Request(method, path)
+
+
+def response(status: int, body: bytes, content_type: str, include_body: bool = True) -> bytes:
+    """A complete HTTP/1.0 response that closes the connection."""
+    head = (f"HTTP/1.0 {status} {_REASONS.get(status, 'Error')}\r\n"
+            f"Content-Type: {content_type}\r\n"
+            f"Content-Length: {len(body)}\r\n"
+            "Connection: close\r\n\r\n")
+    return head.encode("ascii") + (body if include_body else b"")
+
+
+def _error_response(error: RequestError) -> bytes:
+    return response(error.status, f"{error}\n".encode(), "text/plain; charset=utf-8")
+
+
+# --------------------------------------------------------------------------- exporter
+
+
+async def open_metrics_listeners(port: int, host: str = LOOPBACK) -> list[trio.SocketListener]:
+    """Bind `host:port` now, so a taken port fails the node's start, not a later scrape.
+
+    Raises OSError. The node binds before it starts anything else, so the
+    error reaches the user as one line rather than inside an exception group.
+    """
+    return await trio.open_tcp_listeners(port, host=host)
+
+
+async def close_listeners(listeners: list[trio.SocketListener]) -> None:
+    """Close listeners that `serve` never took over (a start that failed later)."""
+    for listener in listeners:
+        await listener.aclose()
+
+
+class MetricsExporter:
+    """One node's registry, its latency histogram and its HTTP endpoint.
+
+        listeners = await open_metrics_listeners(port)        # OSError if taken
+        exporter = MetricsExporter(node, listeners)
+        nursery.start_soon(exporter.serve)                     # answers until cancelled
+        exporter.on_log(record)                                # for each core Log effect
+    """
+
+    def __init__(self, node: Node, listeners: list[trio.SocketListener]) -> None:
+        self._node = node
+        self._listeners = listeners
+        self._connections = 0
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(NodeCollector(node))
+        self.latency = Histogram(
+            "megnode_dissemination_latency_seconds",
+            "Delivery here minus the event's timestamp, first delivery of remote events",
+            labelnames=("channel",), buckets=LATENCY_BUCKETS_S, registry=self.registry)
+        for channel in CHANNELS:  # present (at 0) from the first scrape, as Prometheus advises
+            self.latency.labels(channel)
+
+    @property
+    def port(self) -> int:
+        return self._listeners[0].socket.getsockname()[1]
+
+    def on_log(self, record: dict[str, Any]) -> None:
+        """Feed one core log record: the first delivery of a remote event is observed."""
+        if record.get("type") != "delivered" or record.get("author") == self._node.node_id:
+            return
+        try:
+            replica = self._node.disseminator.replica(bytes.fromhex(record["topic"]))
+            event = replica.graph.get(bytes.fromhex(record["event"]))
+        except (KeyError, ValueError):
+            return  # the topic was left meanwhile, or a record without an event
+        if event is None:
+            return
+        latency_ms = max(0, record["ts_ms"] - event.timestamp_ms)
+        self.latency.labels(record.get("channel", "unknown")).observe(latency_ms / MS_PER_S)
+
+    def render(self) -> bytes:
+        """The registry in the Prometheus text format."""
+        return generate_latest(self.registry)
+
+    async def serve(self) -> None:
+        """Answer scrapes until cancelled (the node's nursery owns this task)."""
+        await trio.serve_listeners(self._handle, self._listeners)
+
+    async def _handle(self, stream: trio.SocketStream) -> None:
+        async with stream:
+            if self._connections >= MAX_CONNECTIONS:
+                await self._send(stream, _error_response(RequestError(503, "too many scrapes")))
+                return
+            self._connections += 1
+            try:
+                await self._answer(stream)
+            finally:
+                self._connections -= 1
+
+    async def _answer(self, stream: trio.SocketStream) -> None:
+        data = b""
+        with trio.move_on_after(REQUEST_TIMEOUT_S) as scope:
+            while not request_complete(data):
+                if len(data) > MAX_REQUEST_BYTES:
+                    await self._send(stream, _error_response(
+                        RequestError(431, f"request head over {MAX_REQUEST_BYTES} bytes")))
+                    return
+                try:
+                    chunk = await stream.receive_some(RECEIVE_CHUNK)
+                except trio.BrokenResourceError:
+                    return
+                if not chunk:
+                    return  # the client went away
+                data += chunk
+        if scope.cancelled_caught:
+            await self._send(stream, _error_response(RequestError(408, "request too slow")))
+            return
+        try:
+            request = parse_request(data)
+        except RequestError as error:
+            await self._send(stream, _error_response(error))
+            return
+        await self._send(stream, response(200, self.render(), CONTENT_TYPE_LATEST,
+                                          include_body=request.method == "GET"))
+
+    @staticmethod
+    async def _send(stream: trio.SocketStream, data: bytes) -> None:
+        with trio.move_on_after(REQUEST_TIMEOUT_S):
+            try:
+                await stream.send_all(data)
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                pass

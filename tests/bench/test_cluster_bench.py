@@ -1,0 +1,440 @@
+"""Real `megnode run` clusters on loopback: dissemination per fast path, and catch-up.
+
+Dissemination (bench-results/cluster.json): for each node count and each
+fast path ("push": our batched epidemic push; "gossipsub": py-libp2p's
+gossipsub as the baseline), one open topic, several publishers at a fixed
+aggregate rate for MEGNODE_BENCH_SECONDS, after a short excluded warm-up.
+Then every node must deliver every event (anti-entropy included; the wait is
+bounded) and the figures come from the nodes' own JSON-lines logs
+(<data-dir>/logs, analytics.logschema), all written with this machine's
+clock:
+
+* delivery_ratio: (event, node) pairs delivered at the end / all pairs; must be 1;
+* latency: `created` at the author -> `delivered` at each other node, p50/p90/p99,
+  and per event the time until the *last* node had it;
+* delivered_within_2s_ratio and fast_path_coverage: the gossip-only proxies.
+  The CLI cannot turn anti-entropy off, so "gossipsub alone" is approximated by
+  what happened before anti-entropy could matter: the fraction of remote pairs
+  delivered within FAST_WINDOW_MS of creation, and the fraction whose bytes
+  reached the node through the fast path at all (a `received` or `duplicate`
+  record with channel "gossip"; an event buffered for a parent counts, as
+  gossip did bring it);
+* duplicates_per_event: `duplicate` records of the measured events / events,
+  i.e. redundant copies that reached the dissemination layer (gossipsub drops its
+  own duplicates inside py-libp2p before we see them);
+* bytes per event: the disseminator's frame bytes (push + anti-entropy; status
+  `stats`), summed over nodes, per event published in the run. bytes_sent does
+  not include gossipsub's traffic (py-libp2p sends it); bytes_received counts
+  every payload handed to the dissemination layer on either path, so it is the
+  figure comparable across fast paths. libp2p framing (noise, yamux, protobuf)
+  is in neither.
+
+Publishing: each publisher is a thread that, every PUBLISH_TICK_S, sends its
+share of the aggregate rate to its daemon's control socket, the same requests
+`megnode publish` sends (`publish_batch` is what `publish - --lines` sends).
+The control client is called in-process instead of spawning `megnode` ten
+times a second: an interpreter start costs ~0.15 s of CPU, which on a
+two-core machine would compete with the daemons being measured. The default
+sends one `publish` per event, because `publish_batch` (Node.publish_many)
+does not hand events to gossipsub today: with MEGNODE_BENCH_PUBLISH=batch the
+gossipsub baseline would carry nothing on its fast path.
+
+Catch-up (bench-results/cluster_catchup.json): a node is SIGSTOPped while the
+others publish N events with `megnode publish - --lines`, and every running
+node has them; then SIGCONT. Figures: events/s of its catch-up (from its log:
+`delivered` records after SIGCONT, first to last) and the anti-entropy
+exchanges it ran (deltas of its status stats: sessions, offers_sent = round
+trips, wants_sent) and how its events came (received_sync / received_gossip:
+push frames queued in the kernel while it was stopped arrive as "gossip").
+
+Settings (environment):
+    MEGNODE_BENCH_SECONDS     publish window, s (default 60)
+    MEGNODE_BENCH_NODES       node counts, comma separated (default 5,10)
+    MEGNODE_BENCH_FAST_PATHS  default push,gossipsub
+    MEGNODE_BENCH_RATE        aggregate events/s (default 100)
+    MEGNODE_BENCH_PUBLISH     single (default) | batch
+    MEGNODE_BENCH_CATCHUP     missed events, comma separated (default 10000,50000)
+    MEGNODE_BENCH_CATCHUP_NODES  nodes in the catch-up cluster (default 5)
+
+Not part of `make test` (tests/bench is not collected by CI).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from deploy.cluster import LocalCluster
+from node.control_client import ControlError, control_call
+from node.runtime import CONTROL_SOCKET
+
+
+def _env_ints(name: str, default: str) -> list[int]:
+    return [int(part) for part in os.environ.get(name, default).split(",") if part.strip()]
+
+
+SECONDS = float(os.environ.get("MEGNODE_BENCH_SECONDS", "60"))
+NODE_COUNTS = _env_ints("MEGNODE_BENCH_NODES", "5,10")
+FAST_PATHS = [p.strip() for p in os.environ.get("MEGNODE_BENCH_FAST_PATHS",
+                                                "push,gossipsub").split(",") if p.strip()]
+RATE_PER_S = float(os.environ.get("MEGNODE_BENCH_RATE", "100"))
+PUBLISH_MODE = os.environ.get("MEGNODE_BENCH_PUBLISH", "single")
+CATCH_UP_EVENTS = _env_ints("MEGNODE_BENCH_CATCHUP", "10000,50000")
+CATCH_UP_NODES = int(os.environ.get("MEGNODE_BENCH_CATCHUP_NODES", "5"))
+
+MAX_PUBLISHERS = 5  # "several publishers": the first min(nodes, 5) nodes publish
+PUBLISH_TICK_S = 0.1
+WARMUP_S = 3.0  # published and delivered like the rest, excluded from the figures
+PAYLOAD_BYTES = 100
+FAST_WINDOW_MS = 2_000  # the gossip-only proxy: delivered this soon after creation
+JOIN_TIMEOUT_S = 120.0
+DRAIN_TIMEOUT_S = 300.0  # end of publishing -> every node has every event
+CONTROL_TIMEOUT_S = 30.0
+LOG_POLL_S = 1.0
+THREAD_JOIN_SLACK_S = 60.0  # a publisher thread ends this long after its window at most
+CATCH_UP_MIN_TIMEOUT_S = 300.0
+CATCH_UP_MIN_RATE_PER_S = 50  # the catch-up bound grows with the events missed
+PUBLISH_LINES_PER_S_FLOOR = 100  # bound for `megnode publish --lines` of N events
+MS_PER_S = 1_000
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000  # the daemons' log clock (node.runtime.now_ms)
+
+
+def percentile(values: list[float], fraction: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(fraction * len(ordered)))]
+
+
+def summary_ms(values: list[float]) -> dict[str, float]:
+    if not values:
+        return {}
+    return {"p50": percentile(values, 0.5), "p90": percentile(values, 0.9),
+            "p99": percentile(values, 0.99), "max": max(values),
+            "mean": round(sum(values) / len(values), 1)}
+
+
+# --------------------------------------------------------------------------- logs
+
+
+class LogTail:
+    """Reads the records one node appended to its log dir since the last call."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self._offsets: dict[Path, int] = {}
+
+    def read_new(self) -> list[dict[str, Any]]:
+        records = []
+        for path in sorted(self.directory.glob("*.jsonl")):
+            offset = self._offsets.get(path, 0)
+            with open(path, "rb") as file:
+                file.seek(offset)
+                data = file.read()
+            end = data.rfind(b"\n") + 1  # a line being written stays for the next call
+            self._offsets[path] = offset + end
+            records += [json.loads(line) for line in data[:end].splitlines() if line]
+        return records
+
+
+@dataclass
+class Observed:
+    """What the logs of all nodes said about events: the raw material of the figures."""
+
+    created: dict[str, tuple[str, int]] = field(default_factory=dict)  # event -> (author, ts)
+    delivered: dict[str, dict[str, tuple[int, str]]] = field(default_factory=dict)  # node -> ...
+    fast_path_seen: set[tuple[str, str]] = field(default_factory=set)  # (node, event)
+    duplicates: Counter[str] = field(default_factory=Counter)  # event -> duplicate records
+
+    def add(self, records: list[dict[str, Any]]) -> None:
+        for record in records:
+            kind = record["type"]
+            node = record["node"]
+            if kind == "created":
+                self.created[record["event"]] = (node, record["ts_ms"])
+            elif kind == "delivered":
+                self.delivered.setdefault(node, {})[record["event"]] = (
+                    record["ts_ms"], record["channel"])
+            elif kind in ("received", "duplicate"):
+                if record["channel"] == "gossip":
+                    self.fast_path_seen.add((node, record["event"]))
+                if kind == "duplicate":
+                    self.duplicates[record["event"]] += 1
+
+    def has(self, node: str, event: str) -> bool:
+        return event in self.delivered.get(node, {}) or self.created.get(event, ("",))[0] == node
+
+
+def wait_all_delivered(tails: list[LogTail], observed: Observed, nodes: list[str],
+                       events: list[str], timeout_s: float) -> float:
+    """Read logs until every node has every event; seconds it took (bounded)."""
+    start = time.monotonic()
+    pending = {node: set(events) for node in nodes}
+    while True:
+        for tail in tails:
+            observed.add(tail.read_new())
+        for node in nodes:
+            pending[node] = {e for e in pending[node] if not observed.has(node, e)}
+        if not any(pending.values()):
+            return time.monotonic() - start
+        if time.monotonic() - start > timeout_s:
+            missing = {n[:8]: len(p) for n, p in pending.items() if p}
+            raise AssertionError(f"not delivered everywhere after {timeout_s} s: {missing}")
+        time.sleep(LOG_POLL_S)
+
+
+# --------------------------------------------------------------------------- publishing
+
+
+@dataclass
+class Published:
+    """Ids one publisher got back, each with the offset (s) of its request from the start."""
+
+    ids: list[tuple[float, str]] = field(default_factory=list)
+    errors: int = 0
+
+
+def publish_at_rate(socket_path: Path, topic: str, publisher: int, rate_per_s: float,
+                    duration_s: float, start: float, out: Published) -> None:
+    """Publish `rate_per_s` events/s for `duration_s` from `start` (monotonic), in ticks."""
+    sent = 0
+    while True:
+        elapsed = time.monotonic() - start
+        if elapsed >= duration_s:
+            return
+        due = int(rate_per_s * elapsed) + 1 - sent
+        if due > 0:
+            payloads = [f"bench p{publisher} n{sent + k} ".ljust(PAYLOAD_BYTES, "x")
+                        for k in range(due)]
+            try:
+                if PUBLISH_MODE == "batch":
+                    reply = control_call(socket_path, {"op": "publish_batch", "topic": topic,
+                                                       "payloads": payloads}, CONTROL_TIMEOUT_S)
+                    out.ids += [(elapsed, i) for i in reply["ids"]]
+                else:
+                    for payload in payloads:
+                        reply = control_call(socket_path, {"op": "publish", "topic": topic,
+                                                           "payload": payload}, CONTROL_TIMEOUT_S)
+                        out.ids.append((elapsed, reply["id"]))
+            except ControlError:
+                out.errors += 1
+            sent += due
+        time.sleep(max(0.0, PUBLISH_TICK_S - (time.monotonic() - start - elapsed)))
+
+
+def run_publishers(cluster: LocalCluster, topic: str, publishers: int,
+                   duration_s: float) -> list[Published]:
+    start = time.monotonic()
+    results = [Published() for _ in range(publishers)]
+    threads = [threading.Thread(
+        target=publish_at_rate,
+        args=(cluster.nodes[p].data_dir / CONTROL_SOCKET, topic, p, RATE_PER_S / publishers,
+              duration_s, start, results[p]), daemon=True) for p in range(publishers)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=duration_s + THREAD_JOIN_SLACK_S)
+        assert not thread.is_alive(), "a publisher did not finish"
+    return results
+
+
+# --------------------------------------------------------------------------- dissemination
+
+
+def open_topic(cluster: LocalCluster, name: str) -> str:
+    topic = cluster.cli(0, "topic", "create", name)["topic"]
+    for i in range(1, len(cluster.nodes)):
+        cluster.cli(i, "topic", "join", topic)
+    cluster.wait_joined(topic, JOIN_TIMEOUT_S)
+    return topic
+
+
+def stats_of(cluster: LocalCluster, indices: list[int]) -> dict[int, Counter[str]]:
+    return {i: Counter(cluster.status(i)["stats"]) for i in indices}
+
+
+def summed_delta(before: dict[int, Counter[str]], after: dict[int, Counter[str]],
+                 key: str) -> int:
+    return sum(after[i][key] - before[i][key] for i in after)
+
+
+def measure_dissemination(base_dir: Path, nodes: int, fast_path: str) -> dict[str, Any]:
+    with LocalCluster(base_dir, nodes, fast_path=fast_path) as cluster:
+        topic = open_topic(cluster, f"bench-{fast_path}")
+        indices = list(range(nodes))
+        node_ids = [n.node_id for n in cluster.nodes]
+        tails = [LogTail(n.data_dir / "logs") for n in cluster.nodes]
+        observed = Observed()
+        before = stats_of(cluster, indices)
+        publishers = min(nodes, MAX_PUBLISHERS)
+
+        results = run_publishers(cluster, topic, publishers, WARMUP_S + SECONDS)
+        all_ids = [i for r in results for _, i in r.ids]
+        measured = [i for r in results for t, i in r.ids if t >= WARMUP_S]
+        drain_s = wait_all_delivered(tails, observed, node_ids, all_ids, DRAIN_TIMEOUT_S)
+        after = stats_of(cluster, indices)
+        load = os.getloadavg()[0]
+
+    remote_latencies: list[float] = []
+    last_node_latencies: list[float] = []
+    by_channel: Counter[str] = Counter()
+    within_window = fast_seen = pairs = delivered_pairs = 0
+    for event in measured:
+        author, created_ms = observed.created[event]
+        slowest = 0
+        for node in node_ids:
+            pairs += 1
+            delivered_pairs += observed.has(node, event)
+            if node == author:
+                continue
+            delivered_ms, channel = observed.delivered[node][event]
+            latency = delivered_ms - created_ms
+            remote_latencies.append(latency)
+            slowest = max(slowest, latency)
+            by_channel[channel] += 1
+            within_window += latency <= FAST_WINDOW_MS
+            fast_seen += (node, event) in observed.fast_path_seen
+        last_node_latencies.append(slowest)
+    remote_pairs = len(remote_latencies)
+    events_in_run = len(all_ids)
+    by_message = {key[len("bytes_sent_"):]: round(summed_delta(before, after, key) / events_in_run, 1)
+                  for key in sorted(after[0]) if key.startswith("bytes_sent_")}
+    return {
+        "nodes": nodes,
+        "fast_path": fast_path,
+        "publishers": publishers,
+        "publish_mode": PUBLISH_MODE,
+        "rate_per_s": RATE_PER_S,
+        "seconds": SECONDS,
+        "achieved_rate_per_s": round(len(measured) / SECONDS, 1),
+        "events_measured": len(measured),
+        "events_in_run": events_in_run,
+        "publish_errors": sum(r.errors for r in results),
+        "delivery_ratio": delivered_pairs / pairs,
+        "delivered_within_2s_ratio": round(within_window / remote_pairs, 4),
+        "fast_path_coverage": round(fast_seen / remote_pairs, 4),
+        "delivered_by_channel": dict(by_channel),
+        "latency_ms": summary_ms(remote_latencies),
+        "latency_until_last_node_ms": summary_ms(last_node_latencies),
+        "duplicates_per_event": round(sum(observed.duplicates[e] for e in measured)
+                                      / len(measured), 2),
+        "bytes_sent_per_event": round(summed_delta(before, after, "bytes_sent") / events_in_run, 1),
+        "bytes_received_per_event": round(summed_delta(before, after, "bytes_received")
+                                          / events_in_run, 1),
+        "bytes_sent_per_event_by_message": by_message,
+        "outbox_dropped": summed_delta(before, after, "outbox_dropped"),
+        "drain_after_window_s": round(drain_s, 1),
+        "load_average_1m_at_end": load,
+    }
+
+
+def test_dissemination_push_vs_gossipsub(tmp_path, record_figures):
+    started = time.monotonic()
+    runs = []
+    for nodes in NODE_COUNTS:
+        for fast_path in FAST_PATHS:
+            figures = measure_dissemination(tmp_path / f"{fast_path}-{nodes}", nodes, fast_path)
+            runs.append(figures)
+            assert figures["delivery_ratio"] == 1.0  # also asserted while waiting
+            assert figures["publish_errors"] == 0
+    record_figures("cluster", {
+        "cpus": os.cpu_count(),
+        "warmup_s": WARMUP_S,
+        "fast_window_ms": FAST_WINDOW_MS,
+        "payload_bytes": PAYLOAD_BYTES,
+        "runs": runs,
+        "wall_s": round(time.monotonic() - started, 1),
+    })
+
+
+# --------------------------------------------------------------------------- catch-up
+
+
+def publish_lines(cluster: LocalCluster, index: int, topic: str, count: int,
+                  tag: str) -> None:
+    lines = "\n".join(f"{tag} from {index} #{n}" for n in range(count))
+    timeout_s = max(CONTROL_TIMEOUT_S, count / PUBLISH_LINES_PER_S_FLOOR)
+    result = cluster.cli_raw(index, "publish", topic, "-", "--lines", input_text=lines,
+                             timeout_s=timeout_s)
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout.splitlines()[-1])["published"] == count
+
+
+def measure_catch_up(cluster: LocalCluster, topic: str, stopped: int,
+                     missed: int) -> dict[str, Any]:
+    running = [i for i in range(len(cluster.nodes)) if i != stopped]
+    publishers = running[:MAX_PUBLISHERS]
+    tail = LogTail(cluster.nodes[stopped].data_dir / "logs")
+    tail.read_new()  # skip the history
+    before = cluster.status(stopped)["stats"]
+    delivered_before = cluster.topic_status(stopped, topic)["delivered"]
+
+    cluster.signal(stopped, signal.SIGSTOP)
+    try:
+        publish_started = time.monotonic()
+        shares = [missed // len(publishers) + (k < missed % len(publishers))
+                  for k in range(len(publishers))]
+        threads = [threading.Thread(target=publish_lines, daemon=True,
+                                    args=(cluster, p, topic, share, f"missed{missed}"))
+                   for p, share in zip(publishers, shares)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=max(CONTROL_TIMEOUT_S, missed / PUBLISH_LINES_PER_S_FLOOR))
+            assert not thread.is_alive(), "publishing did not finish"
+        publish_s = time.monotonic() - publish_started
+        target = max(cluster.topic_status(i, topic)["delivered"] for i in running)
+        timeout_s = max(CATCH_UP_MIN_TIMEOUT_S, missed / CATCH_UP_MIN_RATE_PER_S)
+        cluster.wait_delivered(topic, target, timeout_s, indices=running)
+    finally:
+        resumed_ms = now_ms()
+        cluster.signal(stopped, signal.SIGCONT)
+    polled_s = cluster.wait_delivered(topic, target, timeout_s, indices=[stopped])
+    after = cluster.status(stopped)["stats"]
+
+    delivered = [r["ts_ms"] for r in tail.read_new()
+                 if r["type"] == "delivered" and r["ts_ms"] >= resumed_ms]
+    caught_up = target - delivered_before
+    span_ms = max(1, max(delivered) - resumed_ms) if delivered else None
+    delta = {key: after.get(key, 0) - before.get(key, 0)
+             for key in ("sessions", "offers_sent", "wants_sent", "messages_sent",
+                         "received_sync", "received_gossip", "bytes_received", "duplicates",
+                         "sessions_timed_out")}
+    return {
+        "missed_events": missed,
+        "events_to_catch_up": caught_up,
+        "publish_s": round(publish_s, 1),
+        "catch_up_s_from_log": round(span_ms / MS_PER_S, 2) if span_ms else None,
+        "first_delivery_after_resume_ms": min(delivered) - resumed_ms if delivered else None,
+        "catch_up_s_polled": round(polled_s, 1),
+        "events_per_s": round(caught_up / (span_ms / MS_PER_S)) if span_ms else None,
+        "anti_entropy_sessions": delta["sessions"],
+        "round_trips_offers_sent": delta["offers_sent"],
+        "stats_delta": delta,
+    }
+
+
+def test_catch_up_after_sigstop(tmp_path, record_figures):
+    started = time.monotonic()
+    with LocalCluster(tmp_path / "catch-up", CATCH_UP_NODES) as cluster:
+        topic = open_topic(cluster, "bench-catch-up")
+        stopped = CATCH_UP_NODES - 1
+        runs = [measure_catch_up(cluster, topic, stopped, missed) for missed in CATCH_UP_EVENTS]
+    for run in runs:
+        assert run["events_per_s"] is not None and run["events_to_catch_up"] >= run["missed_events"]
+    record_figures("cluster_catchup", {
+        "cpus": os.cpu_count(),
+        "nodes": CATCH_UP_NODES,
+        "fast_path": "push",
+        "runs": runs,
+        "wall_s": round(time.monotonic() - started, 1),
+        "load_average_1m_at_end": os.getloadavg()[0],
+    })
