@@ -176,7 +176,8 @@ def cmd_publish(args: argparse.Namespace) -> int:
 
 
 def cmd_subscribe(args: argparse.Namespace) -> int:
-    request = {"op": "subscribe", "topic": args.topic, "since": args.since, "count": args.count}
+    request = {"op": "subscribe", "topic": args.topic, "since": args.since, "count": args.count,
+               "order": args.order}
     try:
         replies = control_lines(_socket(args), request, timeout_s=None)
         first = next(replies, None)
@@ -285,6 +286,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("topic")
     p.add_argument("--since", type=int, default=0, help="delivery position to start from")
     p.add_argument("--count", type=int, default=None, help="stop after this many events")
+    p.add_argument("--order", choices=("causal", "confirmed"), default="causal",
+                   help="causal: every event, parents first; confirmed: the quorum-confirmed "
+                        "total order (positions never change)")
     p.set_defaults(func=cmd_subscribe)
 
     p = with_data_dir(commands.add_parser("status", help="the daemon's state as JSON"))

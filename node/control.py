@@ -13,7 +13,7 @@ Requests:
     {"op": "topic_leave", "topic": "<64 hex>"}
     {"op": "publish", "topic": "<64 hex>", "payload": "text"} | "payload_b64": "..."
     {"op": "publish_batch", "topic": "<64 hex>", "payloads": ["text", ...]}
-    {"op": "subscribe", "topic": "<64 hex>", "since": 0, "count": null}
+    {"op": "subscribe", "topic": "<64 hex>", "since": 0, "count": null, "order": "causal"|"confirmed"}
     {"op": "connect", "address": "/ip4/.../p2p/..."}
     {"op": "state", "topic": ...}
     {"op": "set_state", "topic": ..., "type": "app.config", "state_key": "", "content": {...}}
@@ -155,13 +155,14 @@ async def _handle(node: Node, request: dict[str, Any], stream: trio.SocketStream
     elif op == "subscribe":
         topic = node.topic(parse_topic_id(str(request.get("topic", ""))))
         since, count = request.get("since", 0), request.get("count")
+        order = request.get("order", "causal")
         if type(since) is not int or since < 0:
             raise NodeError("since must be a non-negative integer")
         if count is not None and (type(count) is not int or count < 1):
             raise NodeError("count must be a positive integer")
         await _send(stream, {"ok": True})
         sent = 0
-        async for delivered in topic.subscribe(since=since):
+        async for delivered in topic.subscribe(since=since, order=str(order)):
             await _send(stream, event_json(delivered.position, delivered.event))
             sent += 1
             if count is not None and sent >= count:

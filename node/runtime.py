@@ -45,6 +45,7 @@ from node.config import NodeConfig
 from node.core.event import Event
 from node.core.identity import Identity, KeyFileError
 from node.core.replica import Replica, ReplicaConfig, StateDisabledError
+from node.ordering import KIND_ACK
 from node.metrics import MetricsExporter, close_listeners, open_metrics_listeners
 from node.state.actions import NotAuthorizedError, RoleError
 from node.state.roles import Role
@@ -126,6 +127,8 @@ class Topic:
         self.topic_id = replica.topic_id
         self._changes = _Changes()
         self.wants_membership = False  # join as soon as the topic's state allows
+        self._acks_counted_to = 0  # delivery position up to which acks were counted
+        self._acks = 0
         self.last_join_attempt_ms = -JOIN_RETRY_MS
 
     def membership(self) -> str | None:
@@ -149,6 +152,12 @@ class Topic:
             out[f"{kind}|{key}"] = {"event": event.id.hex(), "sender": event.author.hex(),
                                     "content": content}
         return out
+
+    def _order_status(self) -> dict[str, Any] | None:
+        if not self.replica.ready or not self.replica.authorizing:
+            return None
+        status = self.replica.order_status()
+        return None if status is None else status.as_dict()
 
     async def set_state(self, kind: str, state_key: str, content: dict[str, Any]) -> bytes:
         return self._node._state_action(self, lambda r, n, g: [r.set_state(kind, state_key, content, n, g)])[-1]
@@ -197,8 +206,19 @@ class Topic:
             while self.replica.graph.delivered_count < count:
                 await self._changes.wait()
 
-    async def subscribe(self, since: int = 0) -> AsyncIterator[Delivered]:
-        """Every delivered event from position `since` on, in causal order; waits for more."""
+    async def subscribe(self, since: int = 0, order: str = "causal") -> AsyncIterator[Delivered]:
+        """Events from position `since` on, waiting for more.
+
+        order="causal": every delivered event, never before its parents (default).
+        order="confirmed": the quorum-confirmed total order; positions never change.
+        (The tentative view may rewind; read it with `replica.ordered("tentative")`.)
+        """
+        if order not in ("causal", "confirmed"):
+            raise NodeError('subscribe order must be "causal" or "confirmed"')
+        if order == "confirmed":
+            async for delivered in self._subscribe_confirmed(since):
+                yield delivered
+            return
         position = since
         while True:
             batch = self.replica.deliveries(since=position, limit=SUBSCRIBE_BATCH)
@@ -212,6 +232,28 @@ class Topic:
                 yield Delivered(pos, event)
                 position = pos + 1
 
+    async def _subscribe_confirmed(self, since: int) -> AsyncIterator[Delivered]:
+        position = since
+        while True:
+            batch = (self.replica.ordered("confirmed", since=position, limit=SUBSCRIBE_BATCH)
+                     if self.replica.ready and self.replica.authorizing else [])
+            if not batch:
+                await self._changes.wait()
+                continue
+            for pos, event in batch:
+                yield Delivered(pos, event)
+                position = pos + 1
+
+    def _count_acks(self) -> int:
+        """Acknowledgements among delivered events (counted incrementally, bounded per call)."""
+        graph = self.replica.graph
+        end = graph.delivered_count
+        while self._acks_counted_to < end:
+            page = graph.deliveries(self._acks_counted_to, limit=SUBSCRIBE_BATCH * 4)
+            self._acks += sum(1 for _, event in page if event.kind == KIND_ACK)
+            self._acks_counted_to = page[-1][0] + 1
+        return self._acks
+
     def status(self) -> dict[str, Any]:
         graph = self.replica.graph
         return {
@@ -219,12 +261,14 @@ class Topic:
             "name": self.replica.params.name,
             "ready": self.ready,
             "delivered": graph.delivered_count,
+            "acks": self._count_acks(),  # empty acknowledgements among the delivered
             "extremities": graph.width,
             "buffered": graph.buffered_count,
             "equivocations": graph.equivocation_count,
             "membership": self.membership(),
             "indexers": sorted(k.hex() for k in self.replica.indexers())
             if self.replica.ready and self.replica.authorizing else [],
+            "order": self._order_status(),
             "rejected": {k.split(".", 1)[1]: v for k, v in self.replica.counters.items()
                          if k.startswith("rejected.")},
         }
@@ -455,6 +499,21 @@ class Node:
         return [(key[len(prefix):], value == _WANTS_MEMBERSHIP)
                 for key, value in self.store.scan(TABLE_META, prefix)]
 
+    def _acknowledge(self, now: int) -> None:
+        """Indexers append empty acks so confirmation does not stall when writers go quiet
+        (rate-limited inside the replica; see Replica.maybe_ack)."""
+        for topic in self._topics.values():
+            replica = topic.replica
+            if not replica.ready or not replica.authorizing:
+                continue
+            try:
+                made = replica.maybe_ack(now, self._rng)
+            except Exception as exc:  # no power to ack, ordering off: nothing to do
+                logger.debug("no ack on %s: %s", topic.id_hex, exc)
+                continue
+            if made is not None:
+                self._run(self.disseminator.on_publish(topic.topic_id, made[0], now))
+
     def _pursue_memberships(self, now: int) -> None:
         """Join topics we asked to join, once their state says we may (rate-limited)."""
         for topic in self._topics.values():
@@ -605,6 +664,7 @@ class Node:
         while True:
             self._run(self.disseminator.tick(now_ms()))
             self._pursue_memberships(now_ms())
+            self._acknowledge(now_ms())
             await trio.sleep(TICK_INTERVAL_S)
 
     async def _peer_events(self) -> None:

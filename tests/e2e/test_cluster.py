@@ -22,10 +22,26 @@ def subscribe_all(cluster: LocalCluster, index: int, topic: str, count: int) -> 
     return [json.loads(line) for line in result.stdout.splitlines()]
 
 
+def subscribe_all_order(cluster: LocalCluster, index: int, topic: str, count: int) -> list[str]:
+    result = cluster.cli_raw(index, "subscribe", topic, "--order", "confirmed", "--count",
+                             str(count), timeout_s=60)
+    assert result.returncode == 0, result.stderr
+    return [json.loads(line)["id"] for line in result.stdout.splitlines()]
+
+
+def all_delivered(cluster: LocalCluster, index: int, topic: str) -> list[dict]:
+    """Everything node `index` delivered so far (acks included), via `subscribe`."""
+    return subscribe_all(cluster, index, topic, cluster.topic_status(index, topic)["delivered"])
+
+
+def non_acks(events: list[dict]) -> set[str]:
+    return {e["id"] for e in events if e["kind"] != "ack"}
+
+
 def assert_causal_exactly_once(events: list[dict], expected_ids: set[str]) -> None:
     ids = [e["id"] for e in events]
     assert len(ids) == len(set(ids)), "an event was delivered twice"
-    assert set(ids) == expected_ids
+    assert non_acks(events) == expected_ids
     seen: set[str] = set()
     for event in events:
         assert all(parent in seen for parent in event["parents"]), "delivered before a parent"
@@ -56,20 +72,26 @@ def run_topic(cluster: LocalCluster, publishes_per_node: int) -> tuple[str, int]
 def test_every_subscriber_gets_every_event_once_in_causal_order(tmp_path, nodes):
     with LocalCluster(tmp_path, nodes) as cluster:
         topic, total = run_topic(cluster, publishes_per_node=20)
-        reference = subscribe_all(cluster, 0, topic, total)
-        expected = {e["id"] for e in reference}
+        expected = non_acks(all_delivered(cluster, 0, topic))
         assert len(expected) == total
         for i in range(nodes):
-            assert_causal_exactly_once(subscribe_all(cluster, i, topic, total), expected)
+            assert_causal_exactly_once(all_delivered(cluster, i, topic), expected)
             status = cluster.topic_status(i, topic)
             assert status["buffered"] == 0 and status["rejected"] == {}
+        # The quorum-confirmed order is the same sequence on every node.
+        lengths = [cluster.topic_status(i, topic)["order"]["confirmed_length"] for i in range(nodes)]
+        common = min(lengths)
+        assert common > 0
+        confirmed = [subscribe_all_order(cluster, i, topic, common) for i in range(nodes)]
+        assert all(view == confirmed[0] for view in confirmed)
 
 
 def test_anti_entropy_alone_delivers_everything(tmp_path):
     with LocalCluster(tmp_path, 3, fast_path="none") as cluster:
         topic, total = run_topic(cluster, publishes_per_node=30)
         for i in range(3):
-            assert cluster.topic_status(i, topic)["delivered"] == total
+            status = cluster.topic_status(i, topic)
+            assert status["delivered"] - status["acks"] == total
 
 
 def test_stopped_node_catches_up_and_killed_node_loses_nothing(tmp_path):
@@ -81,7 +103,8 @@ def test_stopped_node_catches_up_and_killed_node_loses_nothing(tmp_path):
         # Node 2 acknowledges events of its own, then is killed without warning.
         lines = "\n".join(f"from node 2, {n}" for n in range(200))
         assert cluster.cli_raw(2, "publish", topic, "-", "--lines", input_text=lines).returncode == 0
-        acknowledged = cluster.topic_status(2, topic)["delivered"]
+        status = cluster.topic_status(2, topic)
+        acknowledged = status["delivered"] - status["acks"]
         cluster.kill(2)
         # Node 1 is frozen (SIGSTOP) while node 0 publishes a few thousand events.
         cluster.signal(1, signal.SIGSTOP)
@@ -90,7 +113,8 @@ def test_stopped_node_catches_up_and_killed_node_loses_nothing(tmp_path):
                                timeout_s=120).returncode == 0
         cluster.signal(1, signal.SIGCONT)
         cluster.start_node(2, bootstrap=[cluster.nodes[0].address, cluster.nodes[1].address])
-        assert cluster.topic_status(2, topic)["delivered"] >= acknowledged  # nothing acked lost
+        status = cluster.topic_status(2, topic)
+        assert status["delivered"] - status["acks"] >= acknowledged  # nothing acked lost
         total = bootstrap_events(3) + 200 + 3_000
         cluster.wait_delivered(topic, total, CATCH_UP_TIMEOUT_S)
 
