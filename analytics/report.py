@@ -28,7 +28,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from analytics import logschema as ls
-from analytics.jobs import catchup, convergence, coverage, dissemination, load, modelcheck, width
+from analytics.jobs import catchup, convergence, coverage, dissemination, events, load, modelcheck, width
 
 STAGES: Final = ("loading logs", "dissemination", "width", "model check", "writing report")
 MAX_TABLE_ROWS: Final = 50
@@ -103,8 +103,10 @@ def analyze(
     stages = _Stages(progress if progress is not None else sys.stderr)
     loaded = stages.run(lambda: load.load_logs(spark, log_paths))
     records = loaded.records
-    spread, spread_plots = stages.run(lambda: _dissemination(records))
-    widths, width_plots = stages.run(lambda: _width(records))
+    # Origins, first deliveries and members feed most jobs: compute them once.
+    base = events.basis(records)
+    spread, spread_plots = stages.run(lambda: _dissemination(base))
+    widths, width_plots = stages.run(lambda: _width(base))
     checks, texts, figure_paths = stages.run(lambda: _model(records, out, k, d))
     input_table = _input_table(loaded.report, records)
     summary = (input_table, spread[0], spread[1], widths[0], *checks)
@@ -117,6 +119,7 @@ def analyze(
         return tuple(plots)
 
     plots = stages.run(write)
+    base.release()
     loaded.release()
     return Report(out, out / "index.html", plots, summary, tables, texts)
 
@@ -148,14 +151,14 @@ def _malformed_samples(report: load.LoadReport) -> Table:
     return Table("Malformed lines (samples)", ("reason", "file", "line"), rows, "" if rows else "None.")
 
 
-def _dissemination(records: DataFrame) -> tuple[tuple[Table, ...], tuple[_Plot, ...]]:
-    latencies = dissemination.latencies(records).cache()
+def _dissemination(base: events.Basis) -> tuple[tuple[Table, ...], tuple[_Plot, ...]]:
+    latencies = dissemination.latencies(base).cache()
     overall = dissemination.latency_summary(latencies).select(F.lit("all").alias("channel"), "*")
     per_channel = overall.unionByName(dissemination.latency_summary(latencies, ("channel",)))
-    missing = dissemination.never_delivered(records).cache()
-    duplicates = dissemination.duplicate_totals(dissemination.duplicates_per_event(records))
-    curve = coverage.coverage_curve(records).collect()
-    episodes = catchup.catchup_episodes(records)
+    missing = dissemination.never_delivered(base).cache()
+    duplicates = dissemination.duplicate_totals(dissemination.duplicates_per_event(base))
+    curve = coverage.coverage_curve(base).collect()
+    episodes = catchup.catchup_episodes(base)
     facts = missing.agg(F.count("*").alias("pairs"), F.countDistinct("topic", "event").alias("events")).collect()[0]
     totals = Table(
         "Dissemination",
@@ -176,7 +179,7 @@ def _dissemination(records: DataFrame) -> tuple[tuple[Table, ...], tuple[_Plot, 
         totals,
         table_from(dissemination.latency_summary(latencies, ("node",)), "Latency by node (ms)"),
         table_from(missing, "Never delivered", "Members that never delivered an event."),
-        table_from(dissemination.duplicates_by_channel(records), "Duplicates by channel"),
+        table_from(dissemination.duplicates_by_channel(base), "Duplicates by channel"),
         table_from(episodes, "Catch-up episodes", f"Runs of sync deliveries <= {catchup.CATCHUP_GAP_MS} ms apart, "
                    f">= {catchup.CATCHUP_MIN_EVENTS} events."),
     )
@@ -186,11 +189,11 @@ def _dissemination(records: DataFrame) -> tuple[tuple[Table, ...], tuple[_Plot, 
     return tables, (lambda out: _plot_coverage(curve, out), lambda out: _plot_latency_cdf(cdf, out))
 
 
-def _width(records: DataFrame) -> tuple[tuple[Table, ...], tuple[_Plot, ...]]:
-    converged = convergence.convergence(records).cache()
-    dummies = width.dummy_counts(records)
+def _width(base: events.Basis) -> tuple[tuple[Table, ...], tuple[_Plot, ...]]:
+    converged = convergence.convergence(base).cache()
+    dummies = width.dummy_counts(base)
     per_topic = (
-        width.width_summary(records, ("topic",))
+        width.width_summary(base, ("topic",))
         .join(dummies.groupBy("topic").agg(F.sum("dummies").alias("dummies")), "topic", "left")
         .join(
             converged.groupBy("topic").agg(
@@ -205,7 +208,7 @@ def _width(records: DataFrame) -> tuple[tuple[Table, ...], tuple[_Plot, ...]]:
     )
     tables = (
         table_from(per_topic, "Width by topic", "Forward extremities sampled by every node."),
-        table_from(width.width_summary(records, ("topic", "node")), "Width by node"),
+        table_from(width.width_summary(base, ("topic", "node")), "Width by node"),
         table_from(
             converged,
             "Width convergence",
@@ -215,8 +218,8 @@ def _width(records: DataFrame) -> tuple[tuple[Table, ...], tuple[_Plot, ...]]:
         ),
         table_from(dummies, "Dummy events by node"),
     )
-    histogram = width.width_histogram(records, ()).collect()
-    series = _width_plot_series(records)
+    histogram = width.width_histogram(base, ()).collect()
+    series = _width_plot_series(base)
     dummy_rows = dummies.orderBy(F.desc("dummies")).limit(MAX_TABLE_ROWS).collect()
     converged.unpersist()
     return tables, (
@@ -250,7 +253,7 @@ def _model(
     return tuple(tables), tuple(texts), paths
 
 
-def _width_plot_series(records: DataFrame) -> list[tuple[str, list[tuple[int, int]]]]:
+def _width_plot_series(records: events.Records) -> list[tuple[str, list[tuple[int, int]]]]:
     """Up to MAX_PLOTTED_SERIES (topic, node) series, each cut to per-bucket maxima."""
     samples = width.width_samples(records)
     chosen = samples.select("topic", "node").distinct().orderBy("topic", "node").limit(MAX_PLOTTED_SERIES)

@@ -1,8 +1,8 @@
 """PySpark jobs over the dissemination logs (schema: `analytics.logschema`).
 
-Each job is a function of a SparkSession or a records DataFrame that returns
-DataFrames or frozen dataclasses, so tests can assert numbers and the report
-can render them:
+Each job is a function of a SparkSession, or of the records (a DataFrame, or an
+`events.Basis` that caches what many jobs share), returning DataFrames or
+frozen dataclasses, so tests can assert numbers and the report can render them:
 
 - `load`          read JSON lines / Parquet, count malformed lines; `to_parquet`
 - `events`        shared definitions: members, origins, first deliveries

@@ -28,17 +28,16 @@ CATCHUP_MIN_EVENTS: Final = 3
 
 
 def catchup_episodes(
-    records: DataFrame, *, gap_ms: int = CATCHUP_GAP_MS, min_events: int = CATCHUP_MIN_EVENTS
+    data: events.Records, *, gap_ms: int = CATCHUP_GAP_MS, min_events: int = CATCHUP_MIN_EVENTS
 ) -> DataFrame:
     """Columns: topic, node, start_ms, end_ms, duration_ms, events, max_lag_ms, mean_lag_ms, quiet_before_ms."""
     if gap_ms < 0 or min_events < 1:
         raise ValueError("gap_ms must be >= 0 and min_events >= 1")
     series = Window.partitionBy("topic", "node").orderBy("delivered_ms", "event")
-    origins = events.event_origins(records)
+    b = events.as_basis(data)
     deliveries = (
-        events.first_deliveries(records)
-        .join(origins, ["topic", "event"], "left")
-        .where(F.col("origin_node").isNull() | (F.col("node") != F.col("origin_node")))
+        events.remote_first_deliveries(b)
+        .join(b.origins.select("topic", "event", "created_ms"), ["topic", "event"], "left")
         .withColumn("prev_any_ms", F.lag("delivered_ms").over(series))
         .where(F.col("channel") == ls.SYNC)
         .withColumn("prev_sync_ms", F.lag("delivered_ms").over(series))

@@ -23,6 +23,7 @@ from typing import Final
 from pyspark.sql import DataFrame, Window
 from pyspark.sql import functions as F
 
+from analytics.jobs.events import Records
 from analytics.jobs.width import width_samples
 
 STEADY_FRACTION: Final = 0.25  # the last quarter of a series is taken as its steady state
@@ -65,7 +66,7 @@ def steady_state(samples: DataFrame, steady_fraction: float = STEADY_FRACTION) -
 
 
 def convergence(
-    records: DataFrame,
+    data: Records,
     *,
     band_fraction: float = BAND_FRACTION,
     band_min: float = BAND_MIN,
@@ -76,7 +77,7 @@ def convergence(
     Columns: topic, node, samples, steady_median, band_low, band_high, peak_ms,
     peak_width, disturbed, settle_ms, convergence_ms, converged.
     """
-    samples = width_samples(records)
+    samples = width_samples(data)
     half_band = F.greatest(F.lit(float(band_min)), F.col("steady_median") * band_fraction)
     # The largest width, earliest first: the minimum of (-width, ts).
     first_peak = F.min(F.struct((-F.col("width")).alias("neg_width"), F.col("ts_ms")))

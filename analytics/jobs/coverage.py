@@ -23,22 +23,22 @@ from analytics.jobs import events
 REACH_PERCENTS: Final = (50, 90, 100)  # per-event "time to reach" columns
 
 
-def _member_holdings(records: DataFrame, members: DataFrame | None) -> tuple[DataFrame, DataFrame]:
+def _member_holdings(b: events.Basis) -> tuple[DataFrame, DataFrame]:
     """(holdings of members only, member count per topic)."""
-    member_set = events.members_or_default(records, members)
-    held = events.holdings(records).join(member_set, ["topic", "node"])
-    sizes = member_set.groupBy("topic").agg(F.count("*").alias("members"))
+    held = events.holdings(b).join(b.members, ["topic", "node"])
+    sizes = b.members.groupBy("topic").agg(F.count("*").alias("members"))
     return held, sizes
 
 
 def coverage_curve(
-    records: DataFrame, members: DataFrame | None = None, *, resolution_ms: int = 1
+    data: events.Records, members: DataFrame | None = None, *, resolution_ms: int = 1
 ) -> DataFrame:
     """Columns: t_ms, coverage — the aggregate curve at each of its steps, ascending."""
     if resolution_ms < 1:
         raise ValueError("resolution_ms must be >= 1")
-    held, sizes = _member_holdings(records, members)
-    event_count = events.event_origins(records).count()
+    b = events.as_basis(data, members)
+    held, sizes = _member_holdings(b)
+    event_count = b.origins.count()
     if event_count == 0:
         return held.sparkSession.createDataFrame([], "t_ms long, coverage double")
     step = F.ceil(F.col("offset_ms") / resolution_ms) * resolution_ms
@@ -53,14 +53,14 @@ def coverage_curve(
     return weights.select("t_ms", F.sum("w").over(running).alias("coverage")).orderBy("t_ms")
 
 
-def event_coverage(records: DataFrame, members: DataFrame | None = None) -> DataFrame:
+def event_coverage(data: events.Records, members: DataFrame | None = None) -> DataFrame:
     """Per created event: members, holders, final coverage, and time to reach 50/90/100 %.
 
     Columns: topic, event, members, holders, coverage, t50_ms, t90_ms, t100_ms —
     t<p>_ms is the smallest offset by which at least ceil(p% of members) members
     held the event, null if that never happened.
     """
-    held, sizes = _member_holdings(records, members)
+    held, sizes = _member_holdings(events.as_basis(data, members))
     rank = F.row_number().over(Window.partitionBy("topic", "event").orderBy("offset_ms", "node"))
     ranked = held.select("topic", "event", "offset_ms", rank.alias("rank")).join(sizes, "topic")
     reach = [

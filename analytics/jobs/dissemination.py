@@ -20,12 +20,12 @@ from analytics.jobs import events, stats
 LATENCY_GROUPINGS = {"overall": (), "node": ("node",), "channel": ("channel",)}
 
 
-def latencies(records: DataFrame) -> DataFrame:
+def latencies(data: events.Records) -> DataFrame:
     """One row per (event, node other than the author) that delivered it.
 
     Columns: topic, event, origin_node, created_ms, node, channel, delivered_ms, latency_ms.
     """
-    return events.remote_deliveries(records)
+    return events.remote_deliveries(data)
 
 
 def latency_summary(latency_rows: DataFrame, by: tuple[str, ...] = ()) -> DataFrame:
@@ -37,15 +37,15 @@ def overall_latency(latency_rows: DataFrame) -> stats.Summary:
     return stats.summary_of(latency_rows, "latency_ms")
 
 
-def never_delivered(records: DataFrame, members: DataFrame | None = None) -> DataFrame:
+def never_delivered(data: events.Records, members: DataFrame | None = None) -> DataFrame:
     """(event, member) pairs where the member never delivered the event.
 
     Columns: topic, event, origin_node, node. The author is never listed for its
     own event. `members` (topic, node) defaults to every node that logged for the topic.
     """
-    known = events.known_events(records)
-    expected = known.join(events.members_or_default(records, members), "topic")
-    delivered = events.first_deliveries(records).select("topic", "event", "node")
+    b = events.as_basis(data, members)
+    expected = events.known_events(b).join(b.members, "topic")
+    delivered = b.deliveries.select("topic", "event", "node")
     return (
         expected.join(delivered, ["topic", "event", "node"], "left_anti")
         .where(F.col("origin_node").isNull() | (F.col("node") != F.col("origin_node")))
@@ -54,23 +54,20 @@ def never_delivered(records: DataFrame, members: DataFrame | None = None) -> Dat
     )
 
 
-def duplicates_per_event(records: DataFrame) -> DataFrame:
+def duplicates_per_event(data: events.Records) -> DataFrame:
     """Columns: topic, event, deliveries, duplicates, duplicates_per_delivery.
 
     deliveries = nodes other than the author that delivered the event;
     duplicates = `duplicate` records for it at any node (copies that arrived
     after delivery). duplicates_per_delivery is null when nothing was delivered.
     """
-    known = events.known_events(records)
-    delivered = (
-        events.first_deliveries(records)
-        .join(known, ["topic", "event"])
-        .where(F.col("origin_node").isNull() | (F.col("node") != F.col("origin_node")))
-        .groupBy("topic", "event")
-        .agg(F.count("*").alias("deliveries"))
-    )
+    b = events.as_basis(data)
+    known = events.known_events(b)
+    delivered = events.remote_first_deliveries(b).groupBy("topic", "event").agg(F.count("*").alias("deliveries"))
     copies = (
-        records.where(F.col("type") == ls.DUPLICATE).groupBy("topic", "event").agg(F.count("*").alias("duplicates"))
+        b.records.where(F.col("type") == ls.DUPLICATE)
+        .groupBy("topic", "event")
+        .agg(F.count("*").alias("duplicates"))
     )
     per_event = (
         known.select("topic", "event")
@@ -108,10 +105,11 @@ def duplicate_totals(per_event: DataFrame) -> DuplicateTotals:
     )
 
 
-def duplicates_by_channel(records: DataFrame) -> DataFrame:
+def duplicates_by_channel(data: events.Records) -> DataFrame:
     """Columns: channel, duplicates — where the useless copies came from."""
     return (
-        records.where(F.col("type") == ls.DUPLICATE)
+        events.records_of(data)
+        .where(F.col("type") == ls.DUPLICATE)
         .groupBy("channel")
         .agg(F.count("*").alias("duplicates"))
         .orderBy("channel")

@@ -23,11 +23,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from analytics import logschema as ls
 from analytics.jobs.convergence import STEADY_FRACTION, steady_samples
+from analytics.jobs.events import Records, records_of
 from analytics.jobs.width import width_samples
 
 
@@ -56,10 +56,11 @@ class ModelCheck:
     steady_over_predicted: float
 
 
-def writer_counts(records: DataFrame) -> dict[str, int]:
+def writer_counts(data: Records) -> dict[str, int]:
     """Topic -> number of distinct nodes that created events in it (the run's k)."""
     rows = (
-        records.where(F.col("type") == ls.CREATED)
+        records_of(data)
+        .where(F.col("type") == ls.CREATED)
         .groupBy("topic")
         .agg(F.countDistinct("node").alias("k"))
         .collect()
@@ -68,15 +69,15 @@ def writer_counts(records: DataFrame) -> dict[str, int]:
 
 
 def model_check(
-    records: DataFrame, *, d: int, k: int | None = None, steady_fraction: float = STEADY_FRACTION
+    data: Records, *, d: int, k: int | None = None, steady_fraction: float = STEADY_FRACTION
 ) -> tuple[ModelCheck, ...]:
     """One comparison per topic that has width samples (and, if k is inferred, writers)."""
     fixed_point_width = _import("model").fixed_point_width
-    samples = width_samples(records)
+    samples = width_samples(data)
     overall = samples.groupBy("topic").agg(F.count("*").alias("samples"), F.avg("width").alias("mean"))
     steady = steady_samples(samples, steady_fraction).groupBy("topic").agg(F.avg("width").alias("steady"))
     rows = overall.join(steady, "topic").orderBy("topic").collect()
-    writers = writer_counts(records) if k is None else {}
+    writers = writer_counts(data) if k is None else {}
     checks = []
     for row in rows:
         run_k = k if k is not None else writers.get(row["topic"], 0)

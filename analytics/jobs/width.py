@@ -16,36 +16,39 @@ from analytics import logschema as ls
 from analytics.jobs import events, stats
 
 
-def width_samples(records: DataFrame) -> DataFrame:
+def width_samples(data: events.Records) -> DataFrame:
     """Columns: topic, node, ts_ms, width, buffered (unordered: for further aggregation)."""
-    return records.where(F.col("type") == ls.WIDTH).select("topic", "node", "ts_ms", "width", "buffered")
+    widths = events.records_of(data).where(F.col("type") == ls.WIDTH)
+    return widths.select("topic", "node", "ts_ms", "width", "buffered")
 
 
-def width_series(records: DataFrame) -> DataFrame:
+def width_series(data: events.Records) -> DataFrame:
     """The samples ordered by topic, node, time: one series per node and topic."""
-    return width_samples(records).orderBy("topic", "node", "ts_ms")
+    return width_samples(data).orderBy("topic", "node", "ts_ms")
 
 
-def width_summary(records: DataFrame, by: tuple[str, ...] = ("topic",)) -> DataFrame:
+def width_summary(data: events.Records, by: tuple[str, ...] = ("topic",)) -> DataFrame:
     """Columns: *by, samples, mean, p50, p90, p99, max of the width samples."""
-    return stats.summarize(width_samples(records), "width", by, count_name="samples")
+    return stats.summarize(width_samples(data), "width", by, count_name="samples")
 
 
-def width_histogram(records: DataFrame, by: tuple[str, ...] = ("topic",)) -> DataFrame:
+def width_histogram(data: events.Records, by: tuple[str, ...] = ("topic",)) -> DataFrame:
     """Columns: *by, width, samples — how many samples saw each width."""
     return (
-        width_samples(records)
+        width_samples(data)
         .groupBy(*by, "width")
         .agg(F.count("*").alias("samples"))
         .orderBy(*by, "width")
     )
 
 
-def dummy_counts(records: DataFrame, members: DataFrame | None = None) -> DataFrame:
+def dummy_counts(data: events.Records, members: DataFrame | None = None) -> DataFrame:
     """Columns: topic, node, dummies — every member, zero when it issued none."""
-    issued = records.where(F.col("type") == ls.DUMMY).groupBy("topic", "node").agg(F.count("*").alias("dummies"))
+    b = events.as_basis(data, members)
+    dummies = b.records.where(F.col("type") == ls.DUMMY)
+    issued = dummies.groupBy("topic", "node").agg(F.count("*").alias("dummies"))
     return (
-        events.members_or_default(records, members)
+        b.members
         .join(issued, ["topic", "node"], "left")
         .fillna(0, ["dummies"])
         .orderBy("topic", "node")

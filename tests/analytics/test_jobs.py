@@ -342,11 +342,15 @@ def test_event_coverage_and_time_to_reach(records):
 @pytest.mark.spark
 def test_never_delivered_with_inferred_and_explicit_members(spark, records):
     from analytics.jobs.dissemination import never_delivered
+    from analytics.jobs.events import basis
 
     assert [tuple(r) for r in never_delivered(records).collect()] == [(TOPIC, "e3", C, B)]
-    # A fourth member that logged nothing at all missed every event.
+    # A fourth member that logged nothing at all missed every event; the cached
+    # building blocks (a Basis) answer like the bare records.
     members = spark.createDataFrame([(TOPIC, n) for n in (A, B, C, "0d")], "topic string, node string")
-    missing = [(r["event"], r["node"]) for r in never_delivered(records, members).collect()]
+    cached = basis(records)
+    missing = [(r["event"], r["node"]) for r in never_delivered(cached, members).collect()]
+    cached.release()
     assert missing == [("e1", "0d"), ("e2", "0d"), ("e3", B), ("e3", "0d"), ("e4", "0d"),
                        ("e5", "0d"), ("e6", "0d"), ("e7", "0d")]
 
