@@ -13,7 +13,10 @@ sees the others, and tears everything down — even when the caller fails.
 
 Every wait is bounded (named timeouts); a node that dies is reported with
 the tail of its stderr. `python -m deploy.cluster --nodes 5 --dir run/`
-starts a cluster and keeps it up until Ctrl-C.
+starts a cluster and keeps it up until Ctrl-C (`--netns --delay-ms 50
+--loss-percent 10`: each node in a network namespace, deploy.netns_cluster).
+Subclasses change where nodes listen and how they are executed through
+`listen_address` and `run_command`.
 """
 
 from __future__ import annotations
@@ -105,16 +108,25 @@ class LocalCluster:
         if bootstrap is None:
             bootstrap = [n.address for n in self.nodes if n.info and n.index != index
                          and n.process is not None and n.process.poll() is None]
-        args = ["run", "--data-dir", str(node.data_dir), "--listen", "/ip4/127.0.0.1/tcp/0",
+        args = ["run", "--data-dir", str(node.data_dir), "--listen", self.listen_address(index),
                 "--fast-path", self.fast_path, *self.extra_args]
         for address in bootstrap:
             args += ["--bootstrap", address]
         stderr = open(node.data_dir / "stderr.log", "ab")  # noqa: SIM115 - owned by the child
-        node.process = subprocess.Popen(megnode_command(*args), stdout=subprocess.PIPE,
-                                        stderr=stderr, env=self.env, start_new_session=True)
+        node.process = subprocess.Popen(self.run_command(index, megnode_command(*args)),
+                                        stdout=subprocess.PIPE, stderr=stderr, env=self.env,
+                                        start_new_session=True)
         stderr.close()
         node.info = self._read_started(node)
         return node
+
+    def listen_address(self, index: int) -> str:
+        """Where node `index` listens; subclasses put nodes on other networks."""
+        return "/ip4/127.0.0.1/tcp/0"
+
+    def run_command(self, index: int, command: list[str]) -> list[str]:
+        """The daemon's command line as executed; subclasses wrap it (e.g. `ip netns exec`)."""
+        return command
 
     def _read_started(self, node: NodeProcess) -> dict[str, Any]:
         assert node.process is not None and node.process.stdout is not None
@@ -265,8 +277,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--nodes", type=int, default=3)
     parser.add_argument("--dir", default="cluster-run")
     parser.add_argument("--fast-path", default="push", choices=("push", "gossipsub", "none"))
+    parser.add_argument("--netns", action="store_true",
+                        help="each node in its own network namespace (root; see deploy.netns)")
+    parser.add_argument("--delay-ms", type=float, default=0.0, help="with --netns: per-node delay")
+    parser.add_argument("--loss-percent", type=float, default=0.0, help="with --netns: per-node loss")
     args = parser.parse_args(argv)
-    with LocalCluster(Path(args.dir), args.nodes, fast_path=args.fast_path) as cluster:
+    cluster: LocalCluster
+    if args.netns:
+        from deploy.netns_cluster import NetnsCluster  # imports this module: import here
+        from deploy.netwire import Netem
+
+        cluster = NetnsCluster(Path(args.dir), args.nodes, fast_path=args.fast_path,
+                               netem=Netem(delay_ms=args.delay_ms, loss_percent=args.loss_percent))
+    else:
+        cluster = LocalCluster(Path(args.dir), args.nodes, fast_path=args.fast_path)
+    with cluster:
         for node in cluster.nodes:
             print(f"node{node.index}: {node.address}  (data dir {node.data_dir})", flush=True)
         print("all connected; Ctrl-C stops the cluster", flush=True)

@@ -11,15 +11,18 @@
     megnode topic set-role TOPIC MEMBER indexer|writer|relayed|none --data-dir D
     megnode publish TOPIC MESSAGE --data-dir D      (MESSAGE "-" reads stdin;
                                                       --lines: one event per line)
-    megnode subscribe TOPIC --data-dir D [--since N] [--count N]   JSON lines
+    megnode subscribe TOPIC --data-dir D [--since N] [--count N] [--order causal|confirmed|tentative]
+    megnode relay-publish TOPIC MESSAGE --key K --relay ADDR [--join] [--lines]
+                                             a keys-only device publishes via a relay
     megnode status --data-dir D              peers, topics, extremities, buffer, rejections
     megnode connect ADDRESS --data-dir D     dial a peer by its /p2p/ address
     megnode export-logs --data-dir D OUT     copy the dissemination logs for analysis
     megnode analyze LOGDIR --out REPORT      Spark analysis of collected logs
     megnode simulate [...]                   the deterministic simulator
 
-Every command but `run`, `keygen`, `export-logs`, `analyze` and `simulate`
-talks to the daemon over its control socket. User mistakes (bad address,
+Every command but `run`, `keygen`, `relay-publish`, `export-logs`, `analyze` and
+`simulate` talks to the daemon over its control socket (`relay-publish` needs
+no daemon: it dials the relay itself, node.relay_client). User mistakes (bad address,
 bad topic id, unreadable key, data dir in use, no daemon running) give one
 clear line on stderr and exit status 2; nothing prints a traceback for them.
 """
@@ -175,6 +178,36 @@ def cmd_publish(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_relay_publish(args: argparse.Namespace) -> int:
+    """Publish as a relayed writer: sign with --key, hand the events to --relay."""
+    import trio
+
+    from node.relay_client import RelayedWriter, RelayError
+
+    if args.message is None and not args.join:
+        raise UserError("give a MESSAGE (or '-' for stdin), or --join")
+    if args.lines and args.message != "-":
+        raise UserError("--lines reads messages from stdin: give '-' as the message")
+    payloads: list[bytes] = []
+    if args.message is not None:
+        text = sys.stdin.read() if args.message == "-" else args.message
+        payloads = ([line.encode() for line in text.splitlines()] if args.lines
+                    else [text.encode()])
+
+    async def main() -> None:
+        async with RelayedWriter.open(args.key, args.relay, args.topic) as writer:
+            if args.join:
+                _print_json({"joined": (await writer.join()).hex()})
+            for event_id in await writer.publish_many(payloads):
+                _print_json({"id": event_id.hex()})
+
+    try:
+        trio.run(main)
+    except RelayError as exc:
+        raise UserError(str(exc)) from None
+    return EXIT_OK
+
+
 def cmd_subscribe(args: argparse.Namespace) -> int:
     request = {"op": "subscribe", "topic": args.topic, "since": args.since, "count": args.count,
                "order": args.order}
@@ -286,10 +319,25 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("topic")
     p.add_argument("--since", type=int, default=0, help="delivery position to start from")
     p.add_argument("--count", type=int, default=None, help="stop after this many events")
-    p.add_argument("--order", choices=("causal", "confirmed"), default="causal",
+    p.add_argument("--order", choices=("causal", "confirmed", "tentative"), default="causal",
                    help="causal: every event, parents first; confirmed: the quorum-confirmed "
-                        "total order (positions never change)")
+                        "total order (positions never change); tentative: the full order, "
+                        'which may reorder: a line {"rewind": n} drops the lines from '
+                        "position n on, the next lines replay from there")
     p.set_defaults(func=cmd_subscribe)
+
+    p = commands.add_parser("relay-publish", help="publish as a relayed writer (a key, no "
+                                                  "replica) through a relay node")
+    p.add_argument("topic")
+    p.add_argument("message", nargs="?", help='the message text, or "-" to read it from stdin')
+    p.add_argument("--key", required=True, help="the device's key file (megnode keygen --key-file)")
+    p.add_argument("--relay", required=True, help="the relay node's /p2p/ address")
+    p.add_argument("--join", action="store_true",
+                   help="first join the topic as a relayed writer (once, after an admin's "
+                        "`topic add-writer TOPIC DEVICE_KEY`)")
+    p.add_argument("--lines", action="store_true",
+                   help="publish each line of stdin as its own event (batched)")
+    p.set_defaults(func=cmd_relay_publish)
 
     p = with_data_dir(commands.add_parser("status", help="the daemon's state as JSON"))
     p.set_defaults(func=cmd_status)

@@ -43,6 +43,9 @@ class NodeConfig:
     listen: tuple[str, ...] = DEFAULT_LISTEN
     bootstrap: tuple[str, ...] = ()
     fast_path: str = "push"  # "push" (our batched push), "gossipsub", or "none" (anti-entropy only)
+    # Find peers on the LAN by mDNS (node.mdns). Off by default: it announces the node
+    # to the whole LAN, most servers and clouds carry no multicast, and a bootstrap
+    # list is the predictable choice.
     mdns: bool = False
     anti_entropy_interval_ms: int = DEFAULT_ANTI_ENTROPY_INTERVAL_MS
     anti_entropy_jitter_ms: int = DEFAULT_ANTI_ENTROPY_JITTER_MS

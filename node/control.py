@@ -13,7 +13,10 @@ Requests:
     {"op": "topic_leave", "topic": "<64 hex>"}
     {"op": "publish", "topic": "<64 hex>", "payload": "text"} | "payload_b64": "..."
     {"op": "publish_batch", "topic": "<64 hex>", "payloads": ["text", ...]}
-    {"op": "subscribe", "topic": "<64 hex>", "since": 0, "count": null, "order": "causal"|"confirmed"}
+    {"op": "subscribe", "topic": "<64 hex>", "since": 0, "count": null,
+     "order": "causal"|"confirmed"|"tentative"}
+        (tentative: a line {"rewind": n} means drop the entries from position
+        n on; the event lines after it replay from n; `count` counts events)
     {"op": "connect", "address": "/ip4/.../p2p/..."}
     {"op": "state", "topic": ...}
     {"op": "set_state", "topic": ..., "type": "app.config", "state_key": "", "content": {...}}
@@ -33,6 +36,7 @@ from typing import Any
 import trio
 
 from node.core.event import Event
+from node.ordering import Rewind
 from node.runtime import Node, NodeError, parse_topic_id
 
 logger = logging.getLogger("megnode.control")
@@ -163,6 +167,9 @@ async def _handle(node: Node, request: dict[str, Any], stream: trio.SocketStream
         await _send(stream, {"ok": True})
         sent = 0
         async for delivered in topic.subscribe(since=since, order=str(order)):
+            if isinstance(delivered, Rewind):  # tentative view: truncate, then replay
+                await _send(stream, {"rewind": delivered.to_length})
+                continue
             await _send(stream, event_json(delivered.position, delivered.event))
             sent += 1
             if count is not None and sent >= count:

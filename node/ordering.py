@@ -76,18 +76,23 @@ persisted one (`OrderIntegrityError` otherwise: the promise that confirmed
 positions never change would be broken). How the delivery order is cut into
 `extend` calls does not change the confirmed sequence - the linearizer's
 guarantee: any causal feeding of the same nodes confirms the same - except
-around a fork, where a replica that has seen one sibling only may count a
-vote the fork voids (`node.core.order.consensus`, "Forks"). So a batch that
-reveals a fork is recorded (its delivery range), replay feeds it as one
-batch and everything between such batches in chunks of REPLAY_BATCH: the
-decisions made live, at the cost of one record per fork instead of one per
-batch.
+around a fork: the linearizer judges votes and anchors by the voting
+nodes' pasts, so one sibling or both give the same answers, except where a
+forked leader has two candidates that both reach a quorum (possible only
+when equivocators make up a whole quorum overlap, see
+`node.core.order.consensus`, "Forks"): there, which siblings a replica held
+when it decided matters. So a batch that reveals a fork is recorded (its
+delivery range), replay feeds it as one batch and everything between such
+batches in chunks of REPLAY_BATCH: the decisions made live, at the cost of
+one record per fork instead of one per batch.
 
 *Views.* `confirmed` is append-only; the tentative view is the full order
 `confirmed + tentative`. Each batch returns one `OrderUpdate` (None if it
 changed nothing): a subscriber of the tentative view truncates its copy to
 `rewind_to` entries and replays `full_slice(rewind_to, ...)`; a subscriber
-of the confirmed view appends `confirmed_appended`.
+of the confirmed view appends `confirmed_appended`. Streams of the
+tentative view (`Topic.subscribe(order="tentative")`) carry the truncation
+as a `Rewind(to_length)` item before the replayed entries.
 """
 
 from __future__ import annotations
@@ -154,6 +159,20 @@ class OrderStatus:
         return {"confirmed_length": self.confirmed_length,
                 "tentative_length": self.tentative_length,
                 "indexers": list(self.indexers), "pending_relayed": self.pending_relayed}
+
+
+@dataclass(frozen=True, slots=True)
+class Rewind:
+    """A tentative-view subscriber's truncation marker: drop every entry at or after
+    position `to_length` (keep the first `to_length`), then the items that follow
+    replay the view from there.
+
+    The tentative view (confirmed prefix + tentative tail) may reorder its
+    tail as events arrive; this is Autobase's truncate-and-reapply. It never
+    reaches into the confirmed prefix as it was when those entries were sent.
+    """
+
+    to_length: int
 
 
 def merge_updates(first: OrderUpdate | None, second: OrderUpdate | None) -> OrderUpdate | None:

@@ -41,21 +41,25 @@ from typing import Any
 import trio
 
 from analytics.logschema import JsonLinesLogWriter
+from node.committer import CommitError, Committer
 from node.config import NodeConfig
 from node.core.event import Event
 from node.core.identity import Identity, KeyFileError
 from node.core.replica import Replica, ReplicaConfig, StateDisabledError
-from node.ordering import KIND_ACK
+from node.ordering import KIND_ACK, Rewind
 from node.metrics import MetricsExporter, close_listeners, open_metrics_listeners
+from node.relay import Handled, RelayServer
 from node.state.actions import NotAuthorizedError, RoleError
 from node.state.roles import Role
 from node.state.types import RULE_INVITE, RULE_PUBLIC
 from storage.lmdb_store import LmdbStore, StoreLockedError
 from storage.protocol import TABLE_META, Delete, Put
 from transport.dissemination import Disconnect, DisseminationConfig, Disseminator, Log, Send
-from transport.libp2p_gossip import GossipConfig
+from transport.libp2p_gossip import GossipConfig, gossip_chunks
 from transport.libp2p_streams import Misbehaviour, StreamLimits
 from transport.messages import MAX_FRAME_BYTES
+from transport.relay import PROTOCOL_RELAY, REASON_BAD_REQUEST, Refused
+from transport.relay import encode as encode_relay
 from transport.libp2p_host import (
     ConnectError,
     P2PHost,
@@ -63,6 +67,7 @@ from transport.libp2p_host import (
     peer_id_of_public_key,
     public_key_of_peer_id,
 )
+from transport.libp2p_redial import Redialer
 
 logger = logging.getLogger("megnode")
 
@@ -79,8 +84,17 @@ BOOTSTRAP_RETRY_S = 2.0
 BOOTSTRAP_RETRY_MAX_S = 30.0
 MAX_TOPICS = 1_024
 JOIN_RETRY_MS = 1_000
-TRANSPORT_FAULTS_BEFORE_BAN = 1  # framing is ours: no honest peer breaks it even once
-BAN_DURATION_MS = 10 * 60 * 1_000  # a peer disconnected for misbehaviour stays out this long  # how often a wanted membership is attempted again
+# Protocol faults on our own streams (oversized or garbage framing, trailing
+# bytes: see transport.libp2p_streams) come over an authenticated channel, so
+# they are the peer's code, not line noise; still, one could be our own bug
+# or a library glitch, and a ban splits the fleet for BAN_DURATION_MS. So a
+# peer is banned at the third within TRANSPORT_FAULT_WINDOW_MS: a hostile
+# peer reaches that at once, an honest one never. Breakages (a stream ending
+# mid-frame because its connection died) never count: they are logged and
+# counted as `transport_breakages`.
+TRANSPORT_FAULTS_BEFORE_BAN = 3
+TRANSPORT_FAULT_WINDOW_MS = 10 * 60 * 1_000
+BAN_DURATION_MS = 10 * 60 * 1_000  # a peer disconnected for misbehaviour stays out this long
 ACCESS_OPEN = "open"
 ACCESS_INVITE = "invite"
 ACCESS_MODES = (ACCESS_OPEN, ACCESS_INVITE)
@@ -189,11 +203,11 @@ class Topic:
 
     async def publish(self, payload: bytes, kind: str = "message") -> bytes:
         """Author an event; returns its id once it is durable (LMDB commit) and sent on."""
-        return self._node._publish(self, payload, kind)
+        return await self._node._publish(self, payload, kind)
 
     async def publish_many(self, payloads: Sequence[bytes], kind: str = "message") -> list[bytes]:
         """Author several events in one group commit; their ids once all are durable."""
-        return self._node._publish_many(self, payloads, kind)
+        return await self._node._publish_many(self, payloads, kind)
 
     async def wait_ready(self, timeout_s: float) -> None:
         with trio.fail_after(timeout_s):
@@ -206,18 +220,24 @@ class Topic:
             while self.replica.graph.delivered_count < count:
                 await self._changes.wait()
 
-    async def subscribe(self, since: int = 0, order: str = "causal") -> AsyncIterator[Delivered]:
+    async def subscribe(self, since: int = 0,
+                        order: str = "causal") -> AsyncIterator[Delivered | Rewind]:
         """Events from position `since` on, waiting for more.
 
         order="causal": every delivered event, never before its parents (default).
         order="confirmed": the quorum-confirmed total order; positions never change.
-        (The tentative view may rewind; read it with `replica.ordered("tentative")`.)
+        order="tentative": the full order (confirmed prefix, then the tentative
+        tail), which may reorder: a `Rewind(to_length)` item says to drop every
+        entry from position `to_length` on; the `Delivered` items after it replay
+        from there. Each `Delivered` position is the subscriber's current length
+        (positions from `since` on are watched). Only these yield `Rewind`.
         """
-        if order not in ("causal", "confirmed"):
-            raise NodeError('subscribe order must be "causal" or "confirmed"')
-        if order == "confirmed":
-            async for delivered in self._subscribe_confirmed(since):
-                yield delivered
+        if order not in ("causal", "confirmed", "tentative"):
+            raise NodeError('subscribe order must be "causal", "confirmed" or "tentative"')
+        if order != "causal":
+            view = self._subscribe_confirmed if order == "confirmed" else self._subscribe_tentative
+            async for item in view(since):
+                yield item
             return
         position = since
         while True:
@@ -242,6 +262,36 @@ class Topic:
                 continue
             for pos, event in batch:
                 yield Delivered(pos, event)
+                position = pos + 1
+
+    async def _subscribe_tentative(self, since: int) -> AsyncIterator[Delivered | Rewind]:
+        position = since  # the subscriber's length
+        stable = since  # entries sent below this were confirmed: they never change
+        sent: list[bytes] = []  # ids sent at positions stable .. position - 1
+        while True:
+            order = self.replica.ordering if self.replica.ready and self.replica.authorizing else None
+            if order is None:
+                await self._changes.wait()
+                continue
+            # The order may have changed while the consumer held an item: compare
+            # what was sent with the current view; only unconfirmed entries can differ.
+            current = order.full_slice(stable, len(sent))
+            keep = next((i for i, (_, now) in enumerate(current) if sent[i] != now), len(current))
+            if keep < len(sent):
+                del sent[keep:]
+                position = stable + keep
+                yield Rewind(position)
+            settled = min(order.confirmed_length, position) - stable
+            if settled > 0:
+                del sent[:settled]
+                stable += settled
+            batch = self.replica.ordered("tentative", since=position, limit=SUBSCRIBE_BATCH)
+            if not batch:
+                await self._changes.wait()
+                continue
+            for pos, event in batch:
+                yield Delivered(pos, event)
+                sent.append(event.id)
                 position = pos + 1
 
     def _count_acks(self) -> int:
@@ -312,6 +362,12 @@ class Node:
         self._transport_faults: dict[str, int] = {}
         self.stats: dict[str, int] = {"outbox_dropped": 0, "send_failed": 0, "log_failed": 0}
         self.metrics: MetricsExporter | None = None  # set by open() when metrics_port > 0
+        # Incoming frames and local publishes are applied in group commits (node.committer).
+        self.committer = Committer(self.disseminator, self._run, now_ms,
+                                   window_ms=config.commit_interval_ms)
+        # Relayed writers' requests (node.relay); their peers are devices, not replicas.
+        self.relay = RelayServer(self._relay_replica, rng)
+        self._relay_clients: set[str] = set()  # node ids of connected relay clients
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -402,6 +458,7 @@ class Node:
     async def _start(self) -> None:
         host = self.host
         host.set_message_handler(PROTOCOL_DISSEMINATION, self._on_frame)
+        host.set_request_handler(PROTOCOL_RELAY, self._on_relay_request)
         if host.gossip_enabled:
             host.set_gossip_handler(self._on_gossip)
         for topic_id, wants_membership in self._stored_topics():
@@ -410,10 +467,17 @@ class Node:
         self._nursery.start_soon(self._peer_events)
         self._nursery.start_soon(self._transport_misbehaviour)
         self._nursery.start_soon(self._ticker)
+        self._nursery.start_soon(self.committer.run)
         if self.metrics is not None:
             self._nursery.start_soon(self.metrics.serve)
+        # Peers whose connection dies (stalled, stale, restarted) are redialled
+        # while wanted (see _wants_peer); transport faults are windowed per peer.
+        self._redialer = Redialer(self.host, self._nursery, self._rng, self._wants_peer)
+        self._fault_times: dict[str, list[int]] = {}
         for address in self.config.bootstrap:
             self._nursery.start_soon(self._dial_with_retry, address)
+        if self.config.mdns:
+            self._nursery.start_soon(self._discover_on_lan)
 
     # ------------------------------------------------------------------ topics
 
@@ -535,36 +599,35 @@ class Node:
 
     # ------------------------------------------------------------------ publishing
 
-    def _publish(self, topic: Topic, payload: bytes, kind: str) -> bytes:
-        self._check_publishable(topic)
-        try:
-            event, _ = topic.replica.publish(payload, now_ms(), self._rng, kind=kind)
-        except NotAuthorizedError as exc:
-            raise NodeError(f"not allowed to publish: {exc}") from None
-        # on_publish commits before returning effects: the event is durable here.
-        self._run(self.disseminator.on_publish(topic.topic_id, event, now_ms()))
-        if self.host.gossip_enabled:
-            self._nursery.start_soon(self._gossip_publish, topic.topic_id, event)
-        return event.id
+    async def _publish(self, topic: Topic, payload: bytes, kind: str) -> bytes:
+        return (await self._publish_many(topic, [payload], kind))[0]
 
-    def _publish_many(self, topic: Topic, payloads: Sequence[bytes], kind: str) -> list[bytes]:
+    async def _publish_many(self, topic: Topic, payloads: Sequence[bytes],
+                            kind: str) -> list[bytes]:
+        """Author the events in the committer's next batch (one group commit with whatever
+        else arrived); their ids once that commit returned and they were sent on."""
         if not payloads:
             return []
         self._check_publishable(topic)
-        events = []
-        try:
-            for payload in payloads:
-                events.append(topic.replica.publish(payload, now_ms(), self._rng, kind=kind)[0])
-        except NotAuthorizedError as exc:
-            if not events:
+        replica = topic.replica
+
+        def make(now: int) -> list[Event]:  # runs inside the batch step
+            events: list[Event] = []
+            try:
+                for payload in payloads:
+                    events.append(replica.publish(payload, now, self._rng, kind=kind)[0])
+            except NotAuthorizedError as exc:
+                if events:
+                    replica.graph.discard_pending()  # all or nothing
                 raise NodeError(f"not allowed to publish: {exc}") from None
-            topic.replica.graph.discard_pending()  # all or nothing
-            raise NodeError(f"not allowed to publish: {exc}") from None
-        now = now_ms()
-        effects: list[object] = []
-        for event in events:  # the first on_publish commits them all: one fsync
-            effects += self.disseminator.on_publish(topic.topic_id, event, now)
-        self._run(effects)
+            return events
+
+        try:
+            events = await self.committer.author(topic.topic_id, make)
+        except CommitError as exc:
+            raise NodeError(f"publish not stored: {exc}") from None
+        if self.host.gossip_enabled:
+            self._nursery.start_soon(self._gossip_publish, topic.topic_id, events)
         return [e.id for e in events]
 
     def _state_action(self, topic: Topic, action) -> list[bytes]:
@@ -588,14 +651,52 @@ class Node:
             raise NodeError("the topic's create event has not arrived yet; wait for sync "
                             "(Topic.wait_ready) before publishing")
 
-    async def _gossip_publish(self, topic_id: bytes, event: Event) -> None:
+    async def _gossip_publish(self, topic_id: bytes, events: Sequence[Event]) -> None:
+        """Gossip a batch of new events: one Push per chunk that fits a gossip message."""
         from transport.messages import Push, encode  # the same frame the push path uses
 
-        try:
-            await self.host.publish(GOSSIP_TOPIC_PREFIX + topic_id.hex(),
-                                    encode(Push(topic_id, (event.raw,))))
-        except Exception as exc:  # gossip is best effort: anti-entropy repairs
-            logger.debug("gossip publish failed: %s", exc)
+        name = GOSSIP_TOPIC_PREFIX + topic_id.hex()
+        for chunk in gossip_chunks([event.raw for event in events]):
+            try:
+                await self.host.publish(name, encode(Push(topic_id, tuple(chunk))))
+            except Exception as exc:  # gossip is best effort: anti-entropy repairs
+                logger.debug("gossip publish failed: %s", exc)
+
+    # ------------------------------------------------------------------ relayed writers
+
+    def _relay_replica(self, topic_id: bytes) -> Replica | None:
+        topic = self._topics.get(topic_id)
+        return None if topic is None else topic.replica
+
+    async def _on_relay_request(self, peer: str, data: bytes) -> bytes:
+        """A relayed device's request (node.relay, transport.relay). A submit is answered
+        only after what it added is durable, disseminated, and an ack is asked for."""
+        node_id = self._node_id_of(peer)
+        if node_id is None:
+            return encode_relay(Refused(REASON_BAD_REQUEST, "not an ed25519 peer id"))
+        if node_id not in self._relay_clients:
+            # A device, not a replica: keep it out of push fan-out and anti-entropy.
+            self._relay_clients.add(node_id)
+            self._run(self.disseminator.on_peer_down(node_id, now_ms()))
+        handled = self.relay.handle(bytes.fromhex(node_id), data, now_ms())
+        if handled.topic is not None and handled.wrote:
+            self._relayed_accepted(handled)
+        return handled.response
+
+    def _relayed_accepted(self, handled: Handled) -> None:
+        """Commit what a submit added, push it on as its entry point, reference it now."""
+        topic = self._topics.get(handled.topic) if handled.topic is not None else None
+        if topic is None:
+            return
+        topic.replica.commit()  # one group commit for the whole submit
+        now = now_ms()
+        effects: list[object] = []
+        for event in handled.applied:  # commits nothing more; logs `created` here, pushes
+            effects += self.disseminator.on_publish(topic.topic_id, event, now)
+            if self.host.gossip_enabled:
+                self._nursery.start_soon(self._gossip_publish, topic.topic_id, event)
+        self._run(effects)
+        self._acknowledge(now)  # the relay duty: reference them (rate-limited in the replica)
 
     # ------------------------------------------------------------------ effects
 
@@ -629,6 +730,12 @@ class Node:
             await self.host.disconnect(self._peer_id_of(peer))
         except Exception as exc:
             logger.debug("disconnect of %s failed: %s", peer, exc)
+
+    def _wants_peer(self, peer_id: str) -> bool:
+        """Should a connection to `peer_id` that died be redialled? Not if banned or a device."""
+        node_id = self._node_id_of(peer_id)
+        return (node_id is not None and node_id not in self._relay_clients
+                and self._banned.get(node_id, 0) <= now_ms())
 
     # ------------------------------------------------------------------ background tasks
 
@@ -673,37 +780,61 @@ class Node:
             if node_id is None:
                 logger.info("ignoring peer %s: not an ed25519 identity", event.peer_id)
                 continue
+            # Connection churn, refreshed on every peer event (status reads self.stats).
+            self.stats["connections_aborted"] = self.host.connections_aborted
+            self.stats["redials"] = self._redialer.redials
             if event.up:
+                if node_id in self._relay_clients:
+                    continue  # a relayed device: no replica to gossip or sync with
                 if self._banned.get(node_id, 0) > now_ms():
                     self._nursery.start_soon(self._disconnect, node_id)  # still banned
                     continue
+                self._redialer.peer_up(event.peer_id)
                 self._run(self.disseminator.on_peer_up(node_id, now_ms()))
             else:
+                if node_id not in self._relay_clients:
+                    self._redialer.peer_down(event.peer_id)
+                self._relay_clients.discard(node_id)
                 self._run(self.disseminator.on_peer_down(node_id, now_ms()))
 
     async def _transport_misbehaviour(self) -> None:
-        """Frames the transport refused (oversized, garbage framing): honest peers never
-        send them, so TRANSPORT_FAULTS_BEFORE_BAN of them disconnect and ban the peer."""
+        """What the transport reported about a peer's streams.
+
+        Protocol faults (oversized, garbage framing): TRANSPORT_FAULTS_BEFORE_BAN of them
+        within TRANSPORT_FAULT_WINDOW_MS disconnect and ban the peer. Breakages (a stream
+        cut mid-frame by its dying connection) are only logged and counted.
+        """
         async for report in self._misbehaviour_receive:
             node_id = self._node_id_of(report.peer_id)
             if node_id is None:
                 continue
-            faults = self._transport_faults.get(node_id, 0) + 1
-            self._transport_faults[node_id] = faults
+            if not report.is_protocol_fault:
+                self.stats["transport_breakages"] = self.stats.get("transport_breakages", 0) + 1
+                logger.info("peer %s: stream broke (%s: %s); not counted as a fault",
+                            node_id, report.reason, report.detail)
+                continue
+            now = now_ms()
+            recent = [t for t in self._fault_times.get(node_id, ())
+                      if now - t < TRANSPORT_FAULT_WINDOW_MS]
+            recent.append(now)
+            self._fault_times[node_id] = recent
+            self._transport_faults[node_id] = self._transport_faults.get(node_id, 0) + 1
             self.stats["transport_faults"] = self.stats.get("transport_faults", 0) + 1
             logger.info("peer %s: transport fault %s (%s)", node_id, report.reason, report.detail)
-            if faults >= TRANSPORT_FAULTS_BEFORE_BAN:
+            if len(recent) >= TRANSPORT_FAULTS_BEFORE_BAN:
+                del self._fault_times[node_id]
+                self.stats["transport_bans"] = self.stats.get("transport_bans", 0) + 1
                 self._run([Disconnect(node_id, f"transport:{report.reason}")])
 
     async def _on_frame(self, peer: str, data: bytes) -> None:
         node_id = self._node_id_of(peer)
         if node_id is not None:
-            self._run(self.disseminator.on_message(node_id, data, now_ms()))
+            await self.committer.receive(node_id, data)  # applied in the next group commit
 
     async def _on_gossip(self, topic_name: str, origin: str, data: bytes) -> None:
         node_id = self._node_id_of(origin)
         if node_id is not None:
-            self._run(self.disseminator.on_message(node_id, data, now_ms()))
+            await self.committer.receive(node_id, data)
 
     async def _dial_with_retry(self, address: str) -> None:
         delay = BOOTSTRAP_RETRY_S
@@ -716,16 +847,58 @@ class Node:
             await trio.sleep(delay)
             delay = min(delay * 2, BOOTSTRAP_RETRY_MAX_S)
 
+    async def _discover_on_lan(self) -> None:
+        """Dial the megnode peers mDNS finds on the LAN (config `mdns`); see node.mdns."""
+        from node import mdns  # imported only when enabled: zeroconf is a heavy import
+
+        dialling: set[str] = set()
+        try:
+            async with mdns.mdns_discovery(self.host.libp2p, self.addresses) as found:
+                async for peer in found:
+                    if peer.peer_id not in dialling and peer.peer_id not in self.host.peers():
+                        dialling.add(peer.peer_id)
+                        self._nursery.start_soon(self._dial_discovered, peer, dialling)
+        except mdns.MdnsError as exc:
+            logger.warning("mDNS discovery is off: %s", exc)
+
+    async def _dial_discovered(self, peer: Any, dialling: set[str]) -> None:
+        from node import mdns
+
+        try:
+            # Both sides find each other at about the same time; one dial is enough.
+            if peer.peer_id > self.host.peer_id:
+                await trio.sleep(mdns.DIAL_DEFER_S)
+            delay = mdns.DIAL_RETRY_S
+            for _ in range(mdns.DIAL_ATTEMPTS):
+                for address in peer.addresses:
+                    if peer.peer_id in self.host.peers():
+                        return
+                    try:
+                        await self.connect(address)
+                        return
+                    except NodeError as exc:
+                        logger.info("mDNS peer %s: %s", address, exc)
+                await trio.sleep(delay)
+                delay *= 2
+        finally:
+            dialling.discard(peer.peer_id)  # found again later, it is dialled again
+
     # ------------------------------------------------------------------ peers and status
 
     async def connect(self, address: str) -> str:
-        """Dial a peer by its /p2p/ multiaddr; returns its peer id."""
+        """Dial a peer by its /p2p/ multiaddr; returns its peer id.
+
+        A peer we hold a connection to is checked first (P2PHost.connect): a
+        dead connection is dropped and dialled anew, not taken as "connected".
+        """
         try:
-            return await self.host.connect(address)
+            peer_id = await self.host.connect(address)
         except ValueError as exc:
             raise NodeError(str(exc)) from None
         except ConnectError as exc:
             raise NodeError(str(exc)) from None
+        self._redialer.remember(peer_id, [address])
+        return peer_id
 
     @property
     def addresses(self) -> tuple[str, ...]:
@@ -739,7 +912,8 @@ class Node:
             "peers": sorted(self.host.peers()),
             "fast_path": self.config.fast_path,
             "topics": [t.status() for t in self._topics.values()],
-            "stats": dict(self.stats) | {k: v for k, v in self.disseminator.stats.items()},
+            "stats": dict(self.stats) | {k: v for k, v in self.disseminator.stats.items()}
+            | {f"relay.{k}": v for k, v in self.relay.stats.items()},
         }
 
 

@@ -26,6 +26,7 @@ from storage.protocol import (
     StoreClosedError,
     StoreError,
 )
+from storage.writer import PendingCommit, completed_commit
 
 # Every store records its format in TABLE_META under this key (the LMDB store
 # checks it on open). The key is reserved: a batch that writes or deletes it is
@@ -83,13 +84,18 @@ def check_batch(ops: Sequence[Op]) -> None:
         check_op(op)
 
 
-def check_writes(writes: Mapping[str, Mapping[bytes, bytes | None]]) -> None:
+def check_writes(writes: Mapping[str, Mapping[bytes, bytes | None]]) -> frozenset[str]:
     """`check_batch` for a write-set {table: {key: value, or None to delete}}.
 
-    The same rules op by op, written as one loop per table because it runs
-    for every key of every group commit (a few per event).
+    The same rules op by op. It runs over every key of every group commit (a
+    few per event), so the common case is tested a table at a time by
+    builtins that loop in C (the types present, the shortest and longest
+    key, the longest value); only a table that fails goes through the
+    per-key loop, which names the problem. Returns the tables that hold
+    deletes (a store can hand the others to its engine as they are).
     """
     count = 0
+    with_deletes: set[str] = set()
     for table, pending in writes.items():
         if table not in TABLES:
             raise StoreError(f"unknown table {table!r}")
@@ -98,17 +104,38 @@ def check_writes(writes: Mapping[str, Mapping[bytes, bytes | None]]) -> None:
             raise StoreError(f"batch of more than MAX_BATCH_OPS={MAX_BATCH_OPS} ops")
         if table == TABLE_META and STORE_FORMAT_KEY in pending:
             raise StoreError(f"meta key {STORE_FORMAT_KEY!r} is reserved for the store itself")
-        for key, value in pending.items():
-            if not (isinstance(key, bytes) and 0 < len(key) <= MAX_KEY_BYTES):
-                check_key(key)  # raises with the precise message
-            if value is not None and not (
-                isinstance(value, bytes) and len(value) <= MAX_VALUE_BYTES
-            ):
-                if not isinstance(value, bytes):
-                    raise StoreError("values must be bytes")
-                raise StoreError(
-                    f"value of {len(value)} bytes exceeds MAX_VALUE_BYTES={MAX_VALUE_BYTES}"
-                )
+        if not pending:
+            continue
+        value_types = set(map(type, pending.values()))
+        if _NONE_TYPE in value_types:
+            with_deletes.add(table)
+        if not (
+            set(map(type, pending)) == _BYTES_ONLY
+            and min(map(len, pending)) > 0
+            and max(map(len, pending)) <= MAX_KEY_BYTES
+            and value_types <= _VALUE_TYPES
+            and max(map(len, filter(None, pending.values())), default=0) <= MAX_VALUE_BYTES
+        ):
+            _check_each_write(pending)
+    return frozenset(with_deletes)
+
+
+_NONE_TYPE = type(None)
+_BYTES_ONLY = {bytes}
+_VALUE_TYPES = {bytes, _NONE_TYPE}
+
+
+def _check_each_write(pending: Mapping[bytes, bytes | None]) -> None:
+    """The per-key checks of `check_writes`: raises naming the first bad write."""
+    for key, value in pending.items():
+        if not (isinstance(key, bytes) and 0 < len(key) <= MAX_KEY_BYTES):
+            check_key(key)  # raises with the precise message
+        if value is not None and not (isinstance(value, bytes) and len(value) <= MAX_VALUE_BYTES):
+            if not isinstance(value, bytes):
+                raise StoreError("values must be bytes")
+            raise StoreError(
+                f"value of {len(value)} bytes exceeds MAX_VALUE_BYTES={MAX_VALUE_BYTES}"
+            )
 
 
 def prefix_upper_bound(prefix: bytes) -> bytes | None:
@@ -201,6 +228,17 @@ class MemoryStore:
                 else:
                     table[key] = value
         self.commits += 1
+
+    def begin_apply_writes(
+        self, writes: Mapping[str, Mapping[bytes, bytes | None]]
+    ) -> PendingCommit:
+        """`apply_writes`, done before returning: the handle is already settled.
+
+        The same interface as `LmdbStore.begin_apply_writes`, so the graph's
+        pipelined commit runs on both stores (the simulator has no disk to wait for).
+        """
+        self.apply_writes(writes)
+        return completed_commit()
 
     def close(self) -> None:
         self._closed = True

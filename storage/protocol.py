@@ -22,14 +22,15 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
-# The named tables. Adding one is a storage format change: bump STORE_FORMAT.
-TABLE_EVENTS = "events"  # topic|id -> stored event record (raw event + depth)
-TABLE_CHILDREN = "children"  # topic|parent|child -> b""
+# The named tables. Adding one, or changing what a table holds (the key layout
+# of node.core.graph included), is a storage format change: bump STORE_FORMAT.
+TABLE_EVENTS = "events"  # topic|id -> delivery position (the id index)
+TABLE_CHILDREN = "children"  # topic|parent's delivery position|child -> b""
 TABLE_EXTREMITIES = "extremities"  # topic|id -> b""
 TABLE_BUFFER = "buffer"  # topic|id -> buffered raw event (parents missing)
 TABLE_BUFFER_INDEX = "buffer_index"  # topic|missing parent|id, topic|author|arrival|id, ...
 TABLE_AUTHORS = "authors"  # topic|author|seq|id -> b"" (per-author sequence index)
-TABLE_DELIVERY = "delivery"  # topic|position(8 bytes BE) -> id (causal delivery order)
+TABLE_DELIVERY = "delivery"  # topic|position(8 bytes BE) -> event record (depth + raw event)
 TABLE_META = "meta"  # anything small: counters, cursors, format version
 TABLE_STATE = "state"  # reserved for topic state (state groups)
 TABLE_ORDER = "order"  # reserved for the linearizer's persisted output
@@ -47,7 +48,10 @@ TABLES: tuple[str, ...] = (
     TABLE_ORDER,
 )
 
-STORE_FORMAT = 1
+# 1: events keyed by id. 2: events keyed by delivery position, with an id
+# index, and children under the parent's position (sequential keys: a group
+# commit writes a few pages instead of one per event; node.core.graph).
+STORE_FORMAT = 2
 
 # Limits that every implementation enforces alike, so the conformance suite
 # can check them and callers get the same error everywhere.

@@ -11,14 +11,22 @@ reproduces a whole simulated network.
 Durability first: every batch of received events is group-committed
 (`replica.commit()`) before any effect that forwards or answers it is
 returned, so nothing is ever relayed or acknowledged that a crash could lose.
+`on_batch` widens the batch to many frames (and local publishes): every
+topic they touch is committed once, after all of them, and only then are
+their effects returned — the engine side of the node's group-commit window
+(`node/committer.py`).
 
 Three mechanisms move events (`docs/anti-entropy.md` has the full argument
 and the measurements):
 
 1. **Push (gossip fast path).** A published event is pushed to
    `push_fanout` random peers; an event first received by push is forwarded
-   the same way (eager flooding, like a GossipSub mesh). Duplicates are
-   recognised by id before the signature is checked, so they cost one hash.
+   once, to `forward_fanout` random peers other than the one it came from
+   and its author (infect-and-die gossip: each node relays an event at most once, so an
+   event costs at most push_fanout + (n-1)·forward_fanout pushes, about
+   forward_fanout receipts per replica, whatever n). Push alone reaches most
+   replicas; anti-entropy delivers the rest. Duplicates are recognised by id
+   before the signature is checked, so they cost one hash.
 2. **Anti-entropy (the guarantee).** Every `sync_interval_ms` (± jitter) each
    topic offers its heads to one random peer; the exchange is Kleppmann &
    Howard's Algorithm 2 made asymmetric, with a depth window for peers we
@@ -103,7 +111,14 @@ PeerId = str
 
 # ----------------------------------------------------------------- named limits and defaults
 
-DEFAULT_PUSH_FANOUT = 6  # GossipSub's D: copies of each new event a node sends
+DEFAULT_PUSH_FANOUT = 6  # GossipSub's D: copies of each new event its author sends
+# Copies a relay sends of an event it accepted first by push (once per event).
+# Infect-and-die with fanout k reaches the fraction z = 1 - exp(-k z) of a
+# large mesh by push alone (k=3: ~94%, plus the author's wider first hop);
+# each replica then receives about k copies of each event, so duplicates per
+# event grow as n·(k-1) instead of n·(push_fanout-1). docs/anti-entropy.md
+# has the simulator's figures for 5..50 replicas.
+DEFAULT_FORWARD_FANOUT = 3
 DEFAULT_SYNC_INTERVAL_MS = 1_000
 DEFAULT_SYNC_JITTER_MS = 250  # spreads offers so nodes do not all sync in lockstep
 DEFAULT_WANT_RETRY_MS = 500  # > a few one-way latencies: gives push a chance first
@@ -182,6 +197,7 @@ class DisseminationConfig:
     push: bool = True
     push_fanout: int = DEFAULT_PUSH_FANOUT
     forward_pushed: bool = True  # relay events first received by push
+    forward_fanout: int = DEFAULT_FORWARD_FANOUT  # peers a relay forwards such an event to
     sync_interval_ms: int = DEFAULT_SYNC_INTERVAL_MS
     sync_jitter_ms: int = DEFAULT_SYNC_JITTER_MS
     sync_on_connect: bool = True
@@ -218,6 +234,8 @@ class DisseminationConfig:
             raise ValueError("sync_jitter_ms must be in [0, sync_interval_ms)")
         if self.depletion_backoff_ms < 1:
             raise ValueError("depletion_backoff_ms must be >= 1")
+        if self.push_fanout < 0 or self.forward_fanout < 0:
+            raise ValueError("push_fanout and forward_fanout must be >= 0")
 
 
 # ----------------------------------------------------------------- reconciliation walks
@@ -376,6 +394,7 @@ class Disseminator:
         self._next_xid = 1
         self.peer_misbehaviour: Counter[PeerId] = Counter()
         self.stats: Counter[str] = Counter()
+        self._deferring = False  # inside on_batch: commits wait for the end of the batch
 
     # ------------------------------------------------------------- topology
 
@@ -383,8 +402,23 @@ class Disseminator:
         self._replicas[replica.topic_id] = replica
         self._timers[replica.topic_id] = _TopicTimers()
 
+    def remove_topic(self, topic: bytes) -> None:
+        """Stop replicating `topic` here (the runtime's `leave`); unknown topics are ignored."""
+        self._replicas.pop(topic, None)
+        self._timers.pop(topic, None)
+        for key in [k for k in self._sessions if k[1] == topic]:
+            del self._sessions[key]
+        for key in [k for k in self._since if k[1] == topic]:
+            del self._since[key]
+        for key in [k for k in self._want_source if k[0] == topic]:
+            del self._want_source[key]
+
     def replica(self, topic: bytes) -> Replica:
         return self._replicas[topic]
+
+    @property
+    def topics(self) -> tuple[bytes, ...]:
+        return tuple(sorted(self._replicas))
 
     @property
     def peers(self) -> tuple[PeerId, ...]:
@@ -417,7 +451,42 @@ class Disseminator:
         replica = self._replicas[topic]
         replica.commit()  # durable before anyone hears of it
         out = [self._log("created", now_ms, topic, event=event, depth=replica.graph.depth(event.id))]
-        out += self._push(topic, [event.raw], exclude=None)
+        out += self._push(topic, [event.raw], exclude=(), fanout=self.config.push_fanout)
+        return self._clean(out)
+
+    def on_batch(self, frames: Sequence[tuple[PeerId, bytes]], now_ms: int,
+                 published: Sequence[tuple[bytes, Sequence[Event]]] = ()) -> list[Effect]:
+        """Handle many frames and local publishes with one commit per touched topic.
+
+        `published` are (topic, events) a local author just added (replica.publish,
+        not yet committed). Every frame is handled as by `on_message`, but the
+        commits `on_message` would make after each frame are deferred: each
+        topic with pending writes is committed once, after all of them, and
+        only then are the effects returned — so, as for single messages, no
+        effect forwards, answers or logs an event a crash could lose. If a
+        commit fails the exception propagates and no effect is returned; the
+        caller must `discard_pending()` on the topics still holding writes.
+        """
+        out: list[Effect | None] = []
+        self._deferring = True
+        try:
+            for topic, events in published:
+                replica = self._replicas[topic]
+                for event in events:
+                    out.append(self._log("created", now_ms, topic, event=event,
+                                         depth=replica.graph.depth(event.id)))
+                out += self._push(topic, [e.raw for e in events], exclude=(),
+                                  fanout=self.config.push_fanout)
+            for peer, data in frames:
+                out += self.on_message(peer, data, now_ms)
+        finally:
+            self._deferring = False
+        for topic in sorted(self._replicas):
+            replica = self._replicas[topic]
+            if replica.graph.pending_ops:
+                replica.commit()
+                self.stats["batch_commits"] += 1
+        self.stats["batches"] += 1
         return self._clean(out)
 
     def tick(self, now_ms: int, rng: random.Random | None = None) -> list[Effect]:
@@ -466,7 +535,12 @@ class Disseminator:
         out: list[Effect] = []
         fresh = self._ingest(peer, replica, message.events, GOSSIP, now_ms, out)
         if fresh and self.config.forward_pushed:
-            out += self._push(replica.topic_id, fresh, exclude=peer)
+            # Only events new here (each node relays an event at most once), never
+            # to a peer sure to hold them (the sender, their author), to a bounded
+            # number of others.
+            holders = self._holders(replica, peer, fresh)
+            out += self._push(replica.topic_id, fresh, exclude=holders,
+                              fanout=self.config.forward_fanout)
         return out
 
     def _on_offer(self, peer: PeerId, replica: Replica, offer: Offer, now_ms: int) -> list[Effect]:
@@ -614,7 +688,7 @@ class Disseminator:
             self._log("dummy", now_ms, topic, event=event, width=width),
             self._log("created", now_ms, topic, event=event, depth=replica.graph.depth(event.id)),
         ]
-        return out + self._push(topic, [event.raw], exclude=None)
+        return out + self._push(topic, [event.raw], exclude=(), fanout=self.config.push_fanout)
 
     def _wants(self, topic: bytes, replica: Replica, rng: random.Random) -> list[Effect]:
         if not self._peers or not replica.graph.buffered_count:
@@ -701,13 +775,27 @@ class Disseminator:
                 return list(raws[:count]), True
         return list(raws), False
 
-    def _push(self, topic: bytes, raws: list[bytes], exclude: PeerId | None) -> list[Effect]:
-        if not self.config.push:
+    def _holders(self, replica: Replica, sender: PeerId,
+                 raws: Sequence[bytes]) -> tuple[PeerId, ...]:
+        """Peers certain to hold all of `raws`: the sender, and their author if they share one
+        (a node's id is its key in hex, the key that signed its events)."""
+        authors = set()
+        for raw in raws:
+            event = replica.graph.get(event_id_of(raw)) or replica.graph.buffered_event(
+                event_id_of(raw))
+            authors.add(None if event is None else event.author)
+        if len(authors) == 1 and None not in authors:
+            return (sender, next(iter(authors)).hex())
+        return (sender,)
+
+    def _push(self, topic: bytes, raws: list[bytes], exclude: Sequence[PeerId],
+              fanout: int) -> list[Effect]:
+        if not self.config.push or fanout <= 0:
             return []
-        candidates = [p for p in self._peers if p != exclude]
+        candidates = [p for p in self._peers if p not in exclude]
         if not candidates:
             return []
-        chosen = self._rng.sample(candidates, min(self.config.push_fanout, len(candidates)))
+        chosen = self._rng.sample(candidates, min(fanout, len(candidates)))
         out: list[Effect] = []
         while raws:
             batch, _ = self._take_raws(raws)
@@ -732,7 +820,7 @@ class Disseminator:
         for raw in raws:
             event_id = event_id_of(raw)
             # Content-addressed: a known id is these very bytes, so skip the signature
-            # check. The hot path: each node hears each event about push_fanout times.
+            # check. The hot path: each node hears each event about forward_fanout times.
             if graph.has(event_id) or graph.is_buffered(event_id):
                 self.stats["duplicates"] += 1
                 if logging:
@@ -770,8 +858,10 @@ class Disseminator:
                 if rejected_id != event_id:
                     out.append(self._log("rejected", now_ms, topic, event_id=rejected_id,
                                          reason=reason))
-        if graph.pending_ops:
-            replica.commit()  # durable before anything is forwarded or answered
+        if graph.pending_ops and not self._deferring:
+            # Durable before anything is forwarded or answered (in a batch,
+            # on_batch commits once at its end, before returning any effect).
+            replica.commit()
         if fresh and channel == SYNC:
             self._note_news(topic, peer)
         return fresh

@@ -39,7 +39,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import libp2p.pubsub.pubsub as _pubsub_module
@@ -52,6 +52,7 @@ from libp2p.pubsub.pb import rpc_pb2
 from libp2p.pubsub.pubsub import Pubsub
 
 from transport.libp2p_streams import parse_peer_id
+from transport.messages import MAX_EVENTS_PER_MESSAGE
 
 logger = logging.getLogger(__name__)
 
@@ -71,6 +72,10 @@ GOSSIP_INBOX_MESSAGES = 8192  # ours, between the drainers and the handler
 # The library refuses RPCs above 1 MiB; leave room for the RPC envelope.
 MAX_GOSSIP_MESSAGE_BYTES = 512 * 1024
 MESSAGE_ID_BYTES = 32
+# A Push's msgpack envelope (version, tag, topic id) and per-event framing
+# (a bin header) are bounded by these; chunks leave room for both.
+PUSH_ENVELOPE_BYTES = 64
+PUSH_EVENT_FRAMING_BYTES = 5
 ORIGIN_CACHE_SIZE = 1024  # from_id bytes -> base58, saves an encode per message
 
 GossipHandler = Callable[[str, str, bytes], Awaitable[None]]
@@ -105,6 +110,30 @@ def content_message_id(message: rpc_pb2.Message) -> bytes:
         digest.update(name)
     digest.update(message.data)
     return digest.digest()
+
+
+def gossip_chunks(raws: Sequence[bytes],
+                  max_bytes: int = MAX_GOSSIP_MESSAGE_BYTES) -> Iterator[list[bytes]]:
+    """Consecutive chunks of `raws`, each small enough for one gossip Push message.
+
+    A batch publish is gossiped as one message per chunk, not one per event:
+    gossipsub's cost is per message (an RPC, a message id, a seen-cache entry,
+    a write per mesh peer). A chunk holds at most MAX_EVENTS_PER_MESSAGE
+    events, and its encoded Push at most `max_bytes`; an event too large for
+    any chunk (it cannot be, events are far below the limit) travels alone.
+    """
+    budget = max_bytes - PUSH_ENVELOPE_BYTES
+    chunk: list[bytes] = []
+    size = 0
+    for raw in raws:
+        cost = len(raw) + PUSH_EVENT_FRAMING_BYTES
+        if chunk and (size + cost > budget or len(chunk) >= MAX_EVENTS_PER_MESSAGE):
+            yield chunk
+            chunk, size = [], 0
+        chunk.append(raw)
+        size += cost
+    if chunk:
+        yield chunk
 
 
 @functools.lru_cache(maxsize=ORIGIN_CACHE_SIZE)

@@ -34,12 +34,25 @@ What we configure on py-libp2p 0.8.1 and why:
   dial (bootstrap, mDNS).
 * Identify's observed-address discovery is off so `listen_addrs()` reports
   what we bound, not what loopback peers saw.
+* Secure-channel writes are whole-or-abort (`transport.libp2p_write_path`):
+  py-libp2p lets a cancelled write leave half a Noise message on the wire,
+  which silently wedges or breaks the connection.
+
+Dead connections. A peer that stops reading keeps its connection "open" for
+as long as nobody writes to it. Three things turn that into a clean "down"
+(counted in `connections_aborted`): a write the peer does not take within
+`WRITE_STALL_TIMEOUT_S` aborts the connection; `STALE_STREAM_FAILURES`
+timed-out stream opens/writes in a row abort it too; and `connect` to a peer
+we think we are connected to first checks the connection with a libp2p ping
+(`LIVENESS_PROBE_TIMEOUT_S`) and redials if it is dead. Whom to redial after
+a "down" is the owner's choice (`transport.libp2p_redial`).
 """
 
 from __future__ import annotations
 
 import functools
 import logging
+import os
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field
@@ -53,15 +66,21 @@ from libp2p.crypto.ed25519 import Ed25519PublicKey, create_new_key_pair
 from libp2p.crypto.keys import KeyPair
 from libp2p.crypto.x25519 import create_new_key_pair as create_noise_key_pair
 from libp2p.custom_types import TProtocol
+from libp2p.host.ping import ID as PING_PROTOCOL_ID
+from libp2p.host.ping import PING_LENGTH
+from libp2p.io.utils import read_exactly
 from libp2p.network.config import ConnectionConfig
 from libp2p.peer.id import ID
 from libp2p.peer.peerinfo import info_from_p2p_addr
+from libp2p.peer.peerstore import PeerStoreError
 from libp2p.security.noise.transport import PROTOCOL_ID as NOISE_PROTOCOL_ID
 from libp2p.security.noise.transport import Transport as NoiseTransport
 from libp2p.stream_muxer.yamux.yamux import PROTOCOL_ID as YAMUX_PROTOCOL_ID
 from libp2p.stream_muxer.yamux.yamux import Yamux
 from libp2p.tools.anyio_service import background_trio_service
 
+from transport import libp2p_write_path
+from transport.libp2p_write_path import abort_session
 from transport.libp2p_gossip import GossipConfig, GossipHandler, GossipStats, GossipTopics, build_pubsub
 from transport.libp2p_messages import MessageStreams
 from transport.libp2p_requests import RequestProtocols
@@ -74,6 +93,7 @@ from transport.libp2p_streams import (
     MisbehaviourCallback,
     RequestHandler,
     StreamLimits,
+    close_quietly,
     parse_peer_id,
 )
 
@@ -86,6 +106,13 @@ CONNECT_TIMEOUT_S = 10.0
 DIAL_TIMEOUT_S = 10.0
 HOST_CLOSE_TIMEOUT_S = 5.0  # bound on the shielded close at exit
 GOSSIP_MESH_TIMEOUT_S = 10.0
+# A live connection answers a libp2p ping well within this even when busy;
+# `connect` to a peer that does not is treated as a dead connection.
+LIVENESS_PROBE_TIMEOUT_S = 5.0
+# After aborting a connection, how long `connect` waits for py-libp2p to
+# forget it (its close path ends with a fixed 0.1 s sleep) before dialling.
+CONNECTION_GONE_TIMEOUT_S = 2.0
+CONNECTION_GONE_POLL_S = 0.05
 DEFAULT_GOSSIP = GossipConfig()
 DEFAULT_LIMITS = StreamLimits()
 
@@ -208,11 +235,13 @@ class P2PHost:
         self._on_misbehaviour = on_misbehaviour
         self.peer_id = ID.from_pubkey(self._key_pair.public_key).to_base58()
         self._misbehaviour_counts: dict[str, int] = {}
+        self.stale_aborts = 0  # connections we aborted because they looked dead
         self._tracker = _PeerTracker(on_peer, self._peer_went_down)
         self._host: IHost | None = None
         self._requests: RequestProtocols | None = None
         self._messages: MessageStreams | None = None
         self._gossip: GossipTopics | None = None
+        self._nursery: trio.Nursery | None = None
         self._context: AbstractAsyncContextManager[None] | None = None
 
     # -- lifecycle --------------------------------------------------------------
@@ -236,6 +265,7 @@ class P2PHost:
     @asynccontextmanager
     async def _run(self) -> AsyncIterator[None]:
         key_pair = self._key_pair
+        libp2p_write_path.install()
         host = new_host(
             key_pair=key_pair,
             sec_opt={
@@ -270,8 +300,10 @@ class P2PHost:
             nursery = await stack.enter_async_context(trio.open_nursery())
             # Pushed after the nursery, so it runs first: cancel, then join.
             stack.callback(nursery.cancel_scope.cancel)
+            self._nursery = nursery
             self._requests = RequestProtocols(host, self._limits, self._misbehaved)
-            self._messages = MessageStreams(host, nursery, self._limits, self._misbehaved)
+            self._messages = MessageStreams(host, nursery, self._limits, self._misbehaved,
+                                            self._stale)
             if pubsub_router is not None:
                 self._gossip = GossipTopics(pubsub, router, nursery, self._gossip_config)
             try:
@@ -280,6 +312,7 @@ class P2PHost:
                 self._requests = None
                 self._messages = None
                 self._gossip = None
+                self._nursery = None
                 self._host = None
 
     @staticmethod
@@ -333,11 +366,27 @@ class P2PHost:
         """Peers with at least one open connection."""
         return frozenset(self._tracker.connections)
 
+    def peer_addresses(self, peer_id: str) -> tuple[str, ...]:
+        """Dialable addresses (`.../p2p/<id>`) the peerstore knows for `peer_id`.
+
+        The ones we dialled, and the listen addresses a peer that dialled us
+        announced through identify.
+        """
+        try:
+            addresses = self._running_host().get_peerstore().addrs(parse_peer_id(peer_id))
+        except (PeerStoreError, ValueError):
+            return ()
+        suffix = f"/p2p/{peer_id}"
+        return tuple(str(a) if str(a).endswith(suffix) else f"{a}{suffix}" for a in addresses)
+
     async def connect(self, address: str, timeout_s: float = CONNECT_TIMEOUT_S) -> str:
         """Dial a `/ip4/.../tcp/.../p2p/<id>` address; return the peer id.
 
         Raises `ValueError` for a malformed address, `ConnectError` if the
-        peer cannot be reached or is not who the address says.
+        peer cannot be reached or is not who the address says. A peer we hold
+        a connection to is pinged first: if that connection is dead it is
+        aborted and the peer dialled anew (py-libp2p alone would return at
+        once, "connected").
         """
         host = self._running_host()
         try:
@@ -346,6 +395,12 @@ class P2PHost:
             raise ValueError(f"not a peer address (/…/p2p/<id>): {address!r}: {error}") from None
         if info.peer_id.to_base58() == self.peer_id:
             raise ValueError(f"{address} is this host's own address")
+        peer_id = info.peer_id.to_base58()
+        if peer_id in self.peers() and not await self.is_alive(
+                peer_id, min(timeout_s, LIVENESS_PROBE_TIMEOUT_S)):
+            # "Connected" but dead: py-libp2p's connect would return at once.
+            logger.info("connection to %s does not answer; redialling", peer_id)
+            await self.abort(peer_id)
         try:
             with trio.fail_after(timeout_s):
                 await host.connect(info)
@@ -374,6 +429,59 @@ class P2PHost:
                 await host.disconnect(target)
             except Exception:
                 logger.debug("host.disconnect(%s) failed", peer_id, exc_info=True)
+
+    async def is_alive(self, peer_id: str, timeout_s: float = LIVENESS_PROBE_TIMEOUT_S) -> bool:
+        """True if the connection to `peer_id` answers a libp2p ping within `timeout_s`."""
+        host = self._running_host()
+        challenge = os.urandom(PING_LENGTH)
+        stream: INetStream | None = None
+        try:
+            with trio.fail_after(timeout_s):
+                stream = await host.new_stream(parse_peer_id(peer_id), [PING_PROTOCOL_ID])
+                await stream.write(challenge)
+                answer = await read_exactly(stream, PING_LENGTH)
+        except (trio.TooSlowError, *STREAM_ERRORS):
+            answer = b""
+        if stream is not None:
+            await close_quietly(stream, reset=answer != challenge)
+        return answer == challenge
+
+    async def abort(self, peer_id: str) -> None:
+        """Drop every connection to `peer_id` at once: close the sockets, say no goodbye.
+
+        For a connection that looks dead, where a graceful close would wait on
+        writes the peer will never take. Returns once py-libp2p has forgotten
+        the connections (bounded by CONNECTION_GONE_TIMEOUT_S).
+        """
+        host = self._running_host()
+        target = parse_peer_id(peer_id)
+        with trio.CancelScope(shield=True), trio.move_on_after(HOST_CLOSE_TIMEOUT_S):
+            connections = [c for c in host.get_network().get_connections()
+                           if c.muxed_conn.peer_id == target]
+            for connection in connections:
+                secured = getattr(connection.muxed_conn, "secured_conn", None)
+                if secured is not None:
+                    await abort_session(secured)
+            async with trio.open_nursery() as closers:
+                for connection in connections:
+                    closers.start_soon(_close_connection, connection)
+            with trio.move_on_after(CONNECTION_GONE_TIMEOUT_S):
+                while any(c.muxed_conn.peer_id == target
+                          for c in host.get_network().get_connections()):
+                    await trio.sleep(CONNECTION_GONE_POLL_S)
+
+    @property
+    def connections_aborted(self) -> int:
+        """Connections dropped as dead: found stale here, or stalled in a write (process-wide)."""
+        return self.stale_aborts + libp2p_write_path.stalled_aborts
+
+    def _stale(self, peer_id: str, why: str) -> None:
+        """The message streams found `peer_id`'s connection dead: abort it (the peer goes down)."""
+        if self._nursery is None or peer_id not in self.peers():
+            return
+        self.stale_aborts += 1
+        logger.warning("connection to %s looks dead (%s); aborting it", peer_id, why)
+        self._nursery.start_soon(self.abort, peer_id)
 
     def _peer_went_down(self, peer_id: str) -> None:
         if self._messages is not None:

@@ -13,11 +13,24 @@ stream fails are lost (anti-entropy repairs them), `send` then raises
 `SendError` and the next `send` opens a fresh stream. A receiver that stops
 reading stalls the writer until `MESSAGE_WRITE_TIMEOUT_S`, then the stream is
 reset; a full queue makes `send` wait, which paces the caller to the link.
+
+Stale connections: a peer that stops reading (stopped process, hung host,
+dead network) can leave its connection looking open for ever. Every stream
+open or write to a peer that times out counts; `STALE_STREAM_FAILURES` in a
+row (no successful write between them) report the peer through `on_stale`,
+and the host aborts its connection, so the owner sees the peer go down and
+can redial. Refusals (a reset, an unsupported protocol) are fast and say the
+peer is alive: they do not count.
+
+A stream that ends in the middle of a frame is reported as `TRUNCATED_FRAME`,
+a breakage (the connection under it died: see
+`Misbehaviour.is_protocol_fault`), not as proof of malice.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import trio
@@ -30,6 +43,7 @@ from transport.libp2p_streams import (
     MESSAGE_WRITE_TIMEOUT_S,
     OPEN_STREAM_TIMEOUT_S,
     READ_CHUNK_BYTES,
+    STALE_STREAM_FAILURES,
     STREAM_ERRORS,
     TRUNCATED_FRAME,
     WRITE_BATCH_BYTES,
@@ -49,6 +63,9 @@ logger = logging.getLogger(__name__)
 
 class SendError(Exception):
     """The one-way stream to that peer failed or was closed; the message was not queued."""
+
+
+StaleCallback = Callable[[str, str], None]  # (peer id, why): its connection looks dead
 
 
 @dataclass
@@ -72,14 +89,19 @@ class MessageStreams:
         nursery: trio.Nursery,
         limits: StreamLimits,
         on_misbehaviour: MisbehaviourCallback,
+        on_stale: StaleCallback | None = None,
     ) -> None:
         self._host = host
         self._nursery = nursery
         self.limits = limits
         self._on_misbehaviour = on_misbehaviour
+        self._on_stale = on_stale
         self._inbound_by_peer: dict[str, int] = {}
         self._outbound: dict[tuple[str, str], _Outbound] = {}
+        # Consecutive timed-out opens/writes per peer; a successful write clears it.
+        self._failures: dict[str, int] = {}
         self.dropped = 0  # `send_nowait` calls refused by a full queue
+        self.timed_out_streams = 0  # outbound streams whose open or a write timed out
 
     # -- inbound ----------------------------------------------------------------
 
@@ -120,8 +142,10 @@ class MessageStreams:
                 await close_quietly(stream, reset=True)
                 return
             if not chunk:
-                # A clean end of stream in the middle of a frame is not
-                # something our sender does: it resets if it stops mid-write.
+                # Our sender resets if it stops mid-write, so an end of stream
+                # mid-frame means the connection under it died (py-libp2p ends
+                # every stream of a dropped connection this way): reported as a
+                # breakage, which the node counts but never bans for.
                 if decoder.buffered_bytes:
                     report_misbehaviour(self._on_misbehaviour, peer_id, protocol_id, TRUNCATED_FRAME,
                                         f"{decoder.buffered_bytes} bytes of an unfinished frame")
@@ -229,9 +253,12 @@ class MessageStreams:
                     with trio.fail_after(MESSAGE_WRITE_TIMEOUT_S):
                         await stream.write(b"".join(batch))
                     writing = False
+                    self._failures.pop(peer_id, None)
         except (trio.TooSlowError, *STREAM_ERRORS) as error:
             failed = True
             logger.info("one-way stream to %s on %s failed: %r", peer_id, protocol_id, error)
+            if isinstance(error, trio.TooSlowError):  # staleness is about time, not refusals
+                self._stream_timed_out(peer_id, "stream open" if stream is None else "write")
         finally:
             if self._outbound.get(key) is outbound:
                 del self._outbound[key]
@@ -240,8 +267,21 @@ class MessageStreams:
             if stream is not None:
                 await close_quietly(stream, reset=failed or writing)
 
+    def _stream_timed_out(self, peer_id: str, step: str) -> None:
+        self.timed_out_streams += 1
+        failures = self._failures.get(peer_id, 0) + 1
+        self._failures[peer_id] = failures
+        if failures >= STALE_STREAM_FAILURES and self._on_stale is not None:
+            self._failures.pop(peer_id, None)
+            try:
+                self._on_stale(peer_id, f"{failures} stream opens/writes in a row timed out, "
+                                        f"the last one a {step}")
+            except Exception:
+                logger.exception("stale-peer callback failed for %s", peer_id)
+
     def close_peer(self, peer_id: str) -> None:
         """Stop the outbound streams to a peer that went away."""
+        self._failures.pop(peer_id, None)
         for key, outbound in list(self._outbound.items()):
             if key[0] == peer_id:
                 outbound.cancel_scope.cancel()

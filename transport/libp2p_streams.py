@@ -11,6 +11,14 @@ it down and decides when to disconnect), and nothing raises out of the handler
 task: py-libp2p runs stream handlers inside the connection's task, so an
 exception escaping one tears down the whole swarm (see `guarded`).
 
+Reports come in two kinds (`Misbehaviour.is_protocol_fault`). Protocol
+faults — an oversized, malformed or trailing frame, a request never sent —
+are bytes (or silence) the peer's code chose, over an authenticated channel:
+evidence against the peer. A breakage — a stream that ends in the middle of
+a frame — is what a connection dying under a burst, a stall or a restart
+looks like, whoever is at fault: it is reported so it can be counted, never
+as proof of malice.
+
 Every size, timeout and concurrency bound is a named constant here and can be
 overridden per host through `StreamLimits`.
 """
@@ -63,6 +71,15 @@ MALFORMED_FRAME = "malformed_frame"
 TRAILING_BYTES = "trailing_bytes"
 REQUEST_READ_TIMEOUT = "request_read_timeout"
 TRUNCATED_FRAME = "truncated_frame"
+# Reasons that say the connection broke, not that the peer broke the protocol.
+BREAKAGE_REASONS = frozenset({TRUNCATED_FRAME})
+
+# Consecutive timed-out outbound stream opens/writes to one peer (no success
+# in between) after which its connection is considered stale and aborted.
+# Two, not one: one timeout may be a peer busy for a moment; two in a row,
+# each bounded by OPEN_STREAM_TIMEOUT_S or MESSAGE_WRITE_TIMEOUT_S, mean
+# nothing has got through for twice that long.
+STALE_STREAM_FAILURES = 2
 
 RequestHandler = Callable[[str, bytes], Awaitable[bytes]]
 MessageHandler = Callable[[str, bytes], Awaitable[None]]
@@ -85,6 +102,11 @@ class Misbehaviour:
     protocol_id: str
     reason: str
     detail: str = ""
+
+    @property
+    def is_protocol_fault(self) -> bool:
+        """True if the peer broke the protocol; False for a connection that broke."""
+        return self.reason not in BREAKAGE_REASONS
 
 
 MisbehaviourCallback = Callable[[Misbehaviour], None]

@@ -51,6 +51,7 @@ from node.core.parents import DEFAULT_D_MAX, DepletionPolicy
 from node.core.replica import Replica, ReplicaConfig
 from storage.memory import MemoryStore
 from transport.dissemination import (
+    DEFAULT_FORWARD_FANOUT,
     DEFAULT_PUSH_FANOUT,
     DEFAULT_SYNC_INTERVAL_MS,
     Disconnect,
@@ -90,6 +91,7 @@ class Scenario:
     groups: int = 2  # a partition splits the nodes into this many groups (round robin)
     push: bool = True
     fanout: int = DEFAULT_PUSH_FANOUT
+    forward_fanout: int = DEFAULT_FORWARD_FANOUT
     sync_interval_ms: int = DEFAULT_SYNC_INTERVAL_MS
     peer_state: bool = True
     d_max: int = DEFAULT_D_MAX
@@ -104,6 +106,7 @@ class Scenario:
                 "--neighbours", str(self.neighbours), "--rounds", str(self.rounds),
                 "--writers", str(self.writers), "--round-ms", str(self.round_ms),
                 "--groups", str(self.groups), "--fanout", str(self.fanout),
+                "--forward-fanout", str(self.forward_fanout),
                 "--sync-interval", str(self.sync_interval_ms), "--d-max", str(self.d_max),
                 "--liveness-bound", str(self.liveness_bound_ms)]
         if self.partition_at_ms is not None and self.heal_at_ms is not None:
@@ -120,6 +123,7 @@ class Scenario:
 
     def dissemination_config(self, log: bool) -> DisseminationConfig:
         return DisseminationConfig(push=self.push, push_fanout=self.fanout,
+                                   forward_fanout=self.forward_fanout,
                                    sync_interval_ms=self.sync_interval_ms,
                                    sync_jitter_ms=self.sync_interval_ms // 4,
                                    use_peer_state=self.peer_state, depletion=self.depletion,
@@ -144,6 +148,7 @@ class Summary:
     convergence_ms: int | None  # from the end of the fault phase
     sync_rounds: float | None  # convergence_ms in anti-entropy intervals
     mean_width: float  # mean width over replicas, sampled before each write round
+    duplicates: int  # copies of events replicas already held (push and sync), all replicas
     wall_s: float
     digest: str  # hash of the final event ids and the byte counts: equal runs, equal digests
 
@@ -156,6 +161,7 @@ class Summary:
             f"network: {self.messages} messages, {self.bytes} bytes "
             f"({self.event_bytes} event bytes, {self.overhead_bytes} overhead), "
             f"{self.sync_sessions} anti-entropy exchanges",
+            f"duplicates {self.duplicates} ({self.duplicates / max(self.events, 1):.1f} per event)",
             f"mean width {self.mean_width:.2f}; wall {self.wall_s:.2f} s; digest {self.digest}",
         ]
 
@@ -405,6 +411,7 @@ class Cluster:
             convergence_ms=convergence,
             sync_rounds=None if convergence is None else convergence / interval,
             mean_width=sum(widths) / len(widths) if widths else 0.0,
+            duplicates=totals.get("duplicates", 0),
             wall_s=round(wall_s, 3), digest=digest)
 
     # ------------------------------------------------------------- internals
@@ -526,7 +533,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--partition-at", type=int, default=None)
     p.add_argument("--heal-at", type=int, default=None)
     p.add_argument("--groups", type=int, default=d.groups)
-    p.add_argument("--fanout", type=int, default=d.fanout)
+    p.add_argument("--fanout", type=int, default=d.fanout, help="an author's push fanout")
+    p.add_argument("--forward-fanout", type=int, default=d.forward_fanout,
+                   help="a relay's fanout for an event first received by push")
     p.add_argument("--sync-interval", type=int, default=d.sync_interval_ms)
     p.add_argument("--d-max", type=int, default=d.d_max)
     p.add_argument("--liveness-bound", type=int, default=d.liveness_bound_ms)
@@ -548,6 +557,7 @@ def scenario_from_args(ns: argparse.Namespace) -> Scenario:
         latency_ms=(ns.latency[0], ns.latency[1]), neighbours=ns.neighbours, rounds=ns.rounds,
         writers=ns.writers, round_ms=ns.round_ms, partition_at_ms=ns.partition_at,
         heal_at_ms=ns.heal_at, groups=ns.groups, push=not ns.no_push, fanout=ns.fanout,
+        forward_fanout=ns.forward_fanout,
         sync_interval_ms=ns.sync_interval, peer_state=not ns.no_peer_state, d_max=ns.d_max,
         depletion=not ns.no_depletion, lossy_liveness=not ns.clean_liveness,
         liveness_bound_ms=ns.liveness_bound)

@@ -24,7 +24,6 @@ from node.core.event import (
     SIGNATURE_BYTES,
     SIGNING_DOMAIN,
     Event,
-    _body_fields,
     body_of_signed,
     check_local_event,
     event_id_of,
@@ -130,9 +129,10 @@ def sign_event(
     parents_t = tuple(sorted(parents))
     auth_t = tuple(sorted(auth))
     author = identity.public_key
-    packed_body = pack(
-        _body_fields(EVENT_VERSION, topic, author, seq, parents_t, auth_t, timestamp_ms, kind,
-                     state_key, payload))
+    # `_body_fields` inline, tuples as they are: msgpack writes a tuple as the
+    # same array a list gives, and this runs once per local event.
+    packed_body = pack([EVENT_VERSION, topic, author, seq, parents_t, auth_t, timestamp_ms, kind,
+                        state_key, payload])
     signature = identity.sign(SIGNING_DOMAIN + packed_body)
     raw = signed_encoding(packed_body, signature)
     check_local_event(raw, parents_t, auth_t, kind, state_key)

@@ -8,30 +8,36 @@ thousand gossip events costs one fsync instead of a thousand.
 
 Why three table layouts
 -----------------------
-A write here is on the hot path of every event (about seven per event), a
+A write here is on the hot path of every event (about six per event), a
 prefix scan is not, so each table gets the cheapest structure that still
 answers the scans made of it:
 
 * plain dicts for tables only read by key (events, delivery, meta, ...):
   one hash insert per write;
 * *grouped* dicts for the children and per-author indexes: every scan of
-  them names at least the first GROUP_PREFIX_BYTES of a key (topic + parent,
-  topic + author), so the keys are listed per such group and a scan sorts
-  one small group instead of keeping the whole table sorted. The lists are
-  built by the first such scan of a write-set and kept up to date after it:
-  applying events in order never scans these tables, so it never pays;
+  them names at least the first GROUP_PREFIX_BYTES[table] bytes of a key
+  (topic + parent position, topic + author), so the keys are listed per
+  such group and a scan sorts one small group instead of keeping the whole
+  table sorted. The lists are built by the first such scan of a write-set
+  and kept up to date after it: applying events in order never scans these
+  tables, so it never pays;
 * a SortedDict for the buffer index, which is scanned by short prefixes
   (global age order) in eviction loops, where re-sorting would be quadratic.
   It is written only when events are buffered, off the hot path.
 
 Scans of the plain tables (the extension tables' own prefixes) filter and
 sort the pending keys: rare, and over the few keys of one batch.
+
+While a batch is being committed in the background (`Graph.begin_commit`)
+its writes sit in a second, read-only PendingWrites beneath this one
+(`detach`), so reads see them until the store holds them (`reattach`).
 """
 
 from __future__ import annotations
 
 from sortedcontainers import SortedDict
 
+from node.core.event import ID_BYTES, KEY_BYTES
 from storage.memory import prefix_upper_bound
 from storage.protocol import (
     TABLE_AUTHORS,
@@ -45,11 +51,15 @@ from storage.protocol import (
 
 # Tables kept sorted while writes are pending (scanned by short prefixes).
 SORTED_TABLES = frozenset({TABLE_BUFFER_INDEX})
-# Tables whose pending keys are listed per GROUP_PREFIX_BYTES-byte prefix.
-GROUPED_TABLES = frozenset({TABLE_CHILDREN, TABLE_AUTHORS})
-# topic id + event id (children) or topic id + author key (authors): the
-# shortest prefix the graph scans those tables by.
-GROUP_PREFIX_BYTES = 64
+# Tables whose pending keys are listed per prefix, and that prefix's length:
+# topic id + parent's delivery position (children) or topic id + author key
+# (authors), the shortest prefix the graph scans those tables by.
+POSITION_BYTES = 8  # the graph's delivery positions: 8-byte big-endian
+GROUP_PREFIX_BYTES: dict[str, int] = {
+    TABLE_CHILDREN: ID_BYTES + POSITION_BYTES,
+    TABLE_AUTHORS: ID_BYTES + KEY_BYTES,
+}
+GROUPED_TABLES = frozenset(GROUP_PREFIX_BYTES)
 # Tables the graph reads by prefix while writes are pending (kept for callers).
 SCANNED_TABLES = SORTED_TABLES | GROUPED_TABLES
 
@@ -114,24 +124,8 @@ class PendingWrites:
                 return
         groups = self._groups.get(table)
         if groups is not None and key not in pending:
-            _group_add(groups, key)
+            _group_add(groups, key, GROUP_PREFIX_BYTES[table])
         pending[key] = value
-
-    def forget(self, table: str, key: bytes) -> None:
-        """Drop the pending write to `key` as if it had never been made.
-
-        Only for a key the caller knows the store does not hold (it was put
-        in this write-set): a delete would cost the store a lookup for a
-        key that is not there. The graph uses it for forward extremities that
-        come and go within one group commit — every event of a chain.
-        """
-        pending = self._tables.get(table)
-        if pending is None or key not in pending:
-            return
-        del pending[key]
-        groups = self._groups.get(table)
-        if groups is not None:
-            groups[key[:GROUP_PREFIX_BYTES]].remove(key)
 
     def scan(
         self, table: str, prefix: bytes, *, reverse: bool = False, limit: int | None = None
@@ -160,12 +154,13 @@ class PendingWrites:
         if isinstance(pending, SortedDict):
             high = prefix_upper_bound(prefix)
             return list(pending.irange(prefix, high, inclusive=(True, False)))
-        if table in GROUPED_TABLES and len(prefix) >= GROUP_PREFIX_BYTES:
+        cut = GROUP_PREFIX_BYTES.get(table)
+        if cut is not None and len(prefix) >= cut:
             groups = self._groups.get(table)
             if groups is None:
                 groups = self._build_groups(table, pending)
-            group = groups.get(prefix[:GROUP_PREFIX_BYTES], ())
-            if len(prefix) == GROUP_PREFIX_BYTES:
+            group = groups.get(prefix[:cut], ())
+            if len(prefix) == cut:
                 return list(group)
             return [k for k in group if k.startswith(prefix)]
         return [k for k in pending if k.startswith(prefix)]
@@ -173,8 +168,9 @@ class PendingWrites:
     def _build_groups(self, table: str, pending: dict) -> dict[bytes, list[bytes]]:
         """List `table`'s pending keys per group, once; writes keep the lists from now on."""
         groups: dict[bytes, list[bytes]] = {}
+        cut = GROUP_PREFIX_BYTES[table]
         for key in pending:
-            _group_add(groups, key)
+            _group_add(groups, key, cut)
         self._groups[table] = groups
         del self._plain[table]
         return groups
@@ -197,14 +193,34 @@ class PendingWrites:
         self.discard()
         return writes
 
+    def detach(self) -> Writes:
+        """Move every pending write into a layer beneath this write-set; return them.
+
+        For a commit in flight (`Graph.begin_commit`): the returned write-set
+        goes to the store's writer thread, reads here still see it through the
+        layer, and new writes collect here as before. Nothing writes to the
+        layer, so the write-set does not change under the writer. Once the
+        commit is durable, `reattach(store)` drops the layer. One at a time.
+        """
+        assert not isinstance(self.store, PendingWrites), "a commit is in flight already"
+        layer = PendingWrites(self.store)
+        layer._tables, layer._plain, layer._groups = self._tables, self._plain, self._groups
+        self.discard()
+        self.store = layer
+        return {table: pending for table, pending in layer._tables.items() if pending}
+
+    def reattach(self, store: Store) -> None:
+        """Read `store` directly again: the detached layer's writes are in it (or are abandoned)."""
+        self.store = store
+
     def discard(self) -> None:
         self._tables = {}
         self._plain = {}
         self._groups = {}
 
 
-def _group_add(groups: dict[bytes, list[bytes]], key: bytes) -> None:
-    group_key = key[:GROUP_PREFIX_BYTES]
+def _group_add(groups: dict[bytes, list[bytes]], key: bytes, cut: int) -> None:
+    group_key = key[:cut]
     group = groups.get(group_key)
     if group is None:
         groups[group_key] = [key]

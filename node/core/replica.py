@@ -389,20 +389,22 @@ class Replica:
             self.counters["equivocations"] += len(result.equivocations)
         unauthorized: tuple[tuple[bytes, str], ...] = ()
         order: OrderUpdate | None = None
-        if result.applied and self.authorizing:
+        authorizing = self._authorizing  # the property's cached answer: this runs per event
+        if authorizing is None:
+            authorizing = self.authorizing
+        if result.applied and authorizing:
             # Same write-set as the graph's: state commits with the events.
             unauthorized = tuple(self.tracker.apply(result.applied))
             for _, reason in unauthorized:
                 self.counters[f"rejected.{reason}"] += 1
             self.counters["unauthorized"] += len(unauthorized)
             order = self._order_applied(result.applied)
+        # Positional (in field order): keywords cost a third of building it, once per event.
         return Received(
-            status=result.status, event_id=result.event_id, reason=result.reason,
-            applied=result.applied, missing=result.missing, dropped=result.dropped,
-            equivocations=result.equivocations,
-            rejected_ids=tuple((r.event_id, r.reason) for r in result.rejected)
-            if result.rejected else (),
-            unauthorized=unauthorized, order=order,
+            result.status, result.event_id, result.reason, result.applied, result.missing,
+            result.dropped, result.equivocations,
+            tuple((r.event_id, r.reason) for r in result.rejected) if result.rejected else (),
+            unauthorized, order,
         )
 
     def publish(
@@ -435,7 +437,8 @@ class Replica:
             self.identity, topic=self.topic_id, seq=seq, parents=parents, timestamp_ms=now_ms,
             kind=kind, payload=payload, state_key=state_key, auth=auth,
         )
-        outcome = self._outcome(self.graph.add(event))
+        # fresh: seq is above the author's latest here, so the id cannot be applied yet.
+        outcome = self._outcome(self.graph.add(event, fresh=True))
         if outcome.status != "applied":
             raise PublishError(f"local event not applied: {outcome.status} {outcome.reason}")
         if outcome.unauthorized:  # the check above passed: only a bug gets here
@@ -486,6 +489,13 @@ class Replica:
 
     def commit(self) -> int:
         return self.graph.commit()
+
+    def begin_commit(self) -> int:
+        """Pipelined group commit (`Graph.begin_commit`): durable when `wait_commit()` returns."""
+        return self.graph.begin_commit()
+
+    def wait_commit(self) -> None:
+        self.graph.wait_commit()
 
     # ------------------------------------------------------- topic state API
     #
@@ -591,6 +601,8 @@ class Replica:
         d_max = self.params.d_max
         if kind == KIND_DUMMY:  # a dummy only merges: it may name more (node.core.parents)
             d_max = self.config.depletion.dummy_parents(d_max)
+        if len(extremities) <= d_max:
+            return extremities  # all of them, sorted: what every policy picks, no rng drawn
         policy, depth = self.config.parent_policy, (lambda i: self.graph.depth(i) or 0)
         order = self.ordering if len(extremities) > d_max else None
         if order is None:
@@ -678,3 +690,38 @@ class Replica:
         event, _ = self.publish(payload, now_ms, rng, kind=kind, state_key=state_key)
         self.counters["relayed_signed"] += 1
         return event
+
+    def relayed_template(self, author: bytes, kind: str, state_key: str | None,
+                         payload: bytes, now_ms: int,
+                         rng: random.Random) -> tuple[int, tuple[bytes, ...], tuple[bytes, ...]]:
+        """What a relayed device with key `author` needs to sign its next event here.
+
+        Returns (seq, parents, auth refs). Parents keep the device's chain (the
+        extremity above its latest event, as `publish` keeps the local
+        author's) and the policy fills up to d_max; auth refs come from the
+        state before those parents. The draft (`kind`, `state_key`,
+        `payload`) is checked against the auth rules first: NotAuthorizedError
+        (nothing to sign) if they refuse it. Nothing is added or signed here:
+        the relay (node.relay) serves this to the device over the network.
+        """
+        if not self.ready:
+            raise NotReadyError("the topic's create event has not arrived yet; wait for sync")
+        if kind == KIND_CREATE:
+            raise PublishError("a topic has exactly one create event")
+        extremities = self.graph.extremities()
+        d_max = self.params.d_max
+        order = self.ordering
+        keep = order.parents_to_keep(author, True)[:d_max] if order is not None else []
+        rest = [e for e in extremities if e not in set(keep)]
+        depth = (lambda i: self.graph.depth(i) or 0)
+        chosen = (select_parents(rest, d_max - len(keep), self.config.parent_policy, rng, depth)
+                  if len(keep) < d_max else [])
+        parents = tuple(sorted(keep + chosen))
+        latest = self.graph.author_latest_seq(author)
+        seq = (latest if latest is not None else -1) + 1
+        auth: tuple[bytes, ...] = (self.topic_id,)
+        if self.authorizing:
+            draft = replace(self._draft(kind, state_key, payload, parents, seq, now_ms),
+                            author=author)
+            auth = self._checked(draft).auth
+        return seq, parents, tuple(sorted(auth))

@@ -11,6 +11,8 @@ from storage.memory import MemoryStore
 from storage.protocol import TABLE_ORDER, Put
 from tests.ordering.world import ACK_INTERVAL_MS, Net
 
+ROUNDS_APART = 6  # publish-sync-ack rounds the two groups spend apart
+
 
 def test_an_indexer_on_two_devices_equivocates_and_replicas_still_agree() -> None:
     net = Net(21, creator="alice", indexers=["alice", "bob", "dave"], writers=["xavier"])
@@ -38,6 +40,39 @@ def test_an_indexer_on_two_devices_equivocates_and_replicas_still_agree() -> Non
             net.ack(name)
         net.now_ms += ACK_INTERVAL_MS
     del net.replicas["bob2"]  # the twin goes away; bob's own node carries on
+    net.settle()
+    confirmed = {r.ordering.confirmed for r in net.replicas.values()}
+    assert len(confirmed) == 1
+    assert {one.id, other.id} <= set(confirmed.pop())
+
+
+def test_an_equivocating_indexer_whose_siblings_arrive_in_different_batches() -> None:
+    # Four indexers (two quorums of three share two: one honest). bob's twin
+    # signs a sibling of bob's event. For a while {alice, bob, carol, xavier}
+    # hold one sibling and confirm with it; {dave, bob2} hold the other. Then all
+    # meet: each replica gets the second sibling as a batch of its own, after
+    # it decided. `Net.observe` checks after every arrival that confirmed
+    # prefixes agree and never change.
+    net = Net(24, creator="alice", indexers=["alice", "bob", "carol", "dave"], writers=["xavier"])
+    twin = Replica(MemoryStore(), net.replicas["bob"].topic_id, net.replicas["bob"].identity,
+                   net.config)
+    net.replicas["bob2"] = twin
+    net.exchange("bob2", "bob")
+    one = net.publish("bob", b"one")
+    other = net.publish("bob2", b"other")
+    groups = (["alice", "bob", "carol", "xavier"], ["dave", "bob2"])
+    before = net.replicas["alice"].ordering.confirmed_length
+    for _ in range(ROUNDS_APART):
+        net.publish("xavier", b"x")
+        for group in groups:
+            net.sync_all(group)
+            for name in group:
+                net.ack(name)
+        net.now_ms += ACK_INTERVAL_MS
+    assert not net.replicas["alice"].graph.has(other.id)
+    assert not net.replicas["dave"].graph.has(one.id)
+    assert net.replicas["alice"].ordering.confirmed_length > before  # decided on one sibling
+    del net.replicas["bob2"]  # its events travel on with dave
     net.settle()
     confirmed = {r.ordering.confirmed for r in net.replicas.values()}
     assert len(confirmed) == 1

@@ -12,12 +12,19 @@ and must equal the live one; the healed phase adds that everything is
 confirmed and the sequences are equal.
 d_max is small, so parent selection often has to choose (and must keep each
 writer's chain: nothing is renumbered).
+
+Forked runs: one of four indexers runs on two devices with one key, so its
+events fork, and the siblings travel apart like any event; replicas decide
+while holding one sibling. Under the former fork rule (a fork this replica
+knew of voided the forker's votes) 32 of 300 such runs split replicas.
 """
 
 from __future__ import annotations
 
 import pytest
 
+from node.core.replica import Replica
+from storage.memory import MemoryStore
 from tests.ordering.world import ACK_INTERVAL_MS, Net
 
 STEPS = 300
@@ -76,3 +83,43 @@ def test_confirmed_prefixes_agree_and_healing_confirms_everything(seed: int) -> 
         assert stats["renumbered"] == 0, net.fail(f"{name}: a writer's chain was broken")
         assert replica.graph.buffered_count == 0
     assert lengths.pop() > 60, net.fail("too little was confirmed to mean anything")
+
+
+FORK_STEPS = 200
+FORKED_SEEDS = range(12)  # 7 and 9 split replicas under the former fork rule
+FORKED_INDEXERS = ["i0", "i1", "i2", "i3"]  # four: two quorums share an honest indexer
+
+
+def run_forked(seed: int) -> Net:
+    """Four indexers, one of which (i1) runs on two devices that diverge: both
+    publish with one key, so i1's events fork. Siblings travel apart, like any
+    event, in random parts of random exchanges."""
+    net = Net(seed, creator="i0", indexers=FORKED_INDEXERS, writers=["w0"], d_max=3)
+    rng = net.rng
+    twin = Replica(MemoryStore(), net.replicas["i1"].topic_id, net.replicas["i1"].identity,
+                   net.config)
+    net.replicas["i1b"] = twin
+    net.exchange("i1b", "i1")
+    names = sorted(net.replicas)
+    for step in range(FORK_STEPS):
+        roll = rng.random()
+        if roll < 0.3:
+            authors = [*FORKED_INDEXERS[:2], "i1b", *FORKED_INDEXERS[2:], "w0"]
+            net.publish(rng.choice(authors), b"step %d" % step)
+        elif roll < 0.8:
+            into, source = rng.sample(names, 2)
+            net.exchange(into, source, share=rng.choice((0.3, 0.6, 1.0)))
+        else:
+            net.ack(rng.choice(names))
+        net.tick()
+    net.now_ms += ACK_INTERVAL_MS
+    net.settle()
+    return net
+
+
+@pytest.mark.parametrize("seed", FORKED_SEEDS)
+def test_an_indexer_on_two_devices_does_not_split_replicas(seed: int) -> None:
+    net = run_forked(seed)
+    assert net.replicas["i0"].graph.equivocation_count > 0, net.fail("nothing forked")
+    lengths = {r.ordering.confirmed_length for r in net.replicas.values()}
+    assert len(lengths) == 1, net.fail("settled replicas hold different confirmed lengths")

@@ -16,6 +16,7 @@ from storage.protocol import (
     MAX_BATCH_OPS,
     MAX_KEY_BYTES,
     MAX_VALUE_BYTES,
+    STORE_FORMAT,
     TABLE_BUFFER,
     TABLE_CHILDREN,
     TABLE_EVENTS,
@@ -211,7 +212,7 @@ def test_scan_rejects_bad_arguments(store: Store, kwargs: dict[str, object]) -> 
 
 def test_the_format_record_is_visible_and_reserved(store: Store) -> None:
     # Both stores hold the same record, so contents compare equal across them.
-    assert store.get(TABLE_META, STORE_FORMAT_KEY) == b"1"
+    assert store.get(TABLE_META, STORE_FORMAT_KEY) == str(STORE_FORMAT).encode()
 
 
 # --- scans ----------------------------------------------------------------------

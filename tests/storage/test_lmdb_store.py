@@ -26,6 +26,7 @@ from storage import lmdb_store
 from storage.lmdb_store import LmdbStore, StoreFormatError, StoreLockedError
 from storage.memory import STORE_FORMAT_KEY
 from storage.protocol import (
+    STORE_FORMAT,
     TABLE_AUTHORS,
     TABLE_BUFFER,
     TABLE_DELIVERY,
@@ -230,9 +231,22 @@ def test_a_different_store_format_is_refused_with_a_clear_error(tmp_path: Path) 
     path = tmp_path / "store"
     LmdbStore(path).close()
     _write_raw(path, TABLE_META, STORE_FORMAT_KEY, b"999")
+    expected = re.escape(f"this build reads format {str(STORE_FORMAT).encode()!r} only")
     for _ in range(2):  # a refused open must release the lock: the retry sees the same error
-        with pytest.raises(StoreFormatError, match=r"store format b'999'.*reads format b'1'"):
+        with pytest.raises(StoreFormatError, match=rf"store format b'999'; {expected}.*newer"):
             LmdbStore(path)
+
+
+def test_a_data_dir_of_an_older_format_is_refused_not_misread(tmp_path: Path) -> None:
+    # Format 1 kept events under their ids: read as format 2, its id index
+    # would hold whole event records where positions belong.
+    path = tmp_path / "store"
+    LmdbStore(path).close()
+    _write_raw(path, TABLE_META, STORE_FORMAT_KEY, b"1")
+    with pytest.raises(StoreFormatError, match=r"store format b'1'.*older megnode.*empty data dir"):
+        LmdbStore(path)
+    _write_raw(path, TABLE_META, STORE_FORMAT_KEY, str(STORE_FORMAT).encode())
+    LmdbStore(path).close()  # the record alone decides: the same dir opens in its own format
 
 
 def test_data_without_a_format_record_is_refused(tmp_path: Path) -> None:
@@ -277,19 +291,24 @@ def test_a_second_open_in_this_process_is_refused_until_close(tmp_path: Path) ->
 # --- crash safety -------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("sync", [True, False], ids=["sync", "nosync"])
+@pytest.mark.parametrize(
+    ("sync", "pipelined"), [(True, False), (False, False), (True, True)],
+    ids=["sync", "nosync", "pipelined"],
+)
 def test_sigkill_mid_write_loses_no_acknowledged_batch_and_tears_none(
-    tmp_path: Path, sync: bool
+    tmp_path: Path, sync: bool, pipelined: bool
 ) -> None:
     """Crash, recover, resume, crash again: each round must keep every ack.
 
     sync=False is included because a process crash (unlike an OS crash) must
-    not lose committed batches even without fsync.
+    not lose committed batches even without fsync. "pipelined" commits in
+    the store's writer thread (`begin_apply_writes`) and acks after `wait()`:
+    the kill lands while the next batch is being committed.
     """
     path = tmp_path / "store"
     acked: list[int] = []
     for _ in range(CRASH_ROUNDS):
-        acked += kill_writer_after_acks(tmp_path, path, sync, ACKS_PER_ROUND)
+        acked += kill_writer_after_acks(tmp_path, path, sync, ACKS_PER_ROUND, pipelined)
         assert acked == list(range(len(acked))), "acks must be consecutive across rounds"
         with LmdbStore(path) as store:  # also proves the dead writer left no stale lock
             committed = _committed_batches(store)
@@ -300,9 +319,12 @@ def test_sigkill_mid_write_loses_no_acknowledged_batch_and_tears_none(
         acked = committed
 
 
-def kill_writer_after_acks(tmp_path: Path, path: Path, sync: bool, acks: int) -> list[int]:
+def kill_writer_after_acks(
+    tmp_path: Path, path: Path, sync: bool, acks: int, pipelined: bool = False
+) -> list[int]:
     """Start a writer, SIGKILL it once `acks` batches are acknowledged; every ack it printed."""
-    with child(tmp_path, "write", str(path), "1" if sync else "0") as writer:
+    mode = ["pipelined"] if pipelined else []
+    with child(tmp_path, "write", str(path), "1" if sync else "0", *mode) as writer:
         reader = LineReader(writer)
         lines = reader.wait_for_lines(acks, CHILD_TIMEOUT_S)
         assert len(lines) >= acks, child_stderr(tmp_path)

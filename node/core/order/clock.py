@@ -29,9 +29,9 @@ writer has exactly one lane (its "main lane", numbered like a writer); a
 node that cannot extend a lane unambiguously (a second node at an occupied
 seq, or a node merging two of its writer's branches) opens a new lane. The
 equivalence above holds per lane, so answers stay exact for forked writers.
-Which sibling lands in the main lane depends on arrival order, so callers
-that need replica-independent answers for a forked writer look only below
-`forks[writer]`, where there is one node per seq.
+Which sibling lands in the main lane, and whether `forks` knows of a fork
+at all, depends on arrival order; callers that need replica-independent
+answers ask `sees_fork` (is a fork in this node's past?) instead.
 """
 
 from __future__ import annotations
@@ -111,6 +111,33 @@ class CausalIndex:
     def sees(self, y: bytes, x: bytes) -> bool:
         """True if x is y or an ancestor of y."""
         return self._clock[y].get(self._lane[x], UNSEEN) >= self._seq[x]
+
+    def sees_fork(self, y: bytes, writer: bytes, upto: int) -> bool:
+        """True if y's past (y included) holds two nodes of `writer` with one seq <= `upto`.
+
+        A function of y's past alone, unlike `forks` (what this replica has
+        received): every replica answers alike. Lanes are disjoint, so two
+        lanes whose seen seq ranges overlap hold two nodes at one seq.
+        """
+        fork = self.forks.get(writer)
+        if fork is None or fork > upto:
+            return False
+        spans = []
+        for lane in self._lanes_of.get(writer, ()):
+            start = self.lanes[lane].start
+            top = min(self.latest(y, lane), upto)
+            if top >= start:
+                spans.append((start, top))
+        spans.sort()
+        reach = UNSEEN
+        for start, top in spans:
+            if start <= reach:
+                return True
+            reach = max(reach, top)
+        return False
+
+    def seq_of(self, node_id: bytes) -> int:
+        return self._seq[node_id]
 
     def lanes_of(self, writer: bytes) -> list[int]:
         return self._lanes_of.get(writer, [])

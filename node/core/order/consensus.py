@@ -17,7 +17,8 @@ A round r+1 node has seen a quorum of round r nodes, each of which saw a
 quorum of round r-1 nodes, and so on. Rounds never decrease along a path.
 
 Anchors. Each even round r has a leader (the indexers in key order take
-turns); the leader's first node of round r, if it has one, is the anchor A_r.
+turns); the leader's first node of round r, if it has one, is the anchor A_r
+(a *candidate*: a forked leader may have one per branch, see "Forks").
 The anchor's past is what gets confirmed when it commits, in Kahn order
 (smallest (writer, seq) first): non-indexer nodes are ordered as dependencies
 of indexer nodes.
@@ -25,6 +26,7 @@ of indexer nodes.
 Votes and commit. Indexer k votes for A_r if its first node that has seen A_r
 comes no later than its first node of round r+1: then *every* node of k of
 round >= r+1 has seen A_r. A_r is committed once q indexers voted for it.
+(docs/ordering.md maps these words onto the design's double-quorum rule.)
 
 Ordering. Take the highest committed anchor A_t above the last round
 committed; walk down t-2, t-4, ...: an anchor the current one has seen is
@@ -60,21 +62,53 @@ Liveness: once every indexer keeps appending nodes that reference all heads
 its leader's anchor and the next round votes for it; a crashed minority
 only skips the rounds it leads.
 
-Forks (equivocation). A writer with two nodes at one seq is forked from that
-seq on (`CausalIndex.forks`). A forked indexer's nodes at or above the fork
-seq neither vote nor serve as anchors; its earlier nodes, shared by both
-branches, still do; its nodes still count for rounds (a round is a property
-of a node's past, whatever the branch). Both branches are ordered like any
-nodes, siblings by id. Replicas that know of the fork all apply this rule
-identically. A replica that has received one branch only cannot tell, and
-can count a vote the others do not: with majority quorums two quorums may
-share only the equivocator, and no protocol can avoid that in an
-asynchronous network (it needs n >= 3f + 1). The guarantee therefore
-assumes that a replica learns of a fork no later than it receives the
-forked nodes that vote: the graph layer hands both siblings of a flagged
-event to one `Linearizer.extend` call. A sibling forged long after the
-original was used cannot meet that assumption; such a writer should lose
-its role.
+Forks (equivocation). A writer with two nodes at one seq is forked. Every
+rule about forks is a fact of some node's past, never of which siblings this
+replica has received, so replicas that hold one sibling and replicas that
+hold both decide alike:
+
+* a *candidate* anchor of round r is a leader node of round r whose past
+  shows no fork of the leader and no earlier leader node of round r (an
+  honest leader has one candidate per round; a forked one may have one per
+  branch);
+* a vote for candidate X is an indexer's first node on a branch that has
+  seen X, before that branch passed round r, and whose past shows no fork
+  of X's writer up to X's seq (`CausalIndex.sees_fork`). A node that has
+  seen two candidates of one round has seen the leader's fork, so an honest
+  indexer votes for one candidate per round at most; a forked indexer's
+  branches vote each on their own;
+* rounds count every node (a round is a property of a node's past);
+* the walk down keeps the candidate the current anchor has seen. If it has
+  seen two (the leader forked), it decides from the past of the anchor being
+  committed: the candidate with a quorum of votes there; none if no
+  candidate can still reach one (counting indexers without a round r+1 node
+  yet, and the equivocators the bound below still allows); otherwise the
+  round is undecided and that anchor waits (a lower one may commit). Both
+  answers are facts about the whole DAG, so walks that decide agree. A tie
+  broken by votes seen, or by id, is a guess: it split replicas in
+  `test_a_forked_leader_round_waits_until_it_can_be_decided`.
+
+The former rule voided a forked indexer's votes and anchors as soon as this
+replica knew of the fork; a replica that had not received the second
+sibling yet counted them, and the two confirmed different prefixes (about
+1 run in 160 of `tests/core/order/test_simulation.py` with siblings
+travelling apart).
+
+What this guarantees, and its limit. The argument above needs the voters of
+a committed anchor and the round r+1 quorum below any later anchor to share
+an indexer that votes once per round: an honest one. Two majorities of n
+share at least 2q - n indexers, so with f equivocating indexers safety holds
+when 2q - n > f (`tolerated_forks`): one equivocator is tolerated by n = 4
+and n = 6 (overlap 2), none by n = 3, 5, 7 (overlap 1). No rule can do
+better with majority quorums in an asynchronous network: with n = 3, leader
+a and equivocator c, a replica holding {a0, c0 -> a0} has a's and c's votes
+for a0 and must commit it (b may have crashed), while one holding
+{c0', b0 -> c0', ...} sees b and c' make progress without a0 and must commit
+their anchors (a may have crashed): the two quorums share only c. Within
+the bound, liveness holds once every live indexer has passed the forked
+round; a forked leader plus a crashed indexer that never got there is two
+faults, and can hold the order up. An indexer that forks should lose its
+role (a state change the others confirm).
 
 `quorum_degree` computes the design document's degree of quorum over one
 node, as seen from another; it explains rounds and backs the document's
@@ -89,6 +123,8 @@ from .values import OrderNode
 ANCHOR_SPACING = 2  # rounds between anchors: a vote may come one round late
 NO_ROUND = -1  # round of a node outside this epoch or not by an indexer
 MAX_DEGREE = 64  # quorum_degree stops here (one indexer alone would climb forever)
+NO_FORK_LIMIT = 1 << 62  # "any seq" for CausalIndex.sees_fork
+UNDECIDED = object()  # a forked round that a walk cannot decide yet
 
 
 def quorum_size(indexer_count: int) -> int:
@@ -105,24 +141,25 @@ class Consensus:
     def __init__(self, index: CausalIndex, indexers: frozenset[bytes]) -> None:
         self.indexers = indexers
         self.quorum = quorum_size(len(indexers))
+        # Two quorums share 2q - n indexers; one of them honest needs fewer forkers.
+        self.tolerated_forks = max(0, 2 * self.quorum - len(indexers) - 1)
         self.committed_round = -ANCHOR_SPACING
         self._index = index
         self._by_key = sorted(indexers)
         self._round: dict[bytes, int] = {}
         self._top = NO_ROUND
-        self._forks: dict[bytes, int] = {}  # fork seqs the caches were computed with
-        self._anchors: dict[int, bytes | None] = {}  # settled anchor lookups
+        self._lanes: dict[bytes, int] = {}  # indexer -> lanes the caches were computed with
+        self._anchors: dict[int, tuple[bytes, ...]] = {}  # settled candidate lookups
         self._voters: dict[bytes, set[bytes]] = {}  # anchor -> indexers who voted
 
     def add(self, node: OrderNode) -> None:
         if node.writer not in self.indexers:
             return
-        fork = self._index.forks.get(node.writer)
-        if fork != self._forks.get(node.writer):
-            # A newly seen fork voids anchors and votes at or above it.
-            self._forks[node.writer] = fork
+        lanes = len(self._index.lanes_of(node.writer))
+        if lanes != self._lanes.get(node.writer, lanes):
+            # A new branch of a forked indexer may hold another candidate anchor.
             self._anchors.clear()
-            self._voters.clear()
+        self._lanes[node.writer] = lanes
         self._round[node.id] = self._compute_round(node)
         self._top = max(self._top, self._round[node.id])
 
@@ -146,49 +183,84 @@ class Consensus:
         tops.sort(reverse=True)
         return tops[self.quorum - 1] + 1
 
-    def _voting_lane(self, indexer: bytes) -> tuple[int, int] | None:
-        """The lane whose nodes vote for `indexer`, and the seq where voting stops."""
-        lanes = self._index.lanes_of(indexer)
-        if not lanes:
-            return None
-        main = self._index.lanes[lanes[0]]
-        return lanes[0], min(main.end, self._index.forks.get(indexer, main.end))
+    def _prior_round(self, node_id: bytes) -> int:
+        """The highest round among the writer's own nodes in node's strict past."""
+        index = self._index
+        own = index.lane_of(node_id)
+        best = NO_ROUND
+        for lane in index.lanes_of(index.lanes[own].writer):
+            seq = index.latest(node_id, lane) - (1 if lane == own else 0)
+            if seq >= index.lanes[lane].start:
+                best = max(best, self.round_of(index.node_at(lane, seq)))
+        return best
 
     def leader(self, round_: int) -> bytes | None:
         if not self._by_key:
             return None
         return self._by_key[(round_ // ANCHOR_SPACING) % len(self._by_key)]
 
-    def anchor(self, round_: int) -> bytes | None:
+    def candidates(self, round_: int) -> tuple[bytes, ...]:
+        """The leader's nodes that may anchor `round_`: one for an honest leader.
+
+        A candidate is a leader node of this round whose past shows no fork
+        of the leader and no earlier leader node of this round. A forked
+        leader can have one per branch; nothing here depends on which
+        branches this replica happens to hold beyond listing them.
+        """
         if round_ in self._anchors:
             return self._anchors[round_]
         leader = self.leader(round_)
-        voting = self._voting_lane(leader) if leader is not None else None
-        if voting is None:
-            return None
-        lane, stop = voting
-        start = self._index.lanes[lane].start
-        seq = self._index.first_where(lane, start, stop, lambda n: self.round_of(n) >= round_)
-        if seq is None:
-            return None  # the leader has not reached this round (yet)
-        node = self._index.node_at(lane, seq)
-        found = node if self.round_of(node) == round_ else None
-        self._anchors[round_] = found
-        return found
+        lanes = self._index.lanes_of(leader) if leader is not None else []
+        found: list[bytes] = []
+        reached = True
+        for lane in lanes:
+            chain = self._index.lanes[lane]
+            seq = self._index.first_where(lane, chain.start, chain.end,
+                                          lambda n: self.round_of(n) >= round_)
+            if seq is None:
+                reached = False  # this branch has not reached the round (yet)
+                continue
+            node = self._index.node_at(lane, seq)
+            if (self.round_of(node) == round_ and self._prior_round(node) < round_
+                    and not self._index.sees_fork(node, leader, seq)):
+                found.append(node)
+        result = tuple(sorted(found))
+        if lanes and reached:
+            # Settled: every branch has passed the round; a new branch clears it (`add`).
+            self._anchors[round_] = result
+        return result
 
-    def _votes_for(self, indexer: bytes, anchor: bytes, round_: int) -> bool:
-        voting = self._voting_lane(indexer)
-        if voting is None:
-            return False
-        lane, stop = voting
-        start = self._index.lanes[lane].start
-        seq = self._index.first_where(lane, start, stop, lambda n: self._index.sees(n, anchor))
-        if seq is None:
-            return False
-        return seq == start or self.round_of(self._index.node_at(lane, seq - 1)) <= round_
+    def _votes_for(self, indexer: bytes, anchor: bytes, round_: int,
+                   within: bytes | None = None) -> bool:
+        """Has `indexer` voted for `anchor` (in `within`'s past, if given)?
+
+        A vote is the indexer's first node on a branch that has seen the
+        anchor, if the indexer had not yet passed round r there and that node
+        sees no fork of the anchor's writer up to the anchor's seq: a fact of
+        the voting node's past, so every replica holding it counts it alike.
+        An honest indexer votes for at most one candidate of a round: a node
+        that sees two sees the leader's fork.
+        """
+        index = self._index
+        leader_lane = index.lanes[index.lane_of(anchor)]
+        forked = len(index.lanes_of(leader_lane.writer)) > 1
+        anchor_seq = index.seq_of(anchor)
+        for lane in index.lanes_of(indexer):
+            chain = index.lanes[lane]
+            stop = chain.end if within is None else min(chain.end, index.latest(within, lane) + 1)
+            seq = index.first_where(lane, chain.start, stop, lambda n: index.sees(n, anchor))
+            if seq is None:
+                continue
+            node = index.node_at(lane, seq)
+            if self._prior_round(node) > round_:
+                continue  # it had moved on: its later nodes of round r+1 may not see it
+            if forked and index.sees_fork(node, leader_lane.writer, anchor_seq):
+                continue
+            return True
+        return False
 
     def is_committed(self, anchor: bytes, round_: int) -> bool:
-        voters = self._voters.setdefault(anchor, set())
+        voters = self._voters.setdefault(anchor, set())  # votes are never withdrawn
         for indexer in self._by_key:
             if len(voters) >= self.quorum:
                 break
@@ -200,19 +272,64 @@ class Consensus:
         """The anchors to order next, oldest first, as (round, anchor id); [] if none."""
         top = self._top - self._top % ANCHOR_SPACING
         for round_ in range(top, self.committed_round, -ANCHOR_SPACING):
-            anchor = self.anchor(round_)
-            if anchor is not None and self.is_committed(anchor, round_):
-                return self._walk_down(round_, anchor)
+            for anchor in self.candidates(round_):  # two commit only beyond the fork bound
+                if self.is_committed(anchor, round_):
+                    chain = self._walk_down(round_, anchor)
+                    if chain is not None:
+                        return chain
+                    break  # a forked round below it is undecided: try a lower anchor
         return []
 
-    def _walk_down(self, top: int, anchor: bytes) -> list[tuple[int, bytes]]:
+    def _walk_down(self, top: int, anchor: bytes) -> list[tuple[int, bytes]] | None:
+        """The anchors to order up to `anchor`, oldest first; None while a forked
+        leader's round below it cannot be decided from `anchor`'s past."""
         chain = [(top, anchor)]
         for round_ in range(top - ANCHOR_SPACING, self.committed_round, -ANCHOR_SPACING):
-            earlier = self.anchor(round_)
-            if earlier is not None and self._index.sees(chain[-1][1], earlier):
-                chain.append((round_, earlier))
+            current = chain[-1][1]
+            seen = [a for a in self.candidates(round_) if self._index.sees(current, a)]
+            if len(seen) > 1:
+                decided = self._resolve(round_, seen, anchor)
+                if decided is UNDECIDED:
+                    return None
+                seen = [decided] if decided is not None else []
+            if seen:
+                chain.append((round_, seen[0]))
         chain.reverse()
         return chain
+
+    def _resolve(self, round_: int, seen: list[bytes], top: bytes) -> bytes | None | object:
+        """A forked leader's round, judged from `top`'s past: the candidate that has
+        a quorum of votes, None if none can ever get one, else UNDECIDED.
+
+        Both answers are facts about the whole DAG (with at most
+        `tolerated_forks` equivocating indexers), so every walk that decides
+        decides alike, whatever anchor it started from.
+        """
+        votes = {a: self._voters_seen(a, round_, top) for a in seen}
+        winners = sorted(a for a in seen if len(votes[a]) >= self.quorum)
+        if winners:
+            return winners[0]  # one only, within the fork bound
+        index = self._index
+        forked = sum(1 for k in self._by_key if index.sees_fork(top, k, NO_FORK_LIMIT))
+        spare = max(0, self.tolerated_forks - forked)  # unseen equivocators that may vote late
+        # An indexer with a round r+1 node in top's past and no vote has had its say.
+        still_open = {k for k in self._by_key if self._max_round_seen(k, top) <= round_}
+        for a in seen:
+            if len(votes[a]) + len(still_open - votes[a]) + spare >= self.quorum:
+                return UNDECIDED
+        return None
+
+    def _voters_seen(self, anchor: bytes, round_: int, within: bytes) -> set[bytes]:
+        return {k for k in self._by_key if self._votes_for(k, anchor, round_, within)}
+
+    def _max_round_seen(self, indexer: bytes, within: bytes) -> int:
+        index = self._index
+        best = NO_ROUND
+        for lane in index.lanes_of(indexer):
+            seq = index.latest(within, lane)
+            if seq >= index.lanes[lane].start:
+                best = max(best, self.round_of(index.node_at(lane, seq)))
+        return best
 
 
 def quorum_degree(index: CausalIndex, indexers: frozenset[bytes], target: bytes, at: bytes) -> int:

@@ -122,3 +122,60 @@ def test_consistent_ordering_b_and_c_order_a0_before_b0():
     feed(a_view, b0, *rest)
     shared = min(len(a_view.confirmed), len(bc_view.confirmed))
     assert a_view.confirmed[:shared] == bc_view.confirmed[:shared]
+
+
+# The design's confirmation rule against the one implemented (docs/ordering.md,
+# "The double-quorum rule"): same guarantees, rounds instead of degrees.
+
+
+def test_higher_quorums_example_confirms_once_the_double_quorum_is_an_anchors_vote():
+    # c0 - b0 - c1 (a silent). The design: b0 is a quorum over c0, c1 a double
+    # quorum, so c0 and b0 may be ordered at c1. Rounds: c0, b0 = 0, c1 = 1:
+    # the same degrees. Round 0's leader a is silent, so nothing is anchored
+    # there; b and c carry on and b's round 2 anchor, once c votes, confirms
+    # the same prefix, in the design's order.
+    linearizer = Linearizer(ABC)
+    feed(linearizer, node("c0"), node("b0", "c0"), node("c1", "b0"))
+    assert linearizer.quorum_degree(b"c0", b"b0") == 1
+    assert linearizer.quorum_degree(b"c0", b"c1") == 2
+    assert [linearizer.round_of(i) for i in (b"c0", b"b0", b"c1")] == [0, 0, 1]
+    assert linearizer.confirmed == ()
+    feed(linearizer, node("b1", "c1"), node("c2", "b1"), node("b2", "c2"))
+    assert linearizer.round_of(b"b2") == 2 and linearizer.confirmed == ()
+    update = linearizer.add(node("c3", "b2"))  # c's vote for the anchor b2
+    assert names(update.confirmed_appended) == ["c0", "b0", "c1", "b1", "c2", "b2"]
+
+
+def test_a_node_every_indexer_has_moved_past_is_confirmed_by_the_next_anchor():
+    # x (non-indexer) x0; a0, b0, c0 each reference x0 only: every indexer has
+    # moved past x0 (the design's second condition), but none has seen another
+    # indexer's node, so no anchor has a quorum of votes yet. One more round of
+    # acknowledgements (each referencing all heads) commits a0 and with it x0.
+    linearizer = Linearizer(ABC)
+    feed(linearizer, node("x0"), node("a0", "x0"), node("b0", "x0"), node("c0", "x0"))
+    assert linearizer.confirmed == ()
+    feed(linearizer, node("a1", "a0", "b0", "c0"))
+    update = linearizer.add(node("b1", "a0", "b0", "c0"))
+    assert names(update.confirmed_appended) == ["x0", "a0"]
+
+
+def test_caveat_competing_double_quorums_cannot_make_replicas_disagree():
+    # The design's caveat: a double quorum is not enough when a competing
+    # quorum exists that may have reached a double quorum unseen. Here one
+    # replica sees a double quorum over b0 (c0 references b0, b1 references
+    # c0) and none over a0; another sees a0's quorum {a, c} (c1) and a1 on it.
+    # Rounds make the competition impossible: only round 0's leader (a) can be
+    # anchored at round 0, and b's turn (round 2) comes after a0's votes, so
+    # any anchor of b's that commits has seen a0.
+    a0, b0, c0 = node("a0"), node("b0"), node("c0", "b0")
+    b1, c1, a1 = node("b1", "b0", "c0"), node("c1", "c0", "a0"), node("a1", "a0", "c1")
+    b_side = replica(b0, c0, b1)
+    assert b_side.quorum_degree(b"b0", b"b1") == 2 and b_side.confirmed == ()
+    a_side = replica(a0, b0, c0, c1, a1)
+    assert a_side.quorum_degree(b"a0", b"a1") == 2
+    assert names(a_side.confirmed) == ["a0"]  # a's vote and c's (c1, still round 0)
+    # b learns everything and b, c carry on: a0 stays first.
+    feed(b_side, a0, c1, a1, node("b2", "b1", "c1", "a1"), node("c2", "c1", "b2"))
+    assert names(b_side.confirmed)[:1] == ["a0"]
+    feed(a_side, b1, node("b2", "b1", "c1", "a1"), node("c2", "c1", "b2"))
+    assert a_side.confirmed == b_side.confirmed

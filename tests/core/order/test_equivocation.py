@@ -1,9 +1,12 @@
 """An equivocating indexer: two nodes with one (writer, seq).
 
-The rule (see `consensus`): from its lowest forked seq on, an indexer's
-nodes neither vote nor anchor; its earlier nodes still do; all its nodes are
-ordered, siblings by id. Replicas that know of the fork apply it alike, so
-the fork's siblings are delivered together (`extend`).
+The rule (see `consensus`, "Forks"): whether a node votes or anchors is a
+fact of its own past, never of which siblings this replica has received.
+A vote for an anchor does not count when the voting node has seen a fork of
+the anchor's writer at or below the anchor's seq (so an honest indexer votes
+for one candidate of a round at most); a candidate anchor is a leader node
+whose past shows no fork of the leader. A replica that holds one sibling and
+a replica that holds both therefore count the same votes.
 """
 
 from node.core.order import Linearizer
@@ -11,9 +14,10 @@ from node.core.order import Linearizer
 from .dag import feed, keys, names, node
 
 ABC = keys("a", "b", "c")
+ABCD = keys("a", "b", "c", "d")
 
 
-def test_votes_from_a_forked_seq_do_not_count():
+def test_a_vote_counts_alike_whether_or_not_the_replica_has_the_voters_sibling():
     # b0 and b0' are both b's node 0. b0 references a0, b0' does not.
     unaware = Linearizer(ABC)
     feed(unaware, node("a0"))
@@ -22,13 +26,40 @@ def test_votes_from_a_forked_seq_do_not_count():
     aware = Linearizer(ABC)
     feed(aware, node("a0"))
     update = aware.extend([node("b0", "a0"), node("b0'")])
-    assert update.confirmed_appended == ()  # b's vote is void: a alone is no quorum
-    assert names(aware.add(node("c0", "a0")).confirmed_appended) == ["a0"]  # honest quorum {a, c}
+    assert names(update.confirmed_appended) == ["a0"]  # b0's past shows no fork of a: same vote
+
+
+def test_a_forked_leader_committed_where_one_sibling_is_known_is_committed_alike_where_both_are():
+    # Four indexers, quorum 3. The leader a forks at seq 0; b and c vote for
+    # a0', d saw a0. One replica never receives a0 nor d0, another has all.
+    dag = {n.id.decode(): n for n in (
+        node("a0"), node("a0'"), node("b0", "a0'"), node("c0", "a0'"), node("d0", "a0"))}
+    one_sibling = Linearizer(ABCD)
+    feed(one_sibling, dag["a0'"], dag["b0"])
+    assert names(one_sibling.add(dag["c0"]).confirmed_appended) == ["a0'"]
+
+    both = Linearizer(ABCD)
+    feed(both, dag["a0"], dag["d0"], dag["a0'"], dag["b0"])
+    # a0 has the votes of a and d only; a0' reaches a quorum with c0. The
+    # former rule voided both (the fork is known here) and later confirmed
+    # a0 first: this replica would have disagreed with the other at position 0.
+    assert names(both.add(dag["c0"]).confirmed_appended) == ["a0'"]
+
+
+def test_a_node_that_has_seen_both_siblings_votes_for_neither():
+    # c0 sees a0 and a0': it cannot vote; with b0 for a0 that leaves a0 with
+    # a and b, one short of quorum 3 of 4 (d never voted).
+    linearizer = Linearizer(ABCD)
+    linearizer.extend([node("a0"), node("a0'")])
+    feed(linearizer, node("b0", "a0"))
+    assert linearizer.add(node("c0", "a0", "a0'")).confirmed_appended == ()
+    assert names(linearizer.add(node("d0", "a0")).confirmed_appended) == ["a0"]
 
 
 def test_a_forked_leader_anchors_nothing_and_both_siblings_are_ordered_by_id():
-    # a0 and a0' fork a at seq 0: round 0 (a's turn) has no anchor, round 2
-    # (b's) confirms everything, siblings in id order.
+    # a0 and a0' fork a at seq 0 and b, c saw both: their votes do not count,
+    # round 0 (a's turn) commits nothing; round 2 (b's) confirms everything,
+    # siblings in id order.
     linearizer = Linearizer(ABC)
     linearizer.extend([node("a0"), node("a0'")])
     feed(linearizer, node("b0", "a0", "a0'"), node("c0", "a0", "a0'"))
@@ -70,3 +101,29 @@ def test_replicas_agree_on_a_forked_dag_whatever_the_arrival_order():
     confirmed = names(first.confirmed)
     assert {"a1", "a1'"} <= set(confirmed)
     assert confirmed.index("a0") < min(confirmed.index("a1"), confirmed.index("a1'"))
+
+
+def test_a_forked_leader_round_waits_until_it_can_be_decided():
+    # Four indexers, quorum 3; one equivocator tolerated (two quorums share
+    # two indexers). Leader a forks: a0' is voted for by a, b and c and
+    # committed where {a0', b0, c0} is known. Another replica sees both
+    # siblings (d voted a0) and b's round 2 anchor b2, committed by a and d,
+    # without c0: in b2's past a0' and a0 have two votes each and c may still
+    # vote. Picking either would be a guess (a tie by id once chose a0 and
+    # split the replicas), so b2 waits; once c0 arrives a0' has its quorum.
+    a0, a0p = node("a0"), node("a0'")
+    b0, c0, d0 = node("b0", "a0'"), node("c0", "a0'"), node("d0", "a0")
+    first = Linearizer(ABCD)
+    first.extend([a0p])
+    feed(first, b0)
+    assert names(first.add(c0).confirmed_appended) == ["a0'"]
+
+    second = Linearizer(ABCD)
+    second.extend([a0, a0p])
+    feed(second, b0, d0, node("a1'", "a0'", "b0", "d0", writer="a"),
+         node("b1", "b0", "d0", "a0'"), node("d1", "d0", "b0", "a0'"))
+    feed(second, node("b2", "b1", "d1", "a1'"), node("d2", "d1", "b2"), node("a2", "a1'", "b2"))
+    assert second.round_of(b"b2") == 2 and second.confirmed == ()  # undecided: waits
+    second.add(c0)
+    feed(second, node("c1", "c0", "b1", "d1", "a1'"), node("c2", "c1", "b2"))
+    assert second.confirmed[:1] == first.confirmed

@@ -6,8 +6,10 @@ knowledge, lagging, out of order; `partition()` confines pulls to two groups
 until `heal()`). Every writer is a replica (its linearizer sees what its view
 holds); observers only pull; late observers get everything at the end in one
 causal order that favours the newest nodes. An equivocating writer's two
-siblings (one seq, different references) always travel together, in one
-`extend` call. After every delivery the checker asserts the safety properties:
+siblings (one seq, different references) travel together, in one `extend`
+call, unless `forks_apart`: then each travels on its own, so replicas hold
+one sibling for a while and count what its branch says. After every
+delivery the checker asserts the safety properties:
 
 * a replica's confirmed sequence only grows (and `OrderUpdate` says so truly),
 * every replica's confirmed sequence is a prefix of every other's,
@@ -60,8 +62,10 @@ class World:
         relayed: int = 0,
         late_observers: int = 1,
         pull_rate: float = 0.45,
+        forks_apart: bool = False,
     ) -> None:
         self.pull_rate = pull_rate
+        self.forks_apart = forks_apart
         self.seed = seed
         self.rng = random.Random(seed)
         self.indexers = [f"i{k}".encode() for k in range(indexers)]
@@ -162,7 +166,7 @@ class World:
         else:
             wanted = set(src.ids)
         # Evidence of a fork travels together: a sibling comes with its sibling.
-        for sibling in [s for s in self.nodes if s.endswith(b"'")]:
+        for sibling in [s for s in self.nodes if s.endswith(b"'") and not self.forks_apart]:
             twin = sibling[:-1]
             if twin in wanted or sibling in wanted:
                 wanted |= {twin, sibling} | self.ancestors[twin] | self.ancestors[sibling]
@@ -185,7 +189,8 @@ class World:
 
     def _unit(self, node_id: bytes) -> tuple[bytes, ...]:
         twin = node_id.rstrip(b"'")
-        return (twin, twin + b"'") if twin + b"'" in self.nodes else (node_id,)
+        together = twin + b"'" in self.nodes and not self.forks_apart
+        return (twin, twin + b"'") if together else (node_id,)
 
     def _receive(self, replica: Replica, unit: list[bytes]) -> None:
         view = replica.view

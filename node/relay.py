@@ -1,0 +1,253 @@
+"""The relay side of the relay protocol: serve templates, accept relayed writers' events.
+
+A relay is a node that replicates a topic and is a writer or indexer there.
+Devices with the relayed role (a key, no replica) ask it for a template,
+sign, and submit (`transport.relay` documents the messages). This module is
+the decision logic, sans-IO like the core: it takes the requester's key, the
+request bytes and the time, and returns the response bytes plus the events
+it applied; the runtime (`node.runtime`) commits those, disseminates them
+and only then sends the response, so "accepted" always means durable.
+
+What the relay checks, in order, for a submit:
+
+1. the request decodes and is within bounds (`transport.relay.decode`);
+2. the peer is within its request rate (`RateLimiter`, a token bucket per
+   key: a device cannot make a relay verify signatures without bound);
+3. the relay replicates the topic, holds its create event, and can
+   reference relayed events (it is a writer or indexer: its acks do that);
+4. per event: the bytes decode as one canonical event, of this topic,
+   signed by the requesting peer's own key (a relay hands on what a device
+   signed, not what it forwards for others), and the author holds the
+   relayed role in the current state - except the author's own member event
+   (its join with `"relayed": true` is how a device declares the role);
+5. then the event takes the path of any remote event, `Replica.receive`:
+   Reference Monitor (signature, size, future timestamps...), graph,
+   auth rules. Its verdict is the event's outcome.
+
+Events are handled in the order given, so a batch may carry a device's join
+followed by its first messages. After a submit, the relay's ack duty
+(`TopicOrder.ack_due`: pending relayed extremities) makes its next ack
+reference them; the runtime asks for that ack at once.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import Counter, OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from node.core.event import Event, EventFormatError, decode_event
+from node.core.replica import NotReadyError, PublishError, Replica
+from node.state.actions import NotAuthorizedError
+from node.state.roles import Role
+from node.state.types import TYPE_MEMBER, user_id
+from transport.relay import (
+    REASON_AUTHOR_NOT_SENDER,
+    REASON_BAD_REQUEST,
+    REASON_NOT_AN_EVENT,
+    REASON_NOT_AUTHORIZED,
+    REASON_NOT_READY,
+    REASON_NOT_RELAYED_WRITER,
+    REASON_RATE_LIMITED,
+    REASON_RELAY_CANNOT_REFERENCE,
+    REASON_UNKNOWN_TOPIC,
+    REASON_WRONG_TOPIC,
+    STATUS_ACCEPTED,
+    STATUS_BUFFERED,
+    STATUS_DUPLICATE,
+    STATUS_REJECTED,
+    Outcome,
+    Refused,
+    RelayMessageError,
+    SubmitRequest,
+    SubmitResult,
+    Template,
+    TemplateRequest,
+    decode,
+    encode,
+)
+
+# A device publishing a line a second is far below this; a burst covers a
+# reconnect's backlog (one template + one submit per MAX_SUBMIT_EVENTS).
+REQUESTS_PER_S = 20.0
+REQUEST_BURST = 40
+MAX_TRACKED_PEERS = 4_096  # rate-limiter entries; the least recently seen go first
+
+
+class RelayRefusal(Exception):
+    """The whole request is refused; `reason` is one of transport.relay's REASON_*."""
+
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(f"{reason}: {detail}")
+        self.reason = reason
+        self.detail = detail
+
+
+@dataclass(frozen=True, slots=True)
+class RelayLimits:
+    requests_per_s: float = REQUESTS_PER_S
+    burst: int = REQUEST_BURST
+    max_tracked_peers: int = MAX_TRACKED_PEERS
+
+
+@dataclass(frozen=True, slots=True)
+class Handled:
+    """A handled request: the response to send once `applied` is committed and sent on."""
+
+    response: bytes
+    topic: bytes | None = None
+    applied: tuple[Event, ...] = ()  # authorized events newly applied (cascades included)
+    wrote: bool = False  # the replica has uncommitted writes (commit before responding)
+
+
+class RateLimiter:
+    """A token bucket per peer key: `burst` requests at once, `rate` per second after."""
+
+    def __init__(self, rate_per_s: float, burst: int, max_peers: int) -> None:
+        self._rate_per_ms = rate_per_s / 1_000
+        self._burst = float(burst)
+        self._max_peers = max_peers
+        self._buckets: OrderedDict[bytes, tuple[float, int]] = OrderedDict()  # tokens, at ms
+
+    def allow(self, peer: bytes, now_ms: int) -> bool:
+        tokens, at = self._buckets.pop(peer, (self._burst, now_ms))
+        tokens = min(self._burst, tokens + max(0, now_ms - at) * self._rate_per_ms)
+        allowed = tokens >= 1.0
+        self._buckets[peer] = (tokens - 1.0 if allowed else tokens, now_ms)
+        while len(self._buckets) > self._max_peers:
+            self._buckets.popitem(last=False)  # forgetting a peer only refills its bucket
+        return allowed
+
+
+@dataclass
+class RelayServer:
+    """Answers relay requests for the topics `replica_of` finds (None: not replicated here)."""
+
+    replica_of: Callable[[bytes], Replica | None]
+    rng: random.Random
+    limits: RelayLimits = field(default_factory=RelayLimits)
+    stats: Counter[str] = field(default_factory=Counter)
+
+    def __post_init__(self) -> None:
+        self._limiter = RateLimiter(self.limits.requests_per_s, self.limits.burst,
+                                    self.limits.max_tracked_peers)
+
+    def handle(self, author: bytes, request: bytes, now_ms: int) -> Handled:
+        """Answer one request from the peer whose key is `author`. Never raises for bad input."""
+        self.stats["requests"] += 1
+        try:
+            if not self._limiter.allow(author, now_ms):
+                raise RelayRefusal(REASON_RATE_LIMITED,
+                                   f"more than {self.limits.requests_per_s:g} requests/s; retry later")
+            try:
+                message = decode(request)
+            except RelayMessageError as exc:
+                raise RelayRefusal(REASON_BAD_REQUEST, str(exc)) from None
+            if isinstance(message, TemplateRequest):
+                return self._template(author, message, now_ms)
+            if isinstance(message, SubmitRequest):
+                return self._submit(author, message, now_ms)
+            raise RelayRefusal(REASON_BAD_REQUEST, f"{type(message).__name__} is not a request")
+        except RelayRefusal as refusal:
+            self.stats[f"refused.{refusal.reason}"] += 1
+            return Handled(encode(Refused(refusal.reason, refusal.detail)))
+
+    # ------------------------------------------------------------------ requests
+
+    def _template(self, author: bytes, request: TemplateRequest, now_ms: int) -> Handled:
+        replica = self._replica(request.topic)
+        if not _is_own_member_event(author, request.kind, request.state_key):
+            self._require_relayed(replica, author)
+        try:
+            seq, parents, auth = replica.relayed_template(
+                author, request.kind, request.state_key, request.payload, now_ms, self.rng)
+        except NotAuthorizedError as exc:
+            raise RelayRefusal(REASON_NOT_AUTHORIZED, f"{exc.reason}: {exc}") from None
+        except (NotReadyError, PublishError) as exc:
+            raise RelayRefusal(REASON_NOT_AUTHORIZED, str(exc)) from None
+        self.stats["templates"] += 1
+        return Handled(encode(Template(request.topic, seq, parents, auth, replica.params.d_max,
+                                       now_ms)))
+
+    def _submit(self, author: bytes, request: SubmitRequest, now_ms: int) -> Handled:
+        replica = self._replica(request.topic)
+        outcomes: list[Outcome] = []
+        applied: list[Event] = []
+        for raw in request.events:
+            outcome, made = self._submit_one(replica, author, request.topic, raw, now_ms)
+            outcomes.append(outcome)
+            applied += made
+            self.stats[f"submitted.{outcome.status}"] += 1
+            if outcome.status == STATUS_REJECTED:
+                self.stats[f"rejected.{outcome.reason}"] += 1
+        response = encode(SubmitResult(request.topic, tuple(outcomes)))
+        # Buffered events and unauthorized ones the graph keeps (as every replica
+        # keeps them) are writes too, not only the applied events.
+        return Handled(response, request.topic, tuple(applied), replica.graph.pending_ops > 0)
+
+    def _submit_one(self, replica: Replica, author: bytes, topic: bytes, raw: bytes,
+                    now_ms: int) -> tuple[Outcome, list[Event]]:
+        try:
+            event = decode_event(raw)  # cheap: the signature is the monitor's job below
+        except EventFormatError as exc:
+            return Outcome(None, STATUS_REJECTED, f"{REASON_NOT_AN_EVENT}:{exc.reason}"), []
+        except Exception:  # defence in depth, as in the monitor
+            return Outcome(None, STATUS_REJECTED, REASON_NOT_AN_EVENT), []
+        if event.topic_id() != topic:
+            return Outcome(event.id, STATUS_REJECTED, REASON_WRONG_TOPIC), []
+        if event.author != author:
+            return Outcome(event.id, STATUS_REJECTED, REASON_AUTHOR_NOT_SENDER), []
+        if replica.graph.has(event.id):
+            return Outcome(event.id, STATUS_DUPLICATE), []
+        if not _is_own_member_event(author, event.kind, event.state_key):
+            try:
+                self._require_relayed(replica, author)
+            except RelayRefusal as refusal:
+                return Outcome(event.id, STATUS_REJECTED, refusal.reason), []
+        received = replica.receive(raw, now_ms)
+        unauthorized = dict(received.unauthorized)
+        made = [e for e in received.applied if e.id not in unauthorized]
+        if received.status == "rejected":
+            return Outcome(event.id, STATUS_REJECTED, received.reason or "rejected"), made
+        if event.id in unauthorized:
+            return Outcome(event.id, STATUS_REJECTED, unauthorized[event.id]), made
+        if received.status == "buffered":
+            return Outcome(event.id, STATUS_BUFFERED), made
+        if received.status == "duplicate":
+            return Outcome(event.id, STATUS_DUPLICATE), made
+        return Outcome(event.id, STATUS_ACCEPTED), made
+
+    # ------------------------------------------------------------------ checks
+
+    def _replica(self, topic: bytes) -> Replica:
+        replica = self.replica_of(topic)
+        if replica is None:
+            raise RelayRefusal(REASON_UNKNOWN_TOPIC, f"this relay does not replicate {topic.hex()}")
+        if not replica.ready:
+            raise RelayRefusal(REASON_NOT_READY, "the relay has not received the topic's create "
+                                                 "event yet; retry later")
+        if not replica.authorizing or replica.ordering is None:
+            raise RelayRefusal(REASON_NOT_AUTHORIZED,
+                               "the topic keeps no roles or order, so it has no relayed writers")
+        own = replica.role_of(replica.identity.public_key)
+        if own not in (Role.INDEXER, Role.WRITER):
+            raise RelayRefusal(REASON_RELAY_CANNOT_REFERENCE,
+                               f"this relay's role in the topic is {own.value}: only a writer or "
+                               "indexer can reference relayed events")
+        return replica
+
+    @staticmethod
+    def _require_relayed(replica: Replica, author: bytes) -> None:
+        role = replica.role_of(author)
+        if role is not Role.RELAYED:
+            raise RelayRefusal(
+                REASON_NOT_RELAYED_WRITER,
+                f"{user_id(author)[:12]}… has role {role.value} in this topic; a relayed writer "
+                "needs the writing level (granted by an admin: add-writer) and its own join "
+                "with relayed=true (RelayedWriter.join)")
+
+
+def _is_own_member_event(author: bytes, kind: str, state_key: str | None) -> bool:
+    """The author's own membership event (its relayed join): allowed before it has the role."""
+    return kind == TYPE_MEMBER and state_key == user_id(author)
