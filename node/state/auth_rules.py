@@ -3,14 +3,23 @@
 These are the Matrix room version 11 authorization rules (matrix-spec,
 `content/rooms/v11.md`), numbered as there, adapted to megnode:
 
- 1. `m.room.create`: no parents, state key "", no auth refs. (Server-domain and
-    room-version checks do not apply: there are no servers.)
- 2. The event's own auth refs (`check_auth_refs`, run by the Reference Monitor
-    before the state-dependent rules): every ref known, a state event of this
-    topic, at most one per state key, only keys the selection below would pick,
-    and the create event among them.
+ 1. `m.room.create`: no parents, state key "", no auth refs, content a map.
+    (Server-domain and room-version checks do not apply: there are no servers.)
+ 2. The event's own auth refs. The Reference Monitor does not look at them
+    beyond their count and form (it holds no state). The state tracker
+    (`node.state.tracker`) asks more than Matrix: the refs must be *exactly*
+    `select_auth_refs(event, state before)`; when they are not, the event
+    becomes a rejected vertex, with the reason `check_auth_refs` gives (every
+    ref known, a state event of this topic, at most one per state key, only
+    keys the selection would pick, the create event among them) or, if the
+    refs are well formed but not the selection, `auth_refs_not_selected`.
+    `check_auth` itself assumes this was done.
  3. `m.federate`: not applicable (no servers) - skipped.
  4. `m.room.member`: see `member_rules`.
+    Before rule 4 (megnode): an event of a kind whose content the rules read
+    (`MAP_CONTENT_TYPES`: create, member, power levels, join rules) must
+    carry a msgpack map, else `bad_content` - read as `{}`, a garbled power
+    levels event would reset every level to its default.
  5. Any other event: the sender must be joined.
  6. `m.room.third_party_invite`: third-party invites are not supported; refused.
  7. The sender's level must reach the type's required level
@@ -28,7 +37,7 @@ none), server signatures (every event is signed by its author, checked by the
 Reference Monitor).
 
 `check_auth` returns None when the event is allowed, else a short reason:
-no_create, wrong_topic, bad_create, create_has_parents, sender_not_joined,
+no_create, wrong_topic, bad_content, bad_create, create_has_parents, sender_not_joined,
 insufficient_power, banned, not_invited, join_for_other, join_rule_forbids,
 target_joined_or_banned, not_a_member, knock_for_other, already_member,
 bad_state_key, no_membership, unknown_membership, bad_power_levels,
@@ -53,6 +62,7 @@ from node.state.types import (
     JOIN,
     JOIN_RULES_KEY,
     KNOCK,
+    MAP_CONTENT_TYPES,
     POWER_LEVELS_KEY,
     TYPE_CREATE,
     TYPE_MEMBER,
@@ -62,6 +72,7 @@ from node.state.types import (
     StateKey,
     StateMap,
     content_of,
+    map_content,
     member_key,
     state_key_of,
     user_id,
@@ -153,6 +164,8 @@ def check_auth(event: Event, auth_state: StateMap, source: EventSource) -> str |
         return "no_create"
     if create.id != event.topic:
         return "wrong_topic"
+    if event.kind in MAP_CONTENT_TYPES and map_content(event) is None:
+        return "bad_content"
     if event.kind == TYPE_MEMBER:
         return check_member(event, view) if event.is_state else "bad_state_key"
     sender = user_id(event.author)
@@ -177,4 +190,6 @@ def _check_create(event: Event) -> str | None:
         return "create_has_parents"
     if event.state_key != "" or event.auth or event.topic:
         return "bad_create"
+    if map_content(event) is None:
+        return "bad_content"
     return None

@@ -4,15 +4,23 @@ A power levels event may only move levels the sender already dominates:
 
 - a threshold (`ban`, `kick`, ..., and our `indexer_level`) that is added,
   changed or removed must be <= the sender's level both before and after;
-- an `events` / `notifications` entry that is changed or removed must have
-  been <= the sender's level, and one added or changed must become <= it;
-- a `users` entry of somebody else that is changed or removed must have been
-  strictly below the sender's level (peers cannot demote peers), and any entry
-  added or changed must become <= the sender's level (nobody promotes above
-  themselves). The sender's own entry may go down freely.
+- an `events` entry that is added, changed or removed must be <= the
+  sender's level both before and after;
+- a `users` entry of somebody else that is added, changed or removed must
+  have been strictly below the sender's level (peers cannot demote peers),
+  and must become <= the sender's level (nobody promotes above themselves).
+  The sender's own entry may go down freely.
 
-Values absent on one side are skipped rather than defaulted, as Matrix does:
-the comparison is between what the two contents actually say.
+One deliberate difference from Matrix: a value absent on one side is read as
+its *effective* value there - a threshold as its default
+(`power_levels.DEFAULT_*`), an `events` entry as `events_default` (for
+non-state events) and `state_default` (for state events), a `users` entry as
+`users_default` - instead of being skipped. Matrix skips it, which lets a
+sender at 50 add `indexer_level: 50` to content that had none (default 100)
+and so mint indexers, or add `events: {"message": 0}` under an
+`events_default` it does not reach and make everyone a writer. Where Matrix
+compares two present values, so do we: this only refuses more, never less.
+(`notifications` keeps Matrix's reading; no role depends on it.)
 """
 
 from __future__ import annotations
@@ -21,9 +29,11 @@ from collections.abc import Mapping
 from typing import Any
 
 from node.core.event import Event
-from node.state.power_levels import LEVEL_MAP_FIELDS, SCALAR_FIELDS, is_level
+from node.state.power_levels import LEVEL_MAP_FIELDS, SCALAR_FIELDS, PowerLevels, is_level
 from node.state.types import POWER_LEVELS_KEY, content_of, is_user_id, user_id
 from node.state.view import StateView
+
+_NOTIFICATIONS = "notifications"
 
 
 def check_power_levels(event: Event, view: StateView) -> str | None:
@@ -36,15 +46,23 @@ def check_power_levels(event: Event, view: StateView) -> str | None:
     if previous is None:  # 9.4: the first power levels event sets them freely
         return None
     old = content_of(previous)
+    before, after = PowerLevels.from_content(old), PowerLevels.from_content(new)
     sender = user_id(event.author)
-    level = view.power_levels().user_level(sender)
+    level = before.user_level(sender)
     for name in SCALAR_FIELDS:
-        if _exceeds(_as_level(old.get(name)), _as_level(new.get(name)), level):
+        if old.get(name) != new.get(name) and _above(level, getattr(before, name),
+                                                     getattr(after, name)):
             return "insufficient_power"
-    for name in LEVEL_MAP_FIELDS:
-        if _map_exceeds(_levels(old, name), _levels(new, name), level):
+    old_events, new_events = _levels(old, "events"), _levels(new, "events")
+    for kind in old_events.keys() | new_events.keys():
+        if old_events.get(kind) != new_events.get(kind) and _above(
+            level, *_send_levels(before, kind), *_send_levels(after, kind)
+        ):
             return "insufficient_power"
-    return _check_users(_levels(old, "users"), _levels(new, "users"), sender, level)
+    if _map_exceeds(_levels(old, _NOTIFICATIONS), _levels(new, _NOTIFICATIONS), level):
+        return "insufficient_power"
+    return _check_users(_levels(old, "users"), _levels(new, "users"), before, after, sender,
+                        level)
 
 
 def _validate(content: Mapping[str, Any]) -> str | None:
@@ -64,8 +82,13 @@ def _validate(content: Mapping[str, Any]) -> str | None:
     return None
 
 
-def _as_level(value: object) -> int | None:
-    return value if is_level(value) else None  # type: ignore[return-value]
+def _above(level: int, *values: int) -> bool:
+    return any(value > level for value in values)
+
+
+def _send_levels(power: PowerLevels, kind: str) -> tuple[int, int]:
+    """The levels an `events` entry for `kind` governs: sending it as a non-state / state event."""
+    return power.send_level(kind, is_state=False), power.send_level(kind, is_state=True)
 
 
 def _levels(content: Mapping[str, Any], name: str) -> dict[str, int]:
@@ -75,23 +98,23 @@ def _levels(content: Mapping[str, Any], name: str) -> dict[str, int]:
     return {k: v for k, v in value.items() if isinstance(k, str) and is_level(v)}
 
 
-def _exceeds(old: int | None, new: int | None, level: int) -> bool:
-    if old == new:
-        return False
-    return (old is not None and old > level) or (new is not None and new > level)
-
-
 def _map_exceeds(old: dict[str, int], new: dict[str, int], level: int) -> bool:
-    return any(_exceeds(old.get(k), new.get(k), level) for k in old.keys() | new.keys())
+    """Matrix's reading: entries changed, each present side must be <= level."""
+    return any(
+        old.get(k) != new.get(k) and _above(level, *(v for v in (old.get(k), new.get(k))
+                                                     if v is not None))
+        for k in old.keys() | new.keys()
+    )
 
 
-def _check_users(old: dict[str, int], new: dict[str, int], sender: str, level: int) -> str | None:
+def _check_users(old: dict[str, int], new: dict[str, int], before: PowerLevels,
+                 after: PowerLevels, sender: str, level: int) -> str | None:
     for user in old.keys() | new.keys():
-        before, after = old.get(user), new.get(user)
-        if before == after:
+        if old.get(user) == new.get(user):
             continue
-        if before is not None and user != sender and before >= level:
+        was, becomes = before.user_level(user), after.user_level(user)
+        if user != sender and was >= level:
             return "insufficient_power"
-        if after is not None and after > level:
+        if becomes > level:
             return "insufficient_power"
     return None

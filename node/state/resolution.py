@@ -27,11 +27,16 @@ Pure and deterministic: the result depends only on the set of input states and
 the events they reach, never on the order of `state_sets`, on set iteration
 order, or on anything but the events (ids compare bytewise).
 
-What it leaves to the caller: events are not marked rejected here. Matrix
-replays events that failed auth at their own state too (the spec's "rejected
-events" rule); an `EventSource` must simply never hold events that failed
-their auth-ref checks (`auth_rules.check_auth_refs`), which the Reference
-Monitor refuses outright.
+What it leaves to the caller: events are not marked rejected here, and
+rejected events are never reached. The `EventSource` is the graph, which
+does hold rejected events (an event that fails its auth refs or the auth
+rules stays a vertex, marked rejected by `node.state.tracker`; the Reference
+Monitor does not check auth refs). But the input states hold accepted events
+only, and an accepted event's auth refs are exactly `select_auth_refs` of
+its state before (the tracker rejects anything else), which holds accepted
+events only - so every walk through auth refs from the input states stays
+among accepted events. Matrix's rule that rejected events are not replayed
+thus holds without a check here.
 """
 
 from __future__ import annotations

@@ -19,9 +19,16 @@ resolve across forks with state resolution like everything else.
     NONE        anyone else (not joined, or below the writing level).
 
 The topic's creator is the first indexer: with no power levels event Matrix
-gives the create event's author level 100 (= the default `indexer_level`),
-and the creator counts as joined from the create event on, before their own
-join event exists (the state just after the create event holds nothing else).
+gives the create event's author level 100 (= the default `indexer_level`).
+This reading also counts the creator as joined while the state holds no
+member event for them. In practice that is the state right after the
+create event: the creator's own join must come straight after it (rule
+4.3.1 in `member_rules`), and later states carry a member event of theirs.
+The *auth rules* do not count the creator as joined there: until that join
+event the creator may send nothing else (rule 5, `sender_not_joined`). So
+the difference is a reading, not a permission: the indexer set of the state
+after the create event is {creator}, like the total order's initial indexer
+set (`node.ordering`).
 A member's level is `users[<hex of their key>]`, else `users_default`.
 """
 

@@ -27,8 +27,8 @@ application order); `StateTracker.apply` follows it, event by event:
    on what each replica happens to hold, so replicas would deliver different
    events; state resolution already gives every replica the same answer.
    For events whose verdict does not depend on their content (non-state
-   events other than create / member / power levels kinds), the verdict is
-   cached per (state group, author, kind, auth refs).
+   events other than create / member / power levels / join rules kinds),
+   the verdict is cached per (state group, author, kind, auth refs).
 3. **State after.** A state event that passed becomes the value of its key
    in a new group derived from the state before. A rejected event, or any
    non-state event, has state after = state before: rejected events stay
@@ -45,7 +45,12 @@ before a hypothetical event whose parents are all extremities; it is cached
 per extremity set. Resolution can refuse a pathological graph
 (`AuthChainTooLarge`): the event that needed it is then rejected as
 `state_unresolvable` and takes the state after its greatest parent id, a
-choice every replica makes alike.
+choice every replica makes alike. Reads of the current state make the same
+choice (the state after the greatest extremity id) rather than raise, and a
+refusal is remembered per set of input groups (in memory, bounded), so a
+read is not a fresh million-event walk each time; `group_before` itself
+still raises `StateResolutionError`, for callers that must not guess
+(checking a local event before signing it).
 
 Sans-IO: no clock, no randomness; the graph and the store come in.
 """
@@ -63,6 +68,7 @@ from node.state.resolution import resolve
 from node.state.store import EMPTY_GROUP, EventState, StateGroups
 from node.state.types import (
     TYPE_CREATE,
+    TYPE_JOIN_RULES,
     TYPE_MEMBER,
     TYPE_POWER_LEVELS,
     StateKey,
@@ -72,10 +78,13 @@ from node.state.types import (
 REASON_AUTH_REFS = "auth_refs_not_selected"
 REASON_UNRESOLVABLE = "state_unresolvable"
 VERDICT_CACHE_SIZE = 4_096
+# Sets of input groups whose resolution was refused, remembered so that a
+# retry fails at once. Each entry is a few gids and a message.
+UNRESOLVABLE_CACHE_SIZE = 1_024
 
 # Kinds whose auth verdict reads the event's content, so it cannot be shared
 # between two events with the same (state, author, kind).
-_CONTENT_RULED = frozenset({TYPE_CREATE, TYPE_MEMBER, TYPE_POWER_LEVELS})
+_CONTENT_RULED = frozenset({TYPE_CREATE, TYPE_MEMBER, TYPE_POWER_LEVELS, TYPE_JOIN_RULES})
 
 
 class StateResolutionError(Exception):
@@ -101,11 +110,15 @@ class StateTracker:
         self._verdicts: OrderedDict[tuple, str | None] = OrderedDict()
         self._current: tuple[tuple[bytes, ...], int] | None = None
         self._caught_up: set[bytes] = set()
+        # Input gids -> why resolution refused them. Gids are only meaningful
+        # with the writes that made them, so this goes with the other caches.
+        self._unresolvable: OrderedDict[tuple[int, ...], str] = OrderedDict()
 
     def clear_caches(self) -> None:
         self.groups.clear_caches()
         self._verdicts.clear()
         self._current = None
+        self._unresolvable.clear()
 
     # ---------------------------------------------------------------- queries
 
@@ -121,11 +134,20 @@ class StateTracker:
         return self.groups.load(gid)
 
     def current_group(self) -> int:
-        """The group of the state at the forward extremities."""
+        """The group of the state at the forward extremities.
+
+        Never raises StateResolutionError: if the extremities' states cannot
+        be resolved, this is the state after the greatest extremity id - what
+        an event merging them would get (`_process`), on every replica.
+        """
         extremities = tuple(self.graph.extremities())
         if self._current is not None and self._current[0] == extremities:
             return self._current[1]
-        gid = self.group_before(extremities)
+        try:
+            gid = self.group_before(extremities)
+        except StateResolutionError:
+            self.stats["unresolvable_reads"] += 1
+            gid = self._after(max(extremities))
         self._current = (extremities, gid)
         return gid
 
@@ -142,10 +164,18 @@ class StateTracker:
         if known is not None:
             self.stats["resolution_memo_hits"] += 1
             return known
+        key = tuple(gids)
+        refused = self._unresolvable.get(key)
+        if refused is not None:
+            self.stats["unresolvable_memo_hits"] += 1
+            raise StateResolutionError(refused)
         self.stats["resolutions"] += 1
         try:
             resolved = resolve([self.groups.load(g) for g in gids], self.graph)
         except AuthChainTooLarge as error:
+            self._unresolvable[key] = str(error)
+            if len(self._unresolvable) > UNRESOLVABLE_CACHE_SIZE:
+                self._unresolvable.popitem(last=False)
             raise StateResolutionError(str(error)) from error
         gid = self.groups.store_state(resolved, gids)
         self.groups.remember(gids, gid)

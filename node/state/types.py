@@ -52,6 +52,11 @@ TYPE_THIRD_PARTY_INVITE = "m.room.third_party_invite"
 TYPE_NAME = "m.room.name"
 TYPE_TOPIC = "m.room.topic"
 
+# Kinds whose content the auth rules read: an event of one of these kinds whose
+# payload is not a msgpack map is refused (`bad_content`), never read as `{}`
+# (an empty power levels content would reset every level to its default).
+MAP_CONTENT_TYPES = frozenset({TYPE_CREATE, TYPE_MEMBER, TYPE_POWER_LEVELS, TYPE_JOIN_RULES})
+
 CREATE_KEY: StateKey = (TYPE_CREATE, "")
 POWER_LEVELS_KEY: StateKey = (TYPE_POWER_LEVELS, "")
 JOIN_RULES_KEY: StateKey = (TYPE_JOIN_RULES, "")
@@ -100,14 +105,23 @@ def state_key_of(event: Event) -> StateKey | None:
     return (event.kind, event.state_key)
 
 
+def map_content(event: Event) -> dict[str, Any] | None:
+    """The event's payload decoded, if it is a msgpack map; None for anything else."""
+    try:
+        content = event.content()
+    except Exception:  # msgpack raises several types on garbage
+        return None
+    return content if isinstance(content, dict) else None
+
+
 def content_of(event: Event) -> Mapping[str, Any]:
     """The event's content as a map; `{}` when the payload is not a msgpack map.
 
     Auth and resolution must never crash on a malformed payload from the
-    network: a missing or garbled field behaves like an absent one.
+    network: a missing or garbled field behaves like an absent one. The auth
+    rules refuse the kinds in `MAP_CONTENT_TYPES` outright when their payload
+    is not a map (`bad_content`), so `{}` is never read from one of those in
+    a state map; for other kinds it is what "no content" means.
     """
-    try:
-        content = event.content()
-    except Exception:  # msgpack raises several types on garbage
-        return {}
-    return content if isinstance(content, dict) else {}
+    content = map_content(event)
+    return {} if content is None else content

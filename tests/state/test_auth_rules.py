@@ -14,7 +14,9 @@ import pytest
 
 from node.core.event import KIND_CREATE, KIND_DUMMY, pack_payload
 from node.core.identity import sign_event
-from node.state import EventFields, auth_types_for_event, check_auth, select_auth_refs
+from node.state import (
+    EventFields, auth_types_for_event, check_auth, indexers, select_auth_refs,
+)
 from node.state.types import CREATE_KEY, JOIN_RULES_KEY, POWER_LEVELS_KEY, member_key
 from tests.state.builder import (
     CAST, Graph, Node, build, create, join_rules, member, message, on_top, power, topic, uid,
@@ -283,10 +285,28 @@ BOB_AT_50 = {"alice": 100, "bob": 50, "charlie": 50}
         ({}, {"ban": 60}, "insufficient_power"),
         ({"ban": 75}, {"ban": 40}, "insufficient_power"),
         ({"indexer_level": 100}, {"indexer_level": 50}, "insufficient_power"),
+        # An absent value is its default, not "nothing to compare" (Matrix's
+        # reading): indexer_level absent = 100, so adding 50 or 0 mints indexers.
+        ({}, {"indexer_level": 50}, "insufficient_power"),
+        ({}, {"indexer_level": 0}, "insufficient_power"),
+        ({}, {"indexer_level": 100}, "insufficient_power"),  # as Matrix: 100 > 50
+        ({"indexer_level": 50}, {}, "insufficient_power"),  # removing = back to 100 > 50
+        ({"events_default": 60}, {}, "insufficient_power"),  # removing = back to 0
+        ({"users_default": 60}, {}, "insufficient_power"),
+        ({}, {"ban": 50}, None),
         # per-type levels
         ({}, {"events": {"m.room.name": 40}}, None),
         ({}, {"events": {"m.room.name": 60}}, "insufficient_power"),
         ({"events": {"m.room.name": 80}}, {"events": {"m.room.name": 40}}, "insufficient_power"),
+        # An absent entry is events_default / state_default: writers minted
+        # through events["message"] under an events_default bob does not reach.
+        ({"events_default": 60}, {"events_default": 60, "events": {"message": 0}},
+         "insufficient_power"),
+        ({"events_default": 60, "events": {"message": 0}}, {"events_default": 60},
+         "insufficient_power"),
+        ({"state_default": 50, "events": {"m.room.power_levels": 50}},
+         {"state_default": 50, "events": {"m.room.power_levels": 50, "m.room.name": 50}},
+         None),
     ],
 )
 def test_power_level_thresholds(
@@ -309,3 +329,77 @@ def test_power_level_thresholds(
 def test_power_level_user_changes(base: Graph, users: dict[str, int], reason: str | None) -> None:
     head = on_top(base, power("PA", "alice", BOB_AT_50))
     assert verdict(base, power("PB", "bob", users), head) == reason
+
+
+@pytest.mark.parametrize(
+    "users, reason",
+    [
+        # zara has no entry: she is at users_default 60, above bob
+        ({"alice": 100, "bob": 50, "charlie": 10, "zara": 0}, "insufficient_power"),
+        ({"alice": 100, "bob": 50}, "insufficient_power"),  # charlie 10 -> 60, above bob
+        ({"alice": 100, "charlie": 10}, "insufficient_power"),  # bob 50 -> 60: self-promotion
+        ({"alice": 100, "bob": 50, "charlie": 40}, None),
+    ],
+)
+def test_absent_user_entries_are_read_as_users_default(
+    base: Graph, users: dict[str, int], reason: str | None
+) -> None:
+    head = on_top(base, power("PA", "alice", {"alice": 100, "bob": 50, "charlie": 10},
+                              users_default=60, events={"m.room.power_levels": 50}))
+    assert verdict(base, power("PB", "bob", users, users_default=60,
+                               events={"m.room.power_levels": 50}), head) == reason
+
+
+def test_a_moderator_cannot_mint_indexers_through_a_replica(base: Graph) -> None:
+    """The audit's case end to end: bob (50) adds indexer_level 50 where it was absent."""
+    head = on_top(base, power("PA", "alice", BOB_AT_50))
+    assert CAST["bob"].public_key not in indexers(base.state_after[head[0]], base.source)
+    node = power("PB", "bob", BOB_AT_50, indexer_level=50)
+    base.add(node, head)
+    assert base.rejected == {"PB": "insufficient_power"}
+    assert indexers(base.state_after["PB"], base.source) == {CAST["alice"].public_key}
+
+
+# --- control events must carry a map -------------------------------------------------
+
+
+GARBAGE_PAYLOADS = [b"", b"\xc1", pack_payload([1, 2, 3]), pack_payload("x"), pack_payload(None)]
+
+
+@pytest.mark.parametrize("payload", GARBAGE_PAYLOADS)
+@pytest.mark.parametrize(
+    "kind, state_key",
+    [
+        ("m.room.power_levels", ""),
+        ("m.room.join_rules", ""),
+        ("m.room.member", uid("alice")),
+        ("m.room.power_levels", None),  # not even a state event: still refused
+    ],
+)
+def test_control_events_without_map_content_are_refused(
+    base: Graph, kind: str, state_key: str | None, payload: bytes
+) -> None:
+    # alice (100, the creator) could make any of these: only the content is wrong.
+    # Read as {}, a power levels event would reset every level to its default.
+    fields = EventFields(kind, CAST["alice"].public_key, state_key)
+    event = sign_event(CAST["alice"], topic=base.topic_id, seq=99, parents=[base.id("START")],
+                       timestamp_ms=999, kind=kind, payload=payload, state_key=state_key,
+                       auth=select_auth_refs(fields, base.state_after["START"]))
+    assert base.check(event, HEAD) == "bad_content"
+
+
+@pytest.mark.parametrize("payload", GARBAGE_PAYLOADS)
+def test_create_without_map_content_is_refused(payload: bytes) -> None:
+    event = sign_event(CAST["alice"], topic=b"", seq=0, parents=[], timestamp_ms=1,
+                       kind=KIND_CREATE, payload=payload, state_key="", auth=[])
+    assert check_auth(event, {}, {}) == "bad_content"
+
+
+def test_other_kinds_may_carry_any_payload(base: Graph) -> None:
+    head = on_top(base, power("PA", "alice", {"alice": 100}, state_default=0))
+    for kind, key in (("message", None), ("app.blob", "k")):
+        fields = EventFields(kind, CAST["bob"].public_key, key)
+        event = sign_event(CAST["bob"], topic=base.topic_id, seq=99, parents=[base.id(head[0])],
+                           timestamp_ms=999, kind=kind, payload=b"\x00\x01raw", state_key=key,
+                           auth=select_auth_refs(fields, base.state_after[head[0]]))
+        assert base.check(event, head) is None, kind

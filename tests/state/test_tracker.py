@@ -18,14 +18,15 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import node.state.tracker as tracker_module
-from node.core.event import Event
+from node.core.event import Event, pack_payload
 from node.core.graph import Graph as CoreGraph
 from node.core.identity import sign_event
-from node.core.replica import Replica, ReplicaConfig, StateDisabledError
+from node.core.replica import NotAuthorizedError, Replica, ReplicaConfig, StateDisabledError
 from node.state import resolve
 from node.state.auth_rules import EventFields, select_auth_refs
 from node.state.store import MAX_ENTRIES_PER_RECORD, StateGroups
-from node.state.tracker import REASON_AUTH_REFS
+from node.state.auth_chain import AuthChainTooLarge
+from node.state.tracker import REASON_AUTH_REFS, REASON_UNRESOLVABLE, StateResolutionError
 from node.state.types import StateKey
 from storage.lmdb_store import LmdbStore
 from storage.memory import MemoryStore
@@ -140,10 +141,62 @@ def mainline_sort(build: BuildTopic) -> tuple[Graph, list[str]]:
     return build(events, chains), ["T3", "PA2"]
 
 
-# Scenarios whose END parents form an antichain (topic_reset and offtopic_pl
-# merge an event with its own ancestor, which the MEG refuses).
+def topic_scenario(build: BuildTopic) -> tuple[Graph, list[str]]:
+    """Synapse's `topic`, as in test_resolution.test_topic (MZ1 merges, END has one parent)."""
+    events = [
+        topic("T1", "alice"),
+        power("PA1", "alice", {"alice": 100, "bob": 50}),
+        topic("T2", "alice"),
+        power("PA2", "alice", {"alice": 100, "bob": 0}),
+        power("PB", "bob", {"alice": 100, "bob": 50}),
+        topic("T3", "bob"),
+        message("MZ1", "zara"),
+        topic("T4", "alice"),
+    ]
+    chains = [
+        ["START", "T1", "PA1", "T2", "PA2", "MZ1", "T4", "END"],
+        ["PA1", "PB", "T3", "MZ1"],
+    ]
+    return build(events, chains), ["T4", "PA2"]
+
+
+# Synapse merges at END an event with one of its own ancestors in topic_reset
+# (MB and T1) and offtopic_pl (PC and PA); the MEG refuses such parents. A
+# message on the ancestor (MT1, MPA: zara's, as END is) takes its place: a
+# message changes no state, so END resolves exactly the two states Synapse's
+# END does, and the expected winners are Synapse's. (Timestamps after the
+# sibling shift by one tick, all alike: their relative order is Synapse's.)
+
+
+def topic_reset(build: BuildTopic) -> tuple[Graph, list[str]]:
+    events = [
+        topic("T1", "alice"),
+        power("PA", "alice", {"alice": 100, "bob": 50}),
+        topic("T2", "bob"),
+        member("MB", "alice", "bob", "ban"),
+        message("MT1", "zara"),
+    ]
+    chains = [["START", "T1", "PA", "T2", "MB", "END"], ["T1", "MT1", "END"]]
+    return build(events, chains), ["T1", "MB", "PA"]
+
+
+def offtopic_pl(build: BuildTopic) -> tuple[Graph, list[str]]:
+    events = [
+        power("PA", "alice", {"alice": 100, "bob": 50}),
+        power("PB", "bob", {"alice": 100, "bob": 50, "charlie": 50}),
+        power("PC", "charlie", {"alice": 100, "bob": 50, "charlie": 0}),
+        message("MPA", "zara"),
+    ]
+    chains = [["START", "PA", "PB", "PC", "END"], ["PA", "MPA", "END"]]
+    return build(events, chains), ["PC"]
+
+
+# All seven scenarios of Synapse's test_v2.py (test_resolution.py).
 SCENARIOS = {"ban_vs_pl": ban_vs_pl, "topic_basic": topic_basic,
-             "join_rule_evasion": join_rule_evasion, "mainline_sort": mainline_sort}
+             "join_rule_evasion": join_rule_evasion, "mainline_sort": mainline_sort,
+             "topic": topic_scenario, "topic_reset": topic_reset, "offtopic_pl": offtopic_pl}
+# The sibling message stands in for the ancestor: same state, so same resolution input.
+SIBLINGS = {"topic_reset": ("MT1", "T1"), "offtopic_pl": ("MPA", "PA")}
 
 
 @pytest.mark.parametrize("order", sorted(ORDERS))
@@ -152,6 +205,9 @@ def test_scenarios_resolve_in_the_replica_as_in_synapse(
     scenario: str, order: str, topic_builder: BuildTopic
 ) -> None:
     graph, expected = SCENARIOS[scenario](topic_builder)
+    if scenario in SIBLINGS:
+        sibling, ancestor = SIBLINGS[scenario]
+        assert graph.state_after[sibling] == graph.state_after[ancestor]
     replica = replica_of(graph, ORDERS[order], seed=len(scenario))
     keys = [graph.key(name) for name in expected]
     assert winners(replica, graph, keys) == {graph.key(n): n for n in expected}
@@ -235,6 +291,80 @@ def test_stale_auth_refs_are_rejected(topic_builder: BuildTopic) -> None:
                         auth=select_auth_refs(fields, stale))
     outcome = replica.receive(forged.raw, NOW_MS)
     assert outcome.unauthorized == ((forged.id, REASON_AUTH_REFS),)
+
+
+# ------------------------------------------------------------ malformed content
+
+
+def test_control_events_without_map_content_are_rejected_vertices() -> None:
+    origin = authorized_topic()
+    levels = origin.state()[("m.room.power_levels", "")]
+    rng = random.Random(0)
+    with pytest.raises(NotAuthorizedError) as refused:  # the creator, at 100: content only
+        origin.publish(pack_payload([0]), 2_000, rng, kind="m.room.power_levels", state_key="")
+    assert refused.value.reason == "bad_content"
+    # Signed anyway and received: a rejected vertex; the levels stay.
+    alice = identity("alice")
+    state = origin.tracker.state(origin.tracker.current_group())
+    seq = origin.graph.author_latest_seq(alice.public_key) + 1
+    garbled = sign_event(alice, topic=origin.topic_id, seq=seq,
+                         parents=origin.graph.extremities(), timestamp_ms=2_000,
+                         kind="m.room.power_levels", payload=b"\xc1", state_key="",
+                         auth=select_auth_refs(EventFields("m.room.power_levels",
+                                                           alice.public_key, ""), state))
+    outcome = origin.receive(garbled.raw, NOW_MS)
+    assert outcome.status == "applied"
+    assert outcome.unauthorized == ((garbled.id, "bad_content"),)
+    assert origin.state()[("m.room.power_levels", "")] == levels
+    # The verdict of a non-state join rules event reads its content: not cached
+    # per (state, author, kind, auth refs), or the second would pass as the first.
+    origin.publish(pack_payload({"join_rule": "public"}), 2_001, rng, kind="m.room.join_rules")
+    with pytest.raises(NotAuthorizedError, match="bad_content"):
+        origin.publish(b"\xc1", 2_002, rng, kind="m.room.join_rules")
+
+
+# ------------------------------------------------------------ unresolvable forks
+
+
+def test_unresolvable_forks_are_read_as_the_greatest_heads_state_and_tried_once(
+    topic_builder: BuildTopic, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Reads fall back as `_process` does; a refused input set is not resolved again."""
+    graph, _ = ban_vs_pl(topic_builder)
+    replica = Replica(MemoryStore(), graph.topic_id, identity("observer"))
+    for name, event in graph.events.items():
+        if name != "END":
+            replica.receive(event.raw, NOW_MS)
+    calls: list[int] = []
+
+    def refusing_resolve(*args, **kwargs):
+        calls.append(1)
+        raise AuthChainTooLarge("refused by the test")
+
+    monkeypatch.setattr(tracker_module, "resolve", refusing_resolve)
+    tracker = replica.tracker
+    heads = replica.graph.extremities()
+    assert len(heads) == 2  # MB and PB
+    fallback = state_after(replica, max(heads))
+    # Reads do not raise: the state after the greatest head, on every replica.
+    assert {k: e.id for k, e in replica.state().items()} == fallback
+    assert replica.role_of(CAST["alice"].public_key).value == "indexer"
+    assert tracker.stats["unresolvable_reads"] == 1 and calls == [1]
+    # The primitive still raises, but from the memo: no second walk.
+    for _ in range(3):
+        with pytest.raises(StateResolutionError, match="refused by the test"):
+            tracker.group_before(heads)
+    assert calls == [1] and tracker.stats["unresolvable_memo_hits"] == 3
+    # END merges the same heads: rejected, and it takes the state the reads showed.
+    outcome = replica.receive(graph.events["END"].raw, NOW_MS)
+    assert outcome.unauthorized == ((graph.id("END"), REASON_UNRESOLVABLE),)
+    assert state_after(replica, graph.id("END")) == fallback
+    assert calls == [1]
+    # Gids die with discarded writes, so the memo of refusals goes with the caches.
+    tracker.clear_caches()
+    with pytest.raises(StateResolutionError):
+        tracker.group_before(heads)
+    assert calls == [1, 1]
 
 
 # ---------------------------------------------------------------- persistence
