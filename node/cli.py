@@ -120,6 +120,13 @@ def cmd_run(args: argparse.Namespace) -> int:
         trio.run(main)
     except NodeError as exc:
         raise UserError(str(exc)) from None
+    except BaseExceptionGroup as group:  # e.g. the control socket's NodeError, from a nursery
+        from node.runtime import sole_exception
+
+        sole = sole_exception(group)
+        if isinstance(sole, NodeError):
+            raise UserError(str(sole)) from None
+        raise
     return EXIT_OK
 
 
@@ -242,11 +249,14 @@ def cmd_export_logs(args: argparse.Namespace) -> int:
     if not source.is_dir():
         raise UserError(f"no dissemination logs in {source}")
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     copied = 0
-    for path in sorted(source.glob("*.jsonl")):
-        shutil.copy2(path, out / path.name)
-        copied += 1
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        for path in sorted(source.glob("*.jsonl")):
+            shutil.copy2(path, out / path.name)
+            copied += 1
+    except OSError as exc:
+        raise UserError(f"cannot export logs to {out}: {exc.strerror or exc}") from None
     _print_json({"copied": copied, "to": str(out)})
     return EXIT_OK
 

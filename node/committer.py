@@ -91,10 +91,15 @@ class CommitError(Exception):
 
 @dataclass(frozen=True, slots=True)
 class Frame:
-    """One frame from a peer (its node id), for `Disseminator.on_message`."""
+    """One frame from a peer (its node id), for `Disseminator.on_message`.
+
+    `accountable=False`: the peer is only the frame's claimed origin (gossip);
+    its faults are not held against it.
+    """
 
     peer: str
     data: bytes
+    accountable: bool = True
 
 
 class _Authoring:
@@ -143,13 +148,13 @@ class Committer:
 
     # ------------------------------------------------------------------ producers
 
-    async def receive(self, peer: str, data: bytes) -> None:
+    async def receive(self, peer: str, data: bytes, accountable: bool = True) -> None:
         """Queue a frame from `peer`; waits only while the queue is full (backpressure)."""
         while self._queued_bytes >= self._max_queued_bytes:
             self.stats["waits_for_space"] += 1
             await self._drained.wait()
         self._queued_bytes += len(data)
-        await self._send.send(Frame(peer, data))
+        await self._send.send(Frame(peer, data, accountable))
 
     async def author(self, topic: bytes, make: Callable[[int], Sequence[Event]]) -> list[Event]:
         """Author events in the next batch; returns them once committed and sent on.
@@ -230,7 +235,7 @@ class Committer:
         """
         now = self._clock_ms()
         requests = [w for w in batch if isinstance(w, _Authoring)]
-        frames = [(w.peer, w.data) for w in batch if isinstance(w, Frame)]
+        frames = [(w.peer, w.data, w.accountable) for w in batch if isinstance(w, Frame)]
         try:
             for request in requests:
                 self._author_one(request, requests, now)

@@ -12,6 +12,7 @@ Example (deploy/examples/node.toml)::
     fast_path = "push"        # or "gossipsub", or "none" (anti-entropy only)
     mdns = false
     anti_entropy_interval_ms = 2000
+    ack_interval_ms = 250     # an indexer's empty acknowledgements, at most one per interval
     log_dir = "logs"
     metrics_port = 0          # 0 = Prometheus exporter off
 """
@@ -22,6 +23,8 @@ import tomllib
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
+
+from node.ordering import DEFAULT_ACK_INTERVAL_MS
 
 DEFAULT_LISTEN = ("/ip4/127.0.0.1/tcp/0",)
 DEFAULT_ANTI_ENTROPY_INTERVAL_MS = 2_000
@@ -52,6 +55,9 @@ class NodeConfig:
     commit_interval_ms: int = DEFAULT_COMMIT_INTERVAL_MS
     width_sample_interval_ms: int = DEFAULT_WIDTH_SAMPLE_INTERVAL_MS
     peer_misbehaviour_limit: int = DEFAULT_PEER_MISBEHAVIOUR_LIMIT
+    # An indexer appends at most one empty acknowledgement per topic per interval
+    # (node.ordering): lower confirms sooner when writers go quiet, higher costs less.
+    ack_interval_ms: int = DEFAULT_ACK_INTERVAL_MS
     log_dir: str | None = "logs"  # relative to the data dir; None = no dissemination log
     metrics_port: int = 0
     extra: dict[str, Any] = field(default_factory=dict)
@@ -77,7 +83,7 @@ def validate(config: NodeConfig) -> NodeConfig:
             raise ConfigError(f"{name} must be a positive integer (milliseconds), got {value!r}")
 
     for name in ("anti_entropy_interval_ms", "commit_interval_ms", "width_sample_interval_ms",
-                 "peer_misbehaviour_limit"):
+                 "peer_misbehaviour_limit", "ack_interval_ms"):
         positive(name)
     if type(config.anti_entropy_jitter_ms) is not int or config.anti_entropy_jitter_ms < 0:
         raise ConfigError("anti_entropy_jitter_ms must be a non-negative integer")
@@ -90,6 +96,10 @@ def validate(config: NodeConfig) -> NodeConfig:
             raise ConfigError(f"{name} lists more than {MAX_PEERS_LISTED} addresses")
     if not config.listen:
         raise ConfigError("listen must name at least one address")
+    for address in config.listen:
+        _check_multiaddr("listen", address, peer=False)
+    for address in config.bootstrap:
+        _check_multiaddr("bootstrap", address, peer=True)
     if config.fast_path not in FAST_PATHS:
         raise ConfigError(f"fast_path must be one of {', '.join(FAST_PATHS)}, got {config.fast_path!r}")
     if type(config.mdns) is not bool:
@@ -99,6 +109,22 @@ def validate(config: NodeConfig) -> NodeConfig:
     if config.log_dir is not None and not isinstance(config.log_dir, str):
         raise ConfigError("log_dir must be a path")
     return config
+
+
+def _check_multiaddr(name: str, address: str, peer: bool) -> None:
+    """A parseable multiaddr; a bootstrap address must also name its peer (/p2p/<id>)."""
+    from multiaddr import Multiaddr  # py-libp2p's own parser: what the host will accept
+
+    try:
+        parsed = Multiaddr(address)
+    except Exception as exc:
+        raise ConfigError(f"{name}: {address!r} is not a valid multiaddr ({exc})") from None
+    protocols = {p.name for p in parsed.protocols()}
+    if "tcp" not in protocols:
+        raise ConfigError(f"{name}: {address!r} has no /tcp/<port> part")
+    if peer and "p2p" not in protocols:
+        raise ConfigError(f"{name}: {address!r} does not end in /p2p/<peer id> "
+                          "(`megnode status` on that node prints its full addresses)")
 
 
 def load_config(path: str | Path | None) -> NodeConfig:

@@ -46,7 +46,7 @@ from node.config import NodeConfig
 from node.core.event import Event
 from node.core.identity import Identity, KeyFileError
 from node.core.replica import Replica, ReplicaConfig, StateDisabledError
-from node.ordering import KIND_ACK, Rewind
+from node.ordering import KIND_ACK, OrderConfig, Rewind
 from node.metrics import MetricsExporter, close_listeners, open_metrics_listeners
 from node.relay import Handled, RelayServer
 from node.state.actions import NotAuthorizedError, RoleError
@@ -54,7 +54,14 @@ from node.state.roles import Role
 from node.state.types import RULE_INVITE, RULE_PUBLIC
 from storage.lmdb_store import LmdbStore, StoreLockedError
 from storage.protocol import TABLE_META, Delete, Put
-from transport.dissemination import Disconnect, DisseminationConfig, Disseminator, Log, Send
+from transport.dissemination import (
+    Announce,
+    Disconnect,
+    DisseminationConfig,
+    Disseminator,
+    Log,
+    Send,
+)
 from transport.libp2p_gossip import GossipConfig, gossip_chunks
 from transport.libp2p_streams import Misbehaviour, StreamLimits
 from transport.messages import MAX_FRAME_BYTES
@@ -64,6 +71,7 @@ from transport.libp2p_host import (
     ConnectError,
     P2PHost,
     PeerEvent,
+    check_ports_free,
     peer_id_of_public_key,
     public_key_of_peer_id,
 )
@@ -100,6 +108,21 @@ ACCESS_INVITE = "invite"
 ACCESS_MODES = (ACCESS_OPEN, ACCESS_INVITE)
 _TOPIC_META_PREFIX = b"megnode/topic/"
 _WANTS_MEMBERSHIP = b"join"
+
+
+def sole_exception(group: BaseExceptionGroup) -> BaseException | None:
+    """The one exception inside `group` (through nested groups), or None if there are more."""
+    leaves: list[BaseException] = []
+
+    def collect(error: BaseException) -> None:
+        if isinstance(error, BaseExceptionGroup):
+            for inner in error.exceptions:
+                collect(inner)
+        else:
+            leaves.append(error)
+
+    collect(group)
+    return leaves[0] if len(leaves) == 1 else None
 
 
 class NodeError(Exception):
@@ -346,6 +369,8 @@ class Node:
             self.node_id, rng,
             DisseminationConfig(
                 push=fast_path == "push",
+                # GossipSub carries every event authored here (`Announce` effects).
+                announce=fast_path == "gossipsub",
                 sync_interval_ms=config.anti_entropy_interval_ms,
                 sync_jitter_ms=min(config.anti_entropy_jitter_ms,
                                    config.anti_entropy_interval_ms - 1),
@@ -432,14 +457,22 @@ class Node:
                 # One frame of the dissemination protocol may be as large as the
                 # protocol allows (a bounded reply of many events).
                 limits = StreamLimits(max_message_bytes=MAX_FRAME_BYTES)
-                host = P2PHost(bytes(identity.signing_key), config.listen, gossip=gossip,
-                               limits=limits, on_peer=on_peer, on_misbehaviour=on_misbehaviour)
                 try:
+                    check_ports_free(config.listen)
+                    host = P2PHost(bytes(identity.signing_key), config.listen, gossip=gossip,
+                                   limits=limits, on_peer=on_peer,
+                                   on_misbehaviour=on_misbehaviour)
                     await stack.enter_async_context(host)
                 except OSError as exc:
                     raise NodeError(f"cannot listen on {', '.join(config.listen)}: {exc}") from None
                 except ValueError as exc:
                     raise NodeError(f"bad listen address {', '.join(config.listen)}: {exc}") from None
+                if not host.listen_addrs():
+                    # py-libp2p logs a failed bind (port taken, address not local)
+                    # and carries on listening nowhere; a node nobody can reach
+                    # is a mistake to report, not to run.
+                    raise NodeError(f"cannot listen on {', '.join(config.listen)}: the address "
+                                    "is in use or not on this machine")
                 nursery = await stack.enter_async_context(trio.open_nursery())
                 node = cls(data_dir, identity, store, config, host, nursery, log_writer,
                            random.Random(seed), peer_receive, misbehaviour_receive)
@@ -450,6 +483,15 @@ class Node:
                     yield node
                 finally:
                     nursery.cancel_scope.cancel()
+        except BaseExceptionGroup as group:
+            # The node's and the host's nurseries wrap whatever leaves the
+            # `async with` body; hand a lone exception back as itself, so an
+            # embedding application's `except NodeError` (or its own
+            # exception types) still match.
+            sole = sole_exception(group)
+            if sole is None:
+                raise
+            raise sole from None
         finally:
             if log_writer is not None:
                 log_writer.close()
@@ -541,7 +583,7 @@ class Node:
             await self.host.leave(GOSSIP_TOPIC_PREFIX + topic_id.hex())
 
     def _replica_config(self) -> ReplicaConfig:
-        return ReplicaConfig()
+        return ReplicaConfig(ordering=OrderConfig(ack_interval_ms=self.config.ack_interval_ms))
 
     async def _open_topic(self, topic_id: bytes) -> Topic:
         replica = Replica(self.store, topic_id, self.identity, self._replica_config())
@@ -626,8 +668,6 @@ class Node:
             events = await self.committer.author(topic.topic_id, make)
         except CommitError as exc:
             raise NodeError(f"publish not stored: {exc}") from None
-        if self.host.gossip_enabled:
-            self._nursery.start_soon(self._gossip_publish, topic.topic_id, events)
         return [e.id for e in events]
 
     def _state_action(self, topic: Topic, action) -> list[bytes]:
@@ -651,12 +691,12 @@ class Node:
             raise NodeError("the topic's create event has not arrived yet; wait for sync "
                             "(Topic.wait_ready) before publishing")
 
-    async def _gossip_publish(self, topic_id: bytes, events: Sequence[Event]) -> None:
+    async def _gossip_publish(self, topic_id: bytes, raws: Sequence[bytes]) -> None:
         """Gossip a batch of new events: one Push per chunk that fits a gossip message."""
         from transport.messages import Push, encode  # the same frame the push path uses
 
         name = GOSSIP_TOPIC_PREFIX + topic_id.hex()
-        for chunk in gossip_chunks([event.raw for event in events]):
+        for chunk in gossip_chunks(list(raws)):
             try:
                 await self.host.publish(name, encode(Push(topic_id, tuple(chunk))))
             except Exception as exc:  # gossip is best effort: anti-entropy repairs
@@ -693,17 +733,22 @@ class Node:
         effects: list[object] = []
         for event in handled.applied:  # commits nothing more; logs `created` here, pushes
             effects += self.disseminator.on_publish(topic.topic_id, event, now)
-            if self.host.gossip_enabled:
-                self._nursery.start_soon(self._gossip_publish, topic.topic_id, event)
         self._run(effects)
         self._acknowledge(now)  # the relay duty: reference them (rate-limited in the replica)
 
     # ------------------------------------------------------------------ effects
 
     def _run(self, effects: Sequence[object]) -> None:
-        """Carry out the core's effects, then wake subscribers of topics that moved."""
+        """Carry out the core's effects, then wake subscribers of topics that moved.
+
+        Announcements (events authored here, for GossipSub) of one call are
+        gossiped together per topic: one gossip message per chunk, not per event.
+        """
+        announced: dict[bytes, list[bytes]] = {}
         for effect in effects:
-            if isinstance(effect, Send):
+            if isinstance(effect, Announce):
+                announced.setdefault(effect.topic, []).extend(effect.raws)
+            elif isinstance(effect, Send):
                 self._send_now(effect.peer, effect.data)
             elif isinstance(effect, Log):
                 self._write_log(effect.record)
@@ -713,6 +758,9 @@ class Node:
                 logger.warning("disconnecting peer %s: %s", effect.peer, effect.reason)
                 self._banned[effect.peer] = now_ms() + BAN_DURATION_MS
                 self._nursery.start_soon(self._disconnect, effect.peer)
+        if announced and self.host.gossip_enabled:
+            for topic_id, raws in announced.items():
+                self._nursery.start_soon(self._gossip_publish, topic_id, raws)
         for topic in self._topics.values():
             topic._changes.notify()
 
@@ -726,8 +774,9 @@ class Node:
             logger.debug("log record dropped: %s", exc)
 
     async def _disconnect(self, peer: str) -> None:
+        """Drop a banned peer's connections at once (`abort`: no goodbye it could stall)."""
         try:
-            await self.host.disconnect(self._peer_id_of(peer))
+            await self.host.abort(self._peer_id_of(peer))
         except Exception as exc:
             logger.debug("disconnect of %s failed: %s", peer, exc)
 
@@ -832,9 +881,12 @@ class Node:
             await self.committer.receive(node_id, data)  # applied in the next group commit
 
     async def _on_gossip(self, topic_name: str, origin: str, data: bytes) -> None:
+        # The origin a GossipSub message names is unsigned (strict_signing is off:
+        # events carry their own signatures) and others relayed it: its faults
+        # must not be held against that origin (`accountable=False`).
         node_id = self._node_id_of(origin)
         if node_id is not None:
-            await self.committer.receive(node_id, data)
+            await self.committer.receive(node_id, data, accountable=False)
 
     async def _dial_with_retry(self, address: str) -> None:
         delay = BOOTSTRAP_RETRY_S

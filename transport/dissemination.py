@@ -151,6 +151,7 @@ REPLY_MAX_BYTES = MAX_FRAME_BYTES - FRAME_HEADROOM_BYTES  # event bytes in one a
 MAX_WANT_SOURCES = 65_536  # remembered "who sent the child of this missing parent"
 MAX_PEER_STATES = 65_536  # remembered (peer, topic) -> last common heads
 MISBEHAVIOUR_THRESHOLD = 16  # hard faults from one peer before we ask to disconnect it
+MAX_BLAMED_PEERS = 4_096  # peers whose fault counts are remembered (the least suspect go first)
 
 # Reference Monitor reasons a correct peer never causes: it validated the
 # event before relaying it. Others (a future timestamp by our clock, a full
@@ -189,12 +190,28 @@ class Disconnect:
     reason: str
 
 
-Effect = Union[Send, Log, Disconnect]
+@dataclass(frozen=True, slots=True)
+class Announce:
+    """Events authored here, durable, for a fast path outside the engine (GossipSub).
+
+    Emitted for every local event (publishes, acks, joins, state changes,
+    dummies, relayed submits) when `DisseminationConfig.announce` is on, so
+    an external fast path carries all of them, not only what one API call
+    made. Effects of one call keep their order: the runtime may batch the
+    announcements of one call into one gossip message.
+    """
+
+    topic: bytes
+    raws: tuple[bytes, ...]
+
+
+Effect = Union[Send, Log, Disconnect, Announce]
 
 
 @dataclass(frozen=True, slots=True)
 class DisseminationConfig:
     push: bool = True
+    announce: bool = False  # emit `Announce` for local events (an external fast path)
     push_fanout: int = DEFAULT_PUSH_FANOUT
     forward_pushed: bool = True  # relay events first received by push
     forward_fanout: int = DEFAULT_FORWARD_FANOUT  # peers a relay forwards such an event to
@@ -395,6 +412,7 @@ class Disseminator:
         self.peer_misbehaviour: Counter[PeerId] = Counter()
         self.stats: Counter[str] = Counter()
         self._deferring = False  # inside on_batch: commits wait for the end of the batch
+        self._accountable = True  # the frame being handled came from its sender (on_message)
 
     # ------------------------------------------------------------- topology
 
@@ -451,15 +469,17 @@ class Disseminator:
         replica = self._replicas[topic]
         replica.commit()  # durable before anyone hears of it
         out = [self._log("created", now_ms, topic, event=event, depth=replica.graph.depth(event.id))]
-        out += self._push(topic, [event.raw], exclude=(), fanout=self.config.push_fanout)
+        out += self._spread_local(topic, [event.raw])
         return self._clean(out)
 
-    def on_batch(self, frames: Sequence[tuple[PeerId, bytes]], now_ms: int,
+    def on_batch(self, frames: Sequence[tuple[PeerId, bytes] | tuple[PeerId, bytes, bool]],
+                 now_ms: int,
                  published: Sequence[tuple[bytes, Sequence[Event]]] = ()) -> list[Effect]:
         """Handle many frames and local publishes with one commit per touched topic.
 
         `published` are (topic, events) a local author just added (replica.publish,
-        not yet committed). Every frame is handled as by `on_message`, but the
+        not yet committed). A frame is (peer, data) or (peer, data, accountable)
+        (see `on_message`). Every frame is handled as by `on_message`, but the
         commits `on_message` would make after each frame are deferred: each
         topic with pending writes is committed once, after all of them, and
         only then are the effects returned — so, as for single messages, no
@@ -475,10 +495,10 @@ class Disseminator:
                 for event in events:
                     out.append(self._log("created", now_ms, topic, event=event,
                                          depth=replica.graph.depth(event.id)))
-                out += self._push(topic, [e.raw for e in events], exclude=(),
-                                  fanout=self.config.push_fanout)
-            for peer, data in frames:
-                out += self.on_message(peer, data, now_ms)
+                out += self._spread_local(topic, [e.raw for e in events])
+            for frame in frames:
+                out += self.on_message(frame[0], frame[1], now_ms,
+                                       accountable=frame[2] if len(frame) > 2 else True)
         finally:
             self._deferring = False
         for topic in sorted(self._replicas):
@@ -517,19 +537,32 @@ class Disseminator:
 
     # ------------------------------------------------------------- network input
 
-    def on_message(self, peer: PeerId, data: bytes, now_ms: int) -> list[Effect]:
-        """Handle one frame from `peer`. Never raises for bad input."""
+    def on_message(self, peer: PeerId, data: bytes, now_ms: int,
+                   accountable: bool = True) -> list[Effect]:
+        """Handle one frame from `peer`. Never raises for bad input.
+
+        `accountable=False`: `peer` is only who the frame claims it comes
+        from, not who handed it to us (a GossipSub message's unsigned origin,
+        relayed by others). Its faults are logged and counted
+        (`unattributed_faults`) but never held against `peer`: otherwise
+        anyone could get an honest peer disconnected by naming it.
+        """
         self.stats["bytes_received"] += len(data)
+        self._accountable = accountable
         try:
-            message = decode(data)
-        except MessageError as error:
-            return self._clean(self._blame(peer, now_ms, None, f"bad_message:{error.reason}"))
-        replica = self._replicas.get(message.topic)
-        if replica is None:
-            self.stats["unknown_topic"] += 1  # not a fault: the peer may serve topics we do not
-            return []
-        handler = self._HANDLERS[type(message)]
-        return self._clean(handler(self, peer, replica, message, now_ms))
+            try:
+                message = decode(data)
+            except MessageError as error:
+                return self._clean(self._blame(peer, now_ms, None,
+                                               f"bad_message:{error.reason}"))
+            replica = self._replicas.get(message.topic)
+            if replica is None:
+                self.stats["unknown_topic"] += 1  # not a fault: the peer may serve topics we do not
+                return []
+            handler = self._HANDLERS[type(message)]
+            return self._clean(handler(self, peer, replica, message, now_ms))
+        finally:
+            self._accountable = True
 
     def _on_push(self, peer: PeerId, replica: Replica, message: Push, now_ms: int) -> list[Effect]:
         out: list[Effect] = []
@@ -688,7 +721,7 @@ class Disseminator:
             self._log("dummy", now_ms, topic, event=event, width=width),
             self._log("created", now_ms, topic, event=event, depth=replica.graph.depth(event.id)),
         ]
-        return out + self._push(topic, [event.raw], exclude=(), fanout=self.config.push_fanout)
+        return out + self._spread_local(topic, [event.raw])
 
     def _wants(self, topic: bytes, replica: Replica, rng: random.Random) -> list[Effect]:
         if not self._peers or not replica.graph.buffered_count:
@@ -788,6 +821,13 @@ class Disseminator:
             return (sender, next(iter(authors)).hex())
         return (sender,)
 
+    def _spread_local(self, topic: bytes, raws: list[bytes]) -> list[Effect]:
+        """The fast path for events authored here: push them, and announce them if asked."""
+        out = self._push(topic, raws, exclude=(), fanout=self.config.push_fanout)
+        if self.config.announce and raws:
+            out.append(Announce(topic, tuple(raws)))
+        return out
+
     def _push(self, topic: bytes, raws: list[bytes], exclude: Sequence[PeerId],
               fanout: int) -> list[Effect]:
         if not self.config.push or fanout <= 0:
@@ -878,13 +918,26 @@ class Disseminator:
 
     def _blame(self, peer: PeerId, now_ms: int, topic: bytes | None, reason: str,
                log: bool = True) -> list[Effect]:
-        self.peer_misbehaviour[peer] += 1
-        self.stats["misbehaviour"] += 1
+        """Count a hard fault against `peer`; at the threshold, ask to disconnect it.
+
+        The count starts again after a disconnect, so a peer that comes back
+        (its ban expired) and misbehaves again is dropped again. Only peers
+        with faults are counted, and at most MAX_BLAMED_PEERS of them.
+        """
         out: list[Effect] = []
         if log:
             out.append(self._log("rejected", now_ms, topic, reason=reason, peer=peer))
-        if self.peer_misbehaviour[peer] == self.config.misbehaviour_threshold:
+        if not self._accountable:
+            self.stats["unattributed_faults"] += 1
+            return out
+        self.stats["misbehaviour"] += 1
+        counts = self.peer_misbehaviour
+        counts[peer] += 1
+        if counts[peer] >= self.config.misbehaviour_threshold:
+            del counts[peer]
             out.append(Disconnect(peer, reason))
+        elif len(counts) > MAX_BLAMED_PEERS:
+            del counts[min(counts, key=counts.__getitem__)]  # forget the least suspect
         return out
 
     # ------------------------------------------------------------- internals: output

@@ -121,6 +121,32 @@ class ConnectError(Exception):
     """A peer address could not be dialled; the message says why."""
 
 
+def check_ports_free(addresses: Sequence[str]) -> None:
+    """Raise OSError (EADDRINUSE) if a listen address's fixed port is already bound.
+
+    py-libp2p binds its listeners with SO_REUSEPORT (for TCP hole punching),
+    so a second node told to listen on a taken port binds it too, silently,
+    and the kernel then splits incoming dials between two different nodes.
+    A plain bind, without SO_REUSEPORT, fails on a port anyone holds; the
+    probe is closed at once and the host binds for real. Port 0 (any free
+    port) and names other than /ip4 and /ip6 are not probed.
+    """
+    import socket
+
+    for address in addresses:
+        parts = str(address).strip("/").split("/")
+        if len(parts) < 4 or parts[0] not in ("ip4", "ip6") or parts[2] != "tcp":
+            continue
+        port = int(parts[3])
+        if port == 0:
+            continue
+        family = socket.AF_INET if parts[0] == "ip4" else socket.AF_INET6
+        with socket.socket(family, socket.SOCK_STREAM) as probe:
+            # A port left in TIME_WAIT by our own last run is free to reuse.
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            probe.bind((parts[1], port))
+
+
 @dataclass(frozen=True)
 class PeerEvent:
     peer_id: str

@@ -13,6 +13,8 @@ import subprocess
 import time
 from pathlib import Path
 
+import pytest
+
 from deploy.cluster import LocalCluster, megnode_command
 
 DELIVERY_TIMEOUT_S = 60.0
@@ -52,8 +54,9 @@ def wait_confirmed(cluster: LocalCluster, index: int, topic: str, ids: list[str]
         time.sleep(POLL_S)
 
 
-def test_device_publishes_via_relay_into_the_confirmed_order(tmp_path):
-    with LocalCluster(tmp_path / "cluster", 2) as cluster:
+@pytest.mark.parametrize("fast_path", ["push", "gossipsub"])
+def test_device_publishes_via_relay_into_the_confirmed_order(tmp_path, fast_path):
+    with LocalCluster(tmp_path / "cluster", 2, fast_path=fast_path) as cluster:
         topic = cluster.cli(0, "topic", "create", "sensors", "--access", "invite")["topic"]
         cluster.cli(0, "topic", "add-writer", topic, cluster.nodes[1].node_id)
         cluster.cli(1, "topic", "join", topic)

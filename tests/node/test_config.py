@@ -1,5 +1,6 @@
 """Node configuration: the TOML file, its validation, and the shipped example."""
 
+import re
 from pathlib import Path
 
 import pytest
@@ -35,3 +36,59 @@ def test_mdns_must_be_a_boolean(tmp_path, value):
 def test_a_misspelt_setting_is_an_error_not_a_silent_default(tmp_path):
     with pytest.raises(ConfigError, match="unknown setting.*mnds"):
         load_config(write(tmp_path, "mnds = true\n"))
+
+
+def test_the_ack_interval_is_a_setting(tmp_path):
+    config = load_config(write(tmp_path, "ack_interval_ms = 1000\n"))
+    assert config.ack_interval_ms == 1000
+    with pytest.raises(ConfigError, match="ack_interval_ms must be a positive integer"):
+        load_config(write(tmp_path, "ack_interval_ms = 0\n"))
+
+
+async def test_a_running_node_acks_at_the_configured_interval(tmp_path):
+    from node.runtime import Node
+
+    async with Node.open(tmp_path / "n", config=NodeConfig(ack_interval_ms=1234)) as node:
+        topic = await node.create_topic("acks")
+        assert topic.replica.config.ordering.ack_interval_ms == 1234
+
+
+@pytest.mark.parametrize("setting, address, words", [
+    ("listen", "/ip4/127.0.0.1/tcp/99999", "not a valid multiaddr"),
+    ("listen", "/ip4/999.0.0.1/tcp/1", "not a valid multiaddr"),
+    ("listen", "/ip4/127.0.0.1/udp/4001", "no /tcp/"),
+    ("bootstrap", "/ip4/127.0.0.1/tcp/4001", "/p2p/<peer id>"),
+])
+def test_addresses_are_parsed_when_the_config_is_read(tmp_path, setting, address, words):
+    with pytest.raises(ConfigError, match=re.escape(words)):
+        load_config(write(tmp_path, f'{setting} = ["{address}"]\n'))
+
+
+async def test_a_port_another_process_holds_is_refused_not_shared(tmp_path):
+    """py-libp2p listens with SO_REUSEPORT: without the probe, a second node would share it."""
+    import socket
+
+    from node.runtime import Node, NodeError
+
+    holder = socket.socket()
+    holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)  # as libp2p's listener does
+    holder.bind(("127.0.0.1", 0))
+    holder.listen()
+    port = holder.getsockname()[1]
+    try:
+        with pytest.raises(NodeError, match="cannot listen.*in use"):
+            async with Node.open(tmp_path / "n", listen=[f"/ip4/127.0.0.1/tcp/{port}"]):
+                pass
+    finally:
+        holder.close()
+
+
+async def test_an_error_inside_the_node_block_comes_out_as_itself(tmp_path):
+    from node.runtime import Node
+
+    class Mine(Exception):
+        pass
+
+    with pytest.raises(Mine):
+        async with Node.open(tmp_path / "n"):
+            raise Mine()

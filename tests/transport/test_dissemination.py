@@ -249,9 +249,37 @@ def test_garbage_from_a_peer_is_counted_logged_and_ignored():
         assert logs and all(r["type"] == "rejected" and r["reason"].startswith("bad_message:")
                             for r in logs)
         disconnects += [e for e in effects if isinstance(e, Disconnect)]
-    assert engine.peer_misbehaviour["bad"] == 8
     assert disconnects == [Disconnect("bad", disconnects[0].reason)]  # once, at the threshold
+    assert engine.peer_misbehaviour["bad"] == 3  # counting starts again after the disconnect
     assert replica.graph.delivered_count == before and replica.graph.pending_ops == 0
+
+
+def test_a_peer_that_comes_back_and_misbehaves_again_is_disconnected_again():
+    config = DisseminationConfig(misbehaviour_threshold=3)
+    engine, _ = engine_with_peers(["bad"], config)
+    disconnects = [effect for _ in range(7)
+                   for effect in engine.on_message("bad", b"\x93garbage", PAIR_NOW_MS)
+                   if isinstance(effect, Disconnect)]
+    assert len(disconnects) == 2  # at the 3rd and the 6th fault
+
+
+def test_faults_in_frames_of_unverified_origin_are_never_held_against_that_origin():
+    """A GossipSub message names its origin without proof: naming an honest peer
+    must not get that peer disconnected."""
+    config = DisseminationConfig(log=True, misbehaviour_threshold=2)
+    engine, replica = engine_with_peers(["victim"], config)
+    effects = [effect for _ in range(5)
+               for effect in engine.on_message("victim", b"\x93garbage", PAIR_NOW_MS,
+                                               accountable=False)]
+    assert not any(isinstance(e, Disconnect) for e in effects)
+    reasons = [e.record["reason"] for e in effects if isinstance(e, Log)]
+    assert len(reasons) == 5 and all(r.startswith("bad_message:") for r in reasons)
+    assert engine.peer_misbehaviour["victim"] == 0
+    assert engine.stats["unattributed_faults"] == 5
+    # The same frames from an accountable sender are held against it.
+    effects = engine.on_batch([("victim", b"\x93garbage", True)] * 2, PAIR_NOW_MS)
+    assert [e for e in effects if isinstance(e, Disconnect)] == [
+        Disconnect("victim", effects[-1].reason)]
 
 
 def test_an_event_with_a_bad_signature_is_blamed_and_the_rest_applied():
