@@ -8,7 +8,7 @@
 table on stdout and the path of the report's index.html. LOGDIR may hold JSON
 lines (any depth of subdirectories) or Parquet from `to-parquet`. With `--d`
 the measured width is compared with the model's fixed point; k defaults to
-the number of writing nodes per topic.
+the number of writing nodes per topic (nodes that created `message` events).
 
 Exit status: 0 done, 1 the logs could not be read, 2 bad arguments.
 """
@@ -22,6 +22,14 @@ from collections.abc import Sequence
 
 from analytics.spark import DEFAULT_MASTER
 
+# The model's argument range (analytics.model: MIN_CONVERGENT_PARENTS,
+# MAX_PARENTS, MAX_REPLICAS), restated so `--help` and argument errors answer
+# without importing numpy; a test holds the two equal. Checked here, before
+# Spark runs, rather than failing after all the Spark work.
+MIN_D = 2
+MAX_D = 10**4
+MAX_K = 10**6
+
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m analytics", description="megnode log analytics on Spark")
@@ -30,8 +38,10 @@ def _parser() -> argparse.ArgumentParser:
     analyze = commands.add_parser("analyze", help="run every analysis and write a report folder")
     analyze.add_argument("logdir", nargs="+", help="log directories or files (JSON lines or Parquet)")
     analyze.add_argument("--out", required=True, help="report folder (created if missing)")
-    analyze.add_argument("--k", type=_positive, help="writing replicas, for the model check")
-    analyze.add_argument("--d", type=_positive, help="parents per event, enables the model check")
+    analyze.add_argument("--k", type=_replicas, metavar="K",
+                         help=f"writing replicas, for the model check (1..{MAX_K})")
+    analyze.add_argument("--d", type=_parents, metavar="D",
+                         help=f"parents per event, enables the model check ({MIN_D}..{MAX_D})")
     _spark_options(analyze)
 
     convert = commands.add_parser("to-parquet", help="convert JSON-lines logs to Parquet by topic/date")
@@ -46,11 +56,22 @@ def _spark_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--driver-memory", help="Spark driver memory, e.g. 4g (large local runs)")
 
 
-def _positive(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+def _int_in(text: str, low: int, high: int, why: str = "") -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if not low <= value <= high:
+        raise argparse.ArgumentTypeError(f"must be in [{low}, {high}]{why}, got {value}")
     return value
+
+
+def _replicas(text: str) -> int:
+    return _int_in(text, 1, MAX_K)
+
+
+def _parents(text: str) -> int:
+    return _int_in(text, MIN_D, MAX_D, " (with d = 1 the width never converges)")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -7,8 +7,13 @@
    both sides keep writing; then heals it by dialling across.
 5. Waits until every node holds every event, collects the dissemination logs.
 6. Runs a deterministic simulation of a larger network (the same protocol on a
-   virtual clock, with loss and a partition) and collects its logs too.
-7. Runs the Spark analyses over both log sets and prints where the reports are.
+   virtual clock, with loss and a partition) and collects its logs too. There
+   SIM_WRITERS replicas write concurrently every round with at most SIM_D_MAX
+   parents per event and no depletion dummies: the paper's setting with
+   k > d, where the model's fixed point lies above k (for k <= d it is k by
+   construction and the model check would show nothing).
+7. Runs the Spark analyses over both log sets, each with its real k and d, and
+   prints where the reports are.
 
 Every wait is bounded; progress goes to stderr. Output lands in `demo-output/`
 (override with `--out`).
@@ -23,15 +28,21 @@ import time
 from pathlib import Path
 
 from deploy.cluster import LocalCluster
+from node.core.parents import DEFAULT_D_MAX
 
 NODES = 5
 WRITERS = (0, 1, 2)
+PARTITION_WRITERS = (0, 3)  # one writer on each side of the cut
 BURSTS = 5
 EVENTS_PER_BURST = 40
 PARTITION_BURSTS = 3
 WAIT_S = 120.0
+CLUSTER_D_MAX = DEFAULT_D_MAX  # `topic create` without --d-max
 SIM_NODES = 100
 SIM_SEED = 7
+SIM_WRITERS = 20  # concurrent writers per round: the model's k
+SIM_D_MAX = 3  # parents per event: the model's d (k > d, so the fixed point is not just k)
+SIM_ROUNDS = 30
 
 
 def say(message: str) -> None:
@@ -46,6 +57,7 @@ def publish_burst(cluster: LocalCluster, index: int, topic: str, label: str) -> 
 
 
 def run_cluster(out: Path) -> tuple[Path, int]:
+    """The cluster part; returns its log directory and k, the nodes that wrote messages."""
     cluster_dir = out / "cluster"
     say(f"starting {NODES} megnode daemons on 127.0.0.1 (data in {cluster_dir})")
     with LocalCluster(cluster_dir, NODES) as cluster:
@@ -67,7 +79,7 @@ def run_cluster(out: Path) -> tuple[Path, int]:
         cluster.start_node(4, bootstrap=[cluster.nodes[3].address])
         cluster.wait_connected(indices=[3, 4])
         for burst in range(PARTITION_BURSTS):
-            for writer in (0, 3):
+            for writer in PARTITION_WRITERS:
                 publish_burst(cluster, writer, topic, f"partition{burst}")
                 published += EVENTS_PER_BURST
         say("both sides wrote while partitioned; healing (node 3 dials node 0)")
@@ -82,17 +94,18 @@ def run_cluster(out: Path) -> tuple[Path, int]:
         logs = out / "cluster-logs"
         for node in cluster.nodes:
             cluster.cli_raw(node.index, "export-logs", str(logs / f"node{node.index}"))
-    return logs, len(WRITERS)
+    return logs, len(set(WRITERS) | set(PARTITION_WRITERS))
 
 
 def run_simulation(out: Path) -> Path:
     from transport.sim import Scenario, run_scenario
 
     logs = out / "sim-logs"
-    scenario = Scenario(seed=SIM_SEED, nodes=SIM_NODES, loss=0.1, rounds=30, writers=5,
+    scenario = Scenario(seed=SIM_SEED, nodes=SIM_NODES, loss=0.1, rounds=SIM_ROUNDS,
+                        writers=SIM_WRITERS, d_max=SIM_D_MAX, depletion=False,
                         partition_at_ms=1_000, heal_at_ms=4_000)
-    say(f"simulating {SIM_NODES} replicas, 10% loss, a partition healed at 4 s "
-        f"(replay: python -m transport.sim {' '.join(scenario.argv())})")
+    say(f"simulating {SIM_NODES} replicas, {SIM_WRITERS} writers a round, d_max {SIM_D_MAX}, "
+        f"10% loss, a partition healed at 4 s (replay: {scenario.replay_command()} --log-dir DIR)")
     summary = run_scenario(scenario, logs)
     for line in summary.lines():
         say(f"  {line}")
@@ -120,8 +133,8 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     cluster_logs, writers = run_cluster(out)
     sim_logs = run_simulation(out)
-    analyze(cluster_logs, out / "report-cluster", k=writers, d=10)
-    analyze(sim_logs, out / "report-simulation", k=5, d=10)
+    analyze(cluster_logs, out / "report-cluster", k=writers, d=CLUSTER_D_MAX)
+    analyze(sim_logs, out / "report-simulation", k=SIM_WRITERS, d=SIM_D_MAX)
     say(f"done in {time.monotonic() - started:.0f} s")
     print(f"\nReports:\n  real cluster: {out / 'report-cluster' / 'index.html'}\n"
           f"  simulation:   {out / 'report-simulation' / 'index.html'}")

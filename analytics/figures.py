@@ -11,6 +11,10 @@ writes ``figure4.png`` and ``figure5.png`` and prints both tables.
   five times, as in the paper. Rows also carry the expected change.
 * Figure 5 plots the rounds of the mean-value iteration until the expected
   width moves by less than one, from ``u_0 = 100 k``, against ``d``.
+* A Monte-Carlo check of Figure 4: at a few sampled points the urn itself is
+  drawn (`analytics.model.monte_carlo_removed`, seeded) and the mean next
+  width set beside the closed form, with its standard error, so the table
+  shows the curve is what the urn does, not only what the formula says.
 
 Why: to check our model against the paper's curves, and to pick megnode's
 parent cap ``d`` for an expected replica count ``k``.
@@ -23,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import random
 import sys
 from collections.abc import Iterable, Sequence
 from dataclasses import astuple, dataclass, fields, is_dataclass
@@ -34,6 +39,7 @@ from matplotlib.figure import Figure
 from analytics.model import (
     expected_next_width,
     fixed_point_width,
+    monte_carlo_removed,
     rounds_to_convergence,
     variance_removed,
 )
@@ -44,6 +50,13 @@ FIGURE4_US = tuple(range(1, 601))
 """Dense grid for the plot: wide enough to show the linear regime for k = 100."""
 FIGURE4_TABLE_US = (1, 5, 10, 20, 50, 100, 200, 300, 400, 500, 600)
 """The printed table samples the plot's grid; a 2400-row table helps no one."""
+FIGURE4_MC_US = (100, 300, 600)
+"""Widths where Figure 4 is checked by simulating the urn, near and far above the
+fixed points of the plotted k. Not below ~k: there the urn is almost surely
+emptied each round, so a few hundred rounds all look alike and say nothing."""
+FIGURE4_MC_TRIALS = 200
+"""Rounds drawn per point: ~0.3 s for all of them; the standard error is in the table."""
+FIGURE4_MC_SEED = 4
 FIGURE5_KS = (10, 100, 1000)
 FIGURE5_DS = tuple(range(2, 11))
 
@@ -67,6 +80,22 @@ class Figure4Row:
     """Standard deviation of U_{n+1} given U_n = u, i.e. sqrt(V(R_{d,k}(u)))."""
     expected_change: float
     """E(U_{n+1}) - u: negative means the width is expected to shrink."""
+
+
+@dataclass(frozen=True)
+class Figure4MonteCarloRow:
+    """Closed form and simulated urn side by side at one Figure 4 point."""
+
+    d: int
+    k: int
+    u: int
+    expected_next: float
+    """E(U_{n+1} | U_n = u), the closed form (Theorem 4a)."""
+    mc_next: float
+    """Mean of u + k - R over `trials` simulated rounds of the urn."""
+    mc_se: float
+    """Standard error of `mc_next`: sample standard deviation / sqrt(trials)."""
+    trials: int
 
 
 @dataclass(frozen=True)
@@ -96,6 +125,28 @@ def figure4_rows(
                     d=d, k=k, u=u, expected_next=expected,
                     std_next=math.sqrt(variance_removed(d, k, u)),
                     expected_change=expected - u,
+                ))
+    return rows
+
+
+def figure4_monte_carlo_rows(
+    ks: Iterable[int] = FIGURE4_KS,
+    ds: Iterable[int] = FIGURE4_DS,
+    us: Iterable[int] = FIGURE4_MC_US,
+    trials: int = FIGURE4_MC_TRIALS,
+    seed: int = FIGURE4_MC_SEED,
+) -> list[Figure4MonteCarloRow]:
+    """The urn simulated at sampled Figure 4 points, one row per (d, k, u), one seeded rng."""
+    rng = random.Random(seed)
+    us = tuple(us)
+    rows = []
+    for d in ds:
+        for k in ks:
+            for u in us:
+                mean_removed, var_removed = monte_carlo_removed(d, k, u, trials, rng)
+                rows.append(Figure4MonteCarloRow(
+                    d=d, k=k, u=u, expected_next=expected_next_width(d, k, u),
+                    mc_next=u + k - mean_removed, mc_se=math.sqrt(var_removed / trials), trials=trials,
                 ))
     return rows
 
@@ -220,6 +271,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     table_us = set(FIGURE4_TABLE_US)
     print("Figure 4: expected next width E(U_{n+1}) for realised U_n = u")
     print(format_table([row for row in rows4 if row.u in table_us]))
+    print()
+    print(f"Figure 4 check: the urn simulated ({FIGURE4_MC_TRIALS} rounds per point, seed {FIGURE4_MC_SEED})")
+    print(format_table(figure4_monte_carlo_rows()))
     print()
     print("Figure 5: rounds until the expected width moves by < 1, from u0 = 100 k")
     print(format_table(rows5))

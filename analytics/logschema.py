@@ -17,6 +17,7 @@ Schema version 1 (field `v` = 1)::
     node      hex         string      all                     the node that logged the record
     type      string      string      all                     one of RECORD_TYPES below
     topic     hex         string      all but peer_up/down    topic id
+                                      (rejected: or peer)
     event     hex         string      per-event types         event id
     author    hex         string      -                       event author's public key
     kind      text<=64    string      -                       event kind (message, dummy, m.room.member...)
@@ -27,12 +28,15 @@ Schema version 1 (field `v` = 1)::
     width     integer>=0  long        width                   forward extremities (width samples);
                                                               on dummy: the width that triggered it
     buffered  integer>=0  long        width                   events waiting for missing parents
-    peer      hex         string      peer_up / peer_down     the remote node
+    peer      hex         string      peer_up / peer_down     the remote node (rejected: the
+                                      (rejected: or topic)    sender of what was refused)
 
 Record types: `created` (the local author made the event; it counts as the
 author's own delivery), `received` (bytes arrived), `buffered` (parents
 missing, waiting), `delivered` (applied to the graph and handed to
-subscribers), `rejected`, `duplicate` (received again after delivery),
+subscribers), `rejected` (needs `reason` and at least one of `topic` and
+`peer`: a frame that could not even be decoded names no topic, only the peer
+that sent it — a peer-level rejection), `duplicate` (received again after delivery),
 `width` (periodic sample), `dummy` (an extremity-depletion dummy event was
 issued; always accompanied by a `created` record of kind `dummy` for the same
 event, so dissemination sees dummies like any event), `peer_up`, `peer_down`.
@@ -45,14 +49,19 @@ JSON value that is not an object is `not_object`; `v` missing is
 likewise, an unknown name is `unknown_type`; any other known field with the
 wrong JSON type (a float or a string where an integer belongs, an integer
 outside int64, ...) is `wrong_type`; a required field absent or null is
-`missing_field`; a value out of its domain (negative integer, id that is not
+`missing_field` (so is a `rejected` record with neither `topic` nor `peer`);
+a value out of its domain (negative integer, id that is not
 lowercase hex, empty or over-long text, unknown channel) is `bad_value`.
 Unknown keys are ignored and JSON null equals absent.
 
 Versioning: adding an optional field keeps `v` = 1 (readers ignore unknown
 keys). Removing, renaming or retyping a field, or changing what one means,
 bumps `v`; a v1 reader counts other versions as `bad_version` rather than
-guessing.
+guessing. Relaxing a requirement also keeps `v` = 1 when no field changes
+meaning: `topic` became optional on `rejected` records that carry `peer`
+(every earlier v1 record is still valid and means the same; an older reader
+counts the new peer-level rejections as `missing_field`, which loses them but
+misreads nothing).
 
 Ids are lowercase hex because the jobs join records from different nodes on
 them as strings: one canonical spelling per id keeps those joins exact.
@@ -152,7 +161,7 @@ REQUIRED_BY_TYPE: Final[dict[str, tuple[str, ...]]] = {
     RECEIVED: ("topic", "event", "channel"),
     BUFFERED: ("topic", "event"),
     DELIVERED: ("topic", "event", "channel"),
-    REJECTED: ("topic", "reason"),  # an undecodable message has no event id
+    REJECTED: ("reason",),  # an undecodable message has no event id; topic or peer: below
     DUPLICATE: ("topic", "event", "channel"),
     WIDTH: ("topic", "width", "buffered"),
     DUMMY: ("topic", "event"),
@@ -160,11 +169,22 @@ REQUIRED_BY_TYPE: Final[dict[str, tuple[str, ...]]] = {
     PEER_DOWN: ("peer",),
 }
 RECORD_TYPES: Final = tuple(REQUIRED_BY_TYPE)
+REQUIRED_ONE_OF_BY_TYPE: Final[dict[str, tuple[tuple[str, ...], ...]]] = {
+    # A frame that could not be decoded names no topic: the rejection is the
+    # peer's (peer-level); any other rejection names its topic.
+    REJECTED: (("topic", "peer"),),
+}
+"""Groups of fields of which a record of the type must carry at least one."""
 
 
 def required_fields(record_type: str) -> tuple[str, ...]:
-    """Every field a record of `record_type` must carry."""
+    """Every field a record of `record_type` must carry (see also `required_one_of`)."""
     return COMMON_REQUIRED + REQUIRED_BY_TYPE[record_type]
+
+
+def required_one_of(record_type: str) -> tuple[tuple[str, ...], ...]:
+    """Groups of fields of which a record of `record_type` must carry at least one each."""
+    return REQUIRED_ONE_OF_BY_TYPE.get(record_type, ())
 
 
 # --------------------------------------------------------------------------- validation
@@ -211,6 +231,8 @@ def validate_record(obj: object) -> str | None:
     if any(not _json_type_ok(f, obj[f.name]) for f in present):
         return WRONG_TYPE
     if any(obj.get(name) is None for name in required_fields(obj["type"])):
+        return MISSING_FIELD
+    if any(all(obj.get(name) is None for name in group) for group in required_one_of(obj["type"])):
         return MISSING_FIELD
     if any(not _value_ok(f, obj[f.name]) for f in present):
         return BAD_VALUE

@@ -28,7 +28,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from analytics import logschema as ls
-from analytics.jobs import catchup, convergence, coverage, dissemination, events, load, modelcheck, width
+from analytics.jobs import catchup, convergence, coverage, dissemination, events, load, modelcheck, rejections, width
 
 STAGES: Final = ("loading logs", "dissemination", "width", "model check", "writing report")
 MAX_TABLE_ROWS: Final = 50
@@ -182,6 +182,8 @@ def _dissemination(base: events.Basis) -> tuple[tuple[Table, ...], tuple[_Plot, 
         table_from(dissemination.duplicates_by_channel(base), "Duplicates by channel"),
         table_from(episodes, "Catch-up episodes", f"Runs of sync deliveries <= {catchup.CATCHUP_GAP_MS} ms apart, "
                    f">= {catchup.CATCHUP_MIN_EVENTS} events."),
+        table_from(rejections.rejections(base), "Rejections", "topic - = peer-level (a frame that could not be "
+                   "decoded); reason cut at the first ':'."),
     )
     cdf = latencies.groupBy("channel", "latency_ms").count().orderBy("channel", "latency_ms").collect()
     latencies.unpersist()
@@ -235,18 +237,29 @@ def _model(
     tables: list[Table] = []
     texts: list[tuple[str, str]] = []
     paths: tuple[Path, ...] = ()
+    columns = ("topic", "k", "d", "samples", "measured_mean", "steady_mean", "predicted", "steady/predicted")
     try:
         if d is not None:
-            checks = modelcheck.model_check(records, d=d, k=k)
-            columns = ("topic", "k", "d", "samples", "measured_mean", "steady_mean", "predicted", "steady/predicted")
-            rows = tuple(
-                (c.topic, c.k, c.d, c.samples, c.measured_mean, c.steady_mean, c.predicted, c.steady_over_predicted)
-                for c in checks
-            )
-            note = "predicted = fixed_point_width(d, k)" + ("" if k is not None else "; k = writers in the topic")
-            tables.append(Table("Model check: width", columns, rows, note))
+            try:
+                checks = modelcheck.model_check(records, d=d, k=k)
+            except ValueError as error:  # d or k outside the model's range: say so, keep the report
+                tables.append(Table("Model check: width", columns, (), f"Model check skipped: {error}"))
+            else:
+                rows = tuple(
+                    (c.topic, c.k, c.d, c.samples, c.measured_mean, c.steady_mean, c.predicted,
+                     c.steady_over_predicted)
+                    for c in checks
+                )
+                note = "predicted = fixed_point_width(d, k)" + (
+                    "" if k is not None else f"; k = nodes that created {'/'.join(modelcheck.WRITE_KINDS)} "
+                    "events in the topic"
+                )
+                tables.append(Table("Model check: width", columns, rows, note))
         figures = modelcheck.paper_figures(out)
-        texts = [("Paper Figure 4 (table)", figures.figure4_table), ("Paper Figure 5 (table)", figures.figure5_table)]
+        texts = [("Paper Figure 4 (table)", figures.figure4_table)]
+        if figures.figure4_monte_carlo_table:
+            texts.append(("Paper Figure 4: Monte-Carlo check", figures.figure4_monte_carlo_table))
+        texts.append(("Paper Figure 5 (table)", figures.figure5_table))
         paths = (figures.figure4_png, figures.figure5_png)
     except modelcheck.ModelUnavailable as error:
         texts.append(("Model", f"Model check skipped: {error}"))

@@ -9,9 +9,15 @@ warm-up and disturbances out. The model is a worst case (every replica writes
 every round, concurrently), and a node samples its width between rounds too,
 so a ratio near 1 is agreement, not a coincidence to demand exactly.
 
-k is the run's number of writing replicas; when not given it is the number of
-distinct nodes that created events in the topic. d must be given: the logs
-do not record parent counts.
+k is the run's number of writing replicas; when not given it is inferred per
+topic by `writer_counts`: the nodes that authored at least one event of a
+writing kind (`WRITE_KINDS`). Nodes log a `created` record for everything they
+make, and most of it is not writing in the model's sense: the topic's create
+event and bootstrap state, joins (`m.room.member`), indexer acks (`ack`),
+extremity-depletion dummies (`dummy`), and events a relay node takes in for
+a relayed device (logged as `created` by the relay, with the device as
+`author`). Counting them would make every member that joined a "writer". d
+must be given: the logs do not record parent counts.
 
 It also reproduces the paper's Figures 4 and 5 (tables and PNGs) through
 `analytics.figures`.
@@ -29,6 +35,11 @@ from analytics import logschema as ls
 from analytics.jobs.convergence import STEADY_FRACTION, steady_samples
 from analytics.jobs.events import Records, records_of
 from analytics.jobs.width import width_samples
+
+WRITE_KINDS = ("message",)
+"""Event kinds that count as writing (node.core.event.KIND_MESSAGE, the kind
+`Topic.publish` uses by default); applications that publish other kinds can
+pass theirs to `writer_counts`."""
 
 
 class ModelUnavailable(RuntimeError):
@@ -56,11 +67,27 @@ class ModelCheck:
     steady_over_predicted: float
 
 
-def writer_counts(data: Records) -> dict[str, int]:
-    """Topic -> number of distinct nodes that created events in it (the run's k)."""
+def writer_counts(data: Records, write_kinds: tuple[str, ...] = WRITE_KINDS) -> dict[str, int]:
+    """Topic -> distinct nodes that authored events of `write_kinds` in it (the run's k).
+
+    A `created` record counts when its `kind` is one of `write_kinds` and its
+    `author` is the logging node (or absent): the relay node's record of a
+    relayed device's event names the device as author. A record without
+    `kind` (the schema keeps it optional) counts unless a `dummy` record names
+    the same event, the one non-writing creation the logs then still reveal;
+    joins and acks logged without a kind cannot be told from writes.
+    """
+    records = records_of(data)
+    created = records.where(F.col("type") == ls.CREATED).where(
+        F.col("author").isNull() | (F.col("author") == F.col("node"))
+    )
+    writes = created.where(F.col("kind").isin(*write_kinds))
+    unknown = created.where(F.col("kind").isNull()).join(
+        records.where(F.col("type") == ls.DUMMY).select("topic", "event"), ["topic", "event"], "left_anti"
+    )
     rows = (
-        records_of(data)
-        .where(F.col("type") == ls.CREATED)
+        writes.select("topic", "node")
+        .unionByName(unknown.select("topic", "node"))
         .groupBy("topic")
         .agg(F.countDistinct("node").alias("k"))
         .collect()
@@ -100,6 +127,7 @@ class PaperFigures:
     figure5_table: str
     figure4_png: Path
     figure5_png: Path
+    figure4_monte_carlo_table: str = ""  # the urn simulated at a few Figure 4 points
 
 
 def paper_figures(outdir: str | Path) -> PaperFigures:
@@ -109,9 +137,11 @@ def paper_figures(outdir: str | Path) -> PaperFigures:
     rows5 = figures.figure5_rows()
     # The plot's grid is too dense for a table; print the sample the figures module picks.
     table_us = set(getattr(figures, "FIGURE4_TABLE_US", (row.u for row in rows4)))
+    monte_carlo = getattr(figures, "figure4_monte_carlo_rows", None)
     return PaperFigures(
         figure4_table=figures.format_table([row for row in rows4 if row.u in table_us]),
         figure5_table=figures.format_table(rows5),
         figure4_png=Path(figures.plot_figure4(rows4, Path(outdir) / "figure4.png")),
         figure5_png=Path(figures.plot_figure5(rows5, Path(outdir) / "figure5.png")),
+        figure4_monte_carlo_table=figures.format_table(monte_carlo()) if monte_carlo else "",
     )

@@ -122,7 +122,13 @@ def record_reason(fields: dict[str, FieldColumns]) -> Column:
     # One branch per record type (a known one by then): cheaper per row than
     # asking, for every field, whether this type requires it.
     branches = [
-        (record_type.value == F.lit(name), ~_all([fields[field].present for field in ls.required_fields(name)]))
+        (
+            record_type.value == F.lit(name),
+            ~_all(
+                [fields[field].present for field in ls.required_fields(name)]
+                + [_any([fields[field].present for field in group]) for group in ls.required_one_of(name)]
+            ),
+        )
         for name in ls.RECORD_TYPES
     ]
     missing = F.when(*branches[0])

@@ -12,7 +12,8 @@ The world: topic 7f with three nodes a (0a), b (0b), c (0c), seven events.
     e7     b       5020     message  a 5022 (2 g)     c 6010 (990 s)
 
 c is cut off from 4500 (peer_down) to 5900 (peer_up) and catches up on e5..e7
-by sync. Remote latencies, sorted: 2 2 2 5 10 20 30 40 100 500 990 995 1000.
+by sync. a rejects an event of the topic (bad_signature) at 4500 and, at 4600,
+a frame from b it could not decode: a peer-level rejection with no topic. Remote latencies, sorted: 2 2 2 5 10 20 30 40 100 500 990 995 1000.
 Width samples: a at 0,1000..7000 = 2 3 9 6 4 3 2 3; b at 500, 2500 = 3 3;
 c at 0..4000 = 2 2 10 2 6. Node c's log ends with a line torn by a crash.
 """
@@ -73,6 +74,7 @@ def _fixture_records() -> dict[str, list[dict]]:
     delivered(B, "e4", 4040, "sync")
     delivered(C, "e4", 4100, "sync")
     logs[A].append(r("rejected", ts_ms=4500, node=A, topic=t, event="ee", reason="bad_signature", channel="gossip"))
+    logs[A].append(r("rejected", ts_ms=4600, node=A, peer=B, reason="bad_message:truncated frame"))
     logs[C].append(r("peer_down", ts_ms=4500, node=C, peer=A))
     for index, event in enumerate(("e5", "e6", "e7")):
         created(B, event, 5000 + 10 * index)
@@ -128,6 +130,9 @@ LINE_CASES = [
     ("{" + BASE + ',"extra":[1,{"x":2}]}', None),  # unknown keys are ignored
     ("{" + BASE + ',"depth":null}', None),  # null equals absent
     ('{"v":1,"ts_ms":5,"node":"0a","type":"peer_up","peer":"0b"}', None),  # no topic needed
+    ('{"v":1,"ts_ms":5,"node":"0a","type":"rejected","reason":"bad_message:x","peer":"0b"}', None),  # peer-level
+    ('{"v":1,"ts_ms":5,"node":"0a","type":"rejected","reason":"bad_message:x"}', ls.MISSING_FIELD),  # nor peer
+    ('{"v":1,"ts_ms":5,"node":"0a","type":"rejected","peer":"0b"}', ls.MISSING_FIELD),  # no reason
     ('{"v":1,"ts_ms":5,"node":"0a","topic":"7f","type":"cre', ls.BAD_JSON),  # torn by a crash
     ("", ls.BAD_JSON),
     (CREATED_LINE + CREATED_LINE, ls.BAD_JSON),  # a lost newline
@@ -179,6 +184,21 @@ def test_make_record_omits_absent_fields_and_refuses_invalid_ones():
         ls.make_record("created", ts_ms=7, node="0A", topic="7f", event="e1")
     long_reason = ls.make_record("rejected", ts_ms=7, node="0a", topic="7f", reason="x" * 1000)
     assert len(long_reason["reason"]) == ls.MAX_REASON_CHARS
+    # An undecodable frame names no topic: the rejection is the sending peer's.
+    assert ls.make_record("rejected", ts_ms=7, node="0a", peer="0b", reason="bad_message:eof") == {
+        "v": 1, "ts_ms": 7, "node": "0a", "type": "rejected", "reason": "bad_message:eof", "peer": "0b"
+    }
+    with pytest.raises(ValueError, match="missing_field"):
+        ls.make_record("rejected", ts_ms=7, node="0a", reason="bad_message:eof")
+
+
+def test_writer_keeps_a_peer_level_rejection(tmp_path):
+    # What transport.dissemination logs for an undecodable frame: topic None, peer set.
+    record = {"v": 1, "ts_ms": 3, "node": A, "type": "rejected", "reason": "bad_message:eof", "peer": B}
+    with ls.JsonLinesLogWriter(tmp_path, A) as writer:
+        writer.write(record)
+        path = writer.path
+    assert ls.parse_line(open(path).read()) == (record, None)
 
 
 def _width_record(ts_ms: int) -> dict:
@@ -256,8 +276,9 @@ def test_load_counts_malformed_lines_per_reason_and_keeps_going(spark, tmp_path)
     expected = Counter(reason for _, reason in LINE_CASES if reason is not None)
     assert dict(loaded.report.malformed) == dict(expected)
     assert list(loaded.report.malformed) == [r for r in ls.REASONS if r in expected]  # schema order
-    assert (loaded.report.lines, loaded.report.records) == (len(LINE_CASES), 4)
-    assert loaded.records.count() == 4
+    valid = sum(1 for _, reason in LINE_CASES if reason is None)
+    assert (loaded.report.lines, loaded.report.records) == (len(LINE_CASES), valid)
+    assert loaded.records.count() == valid == 5
     samples = [s for s in loaded.report.samples if s.reason == ls.BAD_VERSION]
     assert sorted(s.line for s in samples) == sorted(
         ['{"v":2,"ts_ms":5}', '{"v":2,"ts_ms":5,"node":"0a","topic":"7f","type":"created","event":"e1"}']
@@ -425,6 +446,21 @@ def test_convergence_after_the_width_peak(records):
     )
 
 
+def fixed_point_by_iteration(d: int, k: int) -> float:
+    """The mean-value iteration E(U_{n+1}) = U_n + k - E(R_{d,k}(U_n)) run to convergence.
+
+    Written out here, independently of analytics.model: E(R) = u (1 - (1 - d/u)^k)
+    (Theorem 4a for u > d, which holds all the way down since the limit is > k > d).
+    """
+    u = 100.0 * k
+    for _ in range(10_000):
+        following = u + k - u * (1.0 - (1.0 - d / u) ** k)
+        if abs(following - u) <= 1e-13 * u:
+            return following
+        u = following
+    raise AssertionError(f"no convergence for d={d}, k={k}")
+
+
 @pytest.mark.spark
 def test_model_check_against_the_fixed_point(records):
     from analytics.jobs.modelcheck import model_check
@@ -435,7 +471,66 @@ def test_model_check_against_the_fixed_point(records):
     assert (check.k, check.samples, check.measured_mean, check.steady_mean, check.predicted) == (3, 15, 4.0, 3.2, 3.0)
     assert check.steady_over_predicted == pytest.approx(3.2 / 3)
     [inferred] = model_check(records, d=3)
-    assert inferred.k == 3  # a, b and c all created events
+    assert inferred.k == 3  # a, b and c all created message events
+    # k = 5 > d = 2: replicas' picks overlap, so the fixed point lies above k:
+    # 5.62542013469471... (the iteration with 40-digit decimals gives the same digits).
+    [wide] = model_check(records, d=2, k=5)
+    expected = fixed_point_by_iteration(2, 5)
+    assert expected == pytest.approx(5.62542013469471, rel=1e-12)
+    assert (wide.k, wide.d, wide.steady_mean) == (5, 2, 3.2)
+    assert wide.predicted == pytest.approx(expected, rel=1e-9)
+    assert wide.steady_over_predicted == pytest.approx(3.2 / expected, rel=1e-9)
+
+
+@pytest.mark.spark
+def test_inferred_k_counts_only_nodes_that_wrote_messages(spark):
+    from analytics.jobs.modelcheck import writer_counts
+
+    r, t, u = ls.make_record, TOPIC, "7e"
+    rows = [
+        r("created", ts_ms=1, node="01", topic=t, event="e1", author="01", kind="message"),  # a writer
+        r("created", ts_ms=2, node="02", topic=t, event="e2", author="02", kind="m.room.member"),  # join only
+        r("created", ts_ms=3, node="02", topic=t, event="e3", author="02", kind="ack"),  # indexer ack
+        r("created", ts_ms=4, node="03", topic=t, event="e4", author="03", kind="dummy"),  # depletion
+        r("dummy", ts_ms=4, node="03", topic=t, event="e4", width=12),
+        r("created", ts_ms=5, node="04", topic=t, event="e5", author="0e", kind="message"),  # relayed device's
+        r("created", ts_ms=6, node="05", topic=t, event="e6", author="05", kind="m.room.create"),  # the root
+        r("created", ts_ms=7, node="06", topic=t, event="e7"),  # no kind logged, not a dummy: counted
+        r("created", ts_ms=8, node="07", topic=t, event="e8"),  # no kind logged, but a dummy: not counted
+        r("dummy", ts_ms=8, node="07", topic=t, event="e8", width=9),
+        r("created", ts_ms=9, node="01", topic=u, event="f1", author="01", kind="message"),
+        r("created", ts_ms=9, node="02", topic=u, event="f2", author="02", kind="message"),
+        r("created", ts_ms=9, node="02", topic=u, event="f3", author="02", kind="message"),
+        r("rejected", ts_ms=9, node="02", peer="01", reason="bad_message:eof"),  # no topic at all
+    ]
+    records = spark.createDataFrame([tuple(row.get(name) for name in ls.FIELD_NAMES) for row in rows],
+                                    ls.spark_schema())
+    assert writer_counts(records) == {t: 2, u: 2}  # 01 and 06; 01 and 02
+    assert writer_counts(records, write_kinds=("message", "ack")) == {t: 3, u: 2}
+
+
+@pytest.mark.spark
+def test_rejections_by_topic_and_reason_keep_the_peer_level_ones(records):
+    from analytics.jobs.rejections import rejections
+
+    rows = [tuple(row) for row in rejections(records).collect()]
+    assert rows == [(None, "bad_message", 1, 1, 1), (TOPIC, "bad_signature", 1, 1, 0)]
+
+
+@pytest.mark.spark
+def test_a_model_argument_out_of_range_leaves_a_note_not_a_crash(records, tmp_path):
+    from analytics import report
+
+    # --d 1 is refused by the command line; a direct call must not die after the Spark work.
+    tables, texts, plots = report._model(records, tmp_path, k=3, d=1)
+    [table] = tables
+    assert table.rows == () and table.note.startswith("Model check skipped: d must be >= 2")
+    assert [path.name for path in plots] == ["figure4.png", "figure5.png"]  # the paper's figures still come
+    assert [title for title, _ in texts] == [
+        "Paper Figure 4 (table)", "Paper Figure 4: Monte-Carlo check", "Paper Figure 5 (table)"
+    ]
+    [huge] = report._model(records, tmp_path, k=10**7, d=3)[0]
+    assert huge.rows == () and "k must be in" in huge.note
 
 
 # --------------------------------------------------------------------------- command line
@@ -477,6 +572,36 @@ def test_analyze_writes_the_report_and_prints_the_summary(logdir, tmp_path, caps
         assert f'src="{name}"' in page
         assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "Never delivered" in page and "Catch-up episodes" in page and "Model check: width" in page
+    assert "Rejections" in page and "bad_message" in page and "Monte-Carlo check" in page
+
+
+@pytest.mark.parametrize(
+    "option,value,message",
+    [
+        ("--d", "1", "argument --d: must be in [2, 10000] (with d = 1 the width never converges), got 1"),
+        ("--d", "0", "argument --d: must be in [2, 10000]"),
+        ("--d", "10001", "argument --d: must be in [2, 10000]"),
+        ("--k", "0", "argument --k: must be in [1, 1000000], got 0"),
+        ("--k", "1000001", "argument --k: must be in [1, 1000000]"),
+        ("--k", "five", "argument --k: not an integer: 'five'"),
+    ],
+)
+def test_analyze_refuses_model_arguments_out_of_range_before_spark(tmp_path, capsys, option, value, message):
+    from analytics.__main__ import main
+
+    other = ["--d", "3"] if option == "--k" else []
+    with pytest.raises(SystemExit) as exit_info:  # argparse: exit status 2, before any JVM
+        main(["analyze", str(tmp_path), "--out", str(tmp_path / "r"), option, value, *other])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("error:") == 1
+
+
+def test_cli_bounds_are_the_models():
+    from analytics import __main__ as cli
+    from analytics import model
+
+    assert (cli.MIN_D, cli.MAX_D, cli.MAX_K) == (model.MIN_CONVERGENT_PARENTS, model.MAX_PARENTS, model.MAX_REPLICAS)
 
 
 def test_analyze_reports_a_missing_log_directory(tmp_path, capsys):

@@ -19,8 +19,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from analytics.figures import (
+    FIGURE4_MC_TRIALS,
     Figure4Row,
     Figure5Row,
+    figure4_monte_carlo_rows,
     figure4_rows,
     figure5_rows,
     format_table,
@@ -157,9 +159,24 @@ def test_single_replica_removes_exactly_min_d_u(d, u):
     assert dist[min(d, u)] == 1.0
 
 
+def exact_mean_removed(d: int, k: int, u: int) -> Fraction:
+    """Theorem 4a as printed, d (1 - p^k) / (1 - p) with p = 1 - d/u, in exact arithmetic
+    (u <= d: the first replica takes the whole urn)."""
+    if u <= d:
+        return Fraction(u)
+    p = Fraction(u - d, u)
+    return d * (1 - p**k) / (1 - p)
+
+
 def test_closed_form_is_continuous_across_u_equals_d():
     d, k = 5, 20
-    assert expected_next_width(d, k, d - 1e-9) == pytest.approx(expected_next_width(d, k, d + 1e-9))
+    # At u = d the first replica empties the urn: E(U_{n+1}) = d + k - d = k exactly.
+    # Both sides must approach that value, not merely each other.
+    for u in (d - 1e-9, float(d), d + 1e-9):
+        assert expected_next_width(d, k, u) == pytest.approx(k, abs=1e-6)
+    # One ball more: E(R) = 6 (1 - (1/6)^20), from the exact urn (2 replicas: enumeration).
+    assert expected_next_width(d, k, d + 1) == pytest.approx(float(d + 1 + k - exact_mean_removed(d, k, d + 1)))
+    assert expected_removed(2, 2, 3) == float(sum(j * p for j, p in enumerate(enumerate_urn(2, 2, 3))))
 
 
 @pytest.mark.parametrize("d,u", [(2, 50), (5, 200)])
@@ -179,8 +196,13 @@ def test_expected_removed_grows_with_u_towards_dk():
 
 
 def test_real_width_interpolation_is_exact_at_integers():
-    for u in (1, 7, 30, 301):
-        assert expected_next_width(3, 10, float(u)) == pytest.approx(10 + u - expected_removed(3, 10, u))
+    # Reference: the paper's form of Theorem 4a in exact fractions, and for the
+    # small urn the mean of the exact distribution (a third route, the recursion).
+    for u in (1, 3, 7, 30, 301):
+        exact = u + 10 - exact_mean_removed(3, 10, u)
+        assert expected_next_width(3, 10, float(u)) == pytest.approx(float(exact), rel=1e-13)
+    mean, _, _ = moments(removed_distribution(3, 10, 7))
+    assert expected_next_width(3, 10, 7.0) == pytest.approx(7 + 10 - mean, rel=1e-12)
 
 
 @pytest.mark.parametrize(
@@ -257,6 +279,36 @@ def test_fixed_point_is_near_but_above_k(d, k):
     assert expected_next_width(d, k, 1.1 * fixed) < 1.1 * fixed  # shrinks above
 
 
+# u* where E(R_{d,k}(u*)) = k, from the mean-value iteration run to convergence in
+# 40-digit decimal arithmetic (independent of fixed_point_width's bisection).
+INDEPENDENT_FIXED_POINTS = {
+    (2, 5): 5.625420134694711,
+    (2, 10): 11.88052840141130,
+    (3, 10): 10.33514973413634,
+    (3, 20): 20.95291707162026,
+    (5, 100): 100.6151728543840,
+    (2, 1000): 1254.316540499172,
+}
+
+
+def fixed_point_by_iteration(d: int, k: int) -> float:
+    """E(U_{n+1}) = U_n + k - E(R_{d,k}(U_n)) iterated from 100 k, written out here."""
+    u = 100.0 * k
+    for _ in range(10_000):
+        following = u + k - u * (1.0 - (1.0 - d / u) ** k)
+        if abs(following - u) <= 1e-13 * u:
+            return following
+        u = following
+    raise AssertionError(f"no convergence for d={d}, k={k}")
+
+
+@pytest.mark.parametrize("d,k", sorted(INDEPENDENT_FIXED_POINTS))
+def test_fixed_point_equals_the_independently_iterated_one(d, k):
+    reference = INDEPENDENT_FIXED_POINTS[(d, k)]
+    assert fixed_point_by_iteration(d, k) == pytest.approx(reference, rel=1e-11)
+    assert fixed_point_width(d, k) == pytest.approx(reference, rel=1e-10)
+
+
 def test_fixed_point_moves_towards_k_as_d_grows():
     ratios = [fixed_point_width(d, 100) / 100 for d in range(2, 11)]
     assert ratios == sorted(ratios, reverse=True)
@@ -318,10 +370,35 @@ def test_figure_rows_tables_and_plots(tmp_path):
         assert written.read_bytes().startswith(b"\x89PNG")
 
 
+def test_figure4_closed_form_agrees_with_the_simulated_urn():
+    rows = figure4_monte_carlo_rows()
+    assert len(rows) >= 12 and all(row.trials == FIGURE4_MC_TRIALS for row in rows)
+    assert rows == figure4_monte_carlo_rows()  # seeded: the table is reproducible
+    for row in rows:
+        assert row.expected_next == expected_next_width(row.d, row.k, row.u)  # the plotted value
+        # Every sampled point is a random one (else a zero standard error proves nothing).
+        assert row.mc_se > 0
+        assert abs(row.mc_next - row.expected_next) <= SIGMAS * row.mc_se, row
+    # The standard error itself is honest: near the exact sqrt(V(R) / trials).
+    for row in rows:
+        exact_se = math.sqrt(variance_removed(row.d, row.k, row.u) / row.trials)
+        assert row.mc_se == pytest.approx(exact_se, rel=0.35), row
+
+
+def test_figure4_monte_carlo_would_catch_a_wrong_curve():
+    # The check has teeth: an E(R) off by 2% (one paper misprint's worth) lies
+    # outside the tolerance at most sampled points.
+    rows = figure4_monte_carlo_rows()
+    off = [row for row in rows
+           if abs(row.mc_next - (row.u + row.k - 1.02 * (row.u + row.k - row.expected_next))) > SIGMAS * row.mc_se]
+    assert len(off) >= len(rows) // 2
+
+
 def test_cli_writes_both_pngs_and_prints_both_tables(tmp_path, capsys):
     assert main([str(tmp_path / "out")]) == 0
     assert (tmp_path / "out" / "figure4.png").stat().st_size > 0
     assert (tmp_path / "out" / "figure5.png").stat().st_size > 0
     captured = capsys.readouterr()
     assert "Figure 4" in captured.out and "Figure 5" in captured.out
+    assert "Figure 4 check: the urn simulated" in captured.out and "mc_next" in captured.out
     assert "wrote" in captured.err and "wrote" not in captured.out
