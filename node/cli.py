@@ -49,6 +49,8 @@ DEFAULT_DATA_DIR = "megnode-data"
 KEY_FILE = "node.key"  # the same name node.runtime uses
 CONTROL_SOCKET = "control.sock"
 PUBLISH_BATCH = 1_000  # events per control request with --lines
+DAEMON_LOG_MAX_BYTES = 10 * 1024 * 1024  # `run --log-file`: rotated at this size
+DAEMON_LOG_BACKUPS = 5  # rotated files kept beside the current one
 
 
 class UserError(Exception):
@@ -88,6 +90,23 @@ def cmd_keygen(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _setup_daemon_log(path: str | None, level: int) -> None:
+    """The daemon's own log: stderr, or a size-rotated file (`run --log-file`)."""
+    handler: logging.Handler
+    if path is None:
+        handler = logging.StreamHandler()
+    else:
+        from logging.handlers import RotatingFileHandler
+
+        try:
+            handler = RotatingFileHandler(path, maxBytes=DAEMON_LOG_MAX_BYTES,
+                                          backupCount=DAEMON_LOG_BACKUPS, encoding="utf-8")
+        except OSError as exc:
+            raise UserError(f"cannot write the log file {path}: {exc.strerror or exc}") from None
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    logging.basicConfig(level=level, handlers=[handler])
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     import trio
 
@@ -101,8 +120,8 @@ def cmd_run(args: argparse.Namespace) -> int:
             fast_path=args.fast_path, log_dir=args.log_dir)
     except ConfigError as exc:
         raise UserError(str(exc)) from None
-    logging.basicConfig(level=logging.WARNING if not args.verbose else logging.INFO,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    _setup_daemon_log(args.log_file, logging.INFO if args.verbose else logging.WARNING)
+    daemon_log = logging.getLogger("megnode")
 
     async def main() -> None:
         async with Node.open(args.data_dir, config=config) as node:
@@ -110,10 +129,13 @@ def cmd_run(args: argparse.Namespace) -> int:
                 await nursery.start(serve_control, node, Path(args.data_dir) / SOCKET_NAME)
                 _print_json({"event": "started", "node": node.node_id,
                              "peer_id": node.host.peer_id, "addresses": list(node.addresses)})
+                daemon_log.info("started node %s, listening on %s", node.node_id,
+                                ", ".join(node.addresses))
                 with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
                     async for _ in signals:
                         break
                 nursery.cancel_scope.cancel()
+        daemon_log.info("stopped")
         _print_json({"event": "stopped"})
 
     try:
@@ -283,6 +305,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--bootstrap", action="append", help="peer /p2p/ address to dial (repeatable)")
     p.add_argument("--fast-path", choices=FAST_PATHS, help="how new events spread quickly")
     p.add_argument("--log-dir", help="dissemination log dir, relative to the data dir")
+    p.add_argument("--log-file", help="the daemon's own log (warnings; info with -v) goes to "
+                   "this file, rotated, instead of stderr")
     p.add_argument("-v", "--verbose", action="store_true")
     p.set_defaults(func=cmd_run)
 

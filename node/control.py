@@ -197,7 +197,9 @@ async def _handle(node: Node, request: dict[str, Any], stream: trio.SocketStream
             event_id = await topic.set_role(key, str(request.get("role", "")))
         else:
             event_id = await topic.ban(key, request.get("reason"))
-        await _send(stream, {"ok": True, "id": event_id.hex()})
+        # None: the member had that role already; nothing was written.
+        await _send(stream, {"ok": True, "id": None if event_id is None else event_id.hex(),
+                             "changed": event_id is not None})
     elif op == "connect":
         peer = await node.connect(str(request.get("address", "")))
         await _send(stream, {"ok": True, "peer": peer})

@@ -142,17 +142,26 @@ class Delivered:
 
 
 class _Changes:
-    """Wakes subscribers when a topic's delivery count grows."""
+    """Wakes subscribers when a topic's delivery count grows; ends them when it is left."""
 
     def __init__(self) -> None:
         self._event = trio.Event()
+        self._closed = False
 
     def notify(self) -> None:
         self._event.set()
         self._event = trio.Event()
 
+    def close(self) -> None:
+        """The topic was left: every waiter (now or later) gets NodeError."""
+        self._closed = True
+        self.notify()
+
     async def wait(self) -> None:
-        await self._event.wait()
+        if not self._closed:
+            await self._event.wait()
+        if self._closed:
+            raise NodeError("this topic was left")
 
 
 class Topic:
@@ -202,15 +211,19 @@ class Topic:
     async def invite(self, key: bytes) -> bytes:
         return self._node._state_action(self, lambda r, n, g: [r.invite(key, n, g)])[-1]
 
-    async def add_writer(self, key: bytes) -> bytes:
-        return self._node._state_action(self, lambda r, n, g: list(r.add_writer(key, n, g)))[-1]
+    async def add_writer(self, key: bytes) -> bytes | None:
+        """Make `key` a writer; the id of the last event that did, or None if it already was."""
+        made = self._node._state_action(self, lambda r, n, g: list(r.add_writer(key, n, g)))
+        return made[-1] if made else None
 
-    async def set_role(self, key: bytes, role: str) -> bytes:
+    async def set_role(self, key: bytes, role: str) -> bytes | None:
+        """Give `key` a role; the id of the last event that did, or None if it had it already."""
         try:
             parsed = Role(role)
         except ValueError:
             raise NodeError(f"role must be one of {', '.join(r.value for r in Role)}") from None
-        return self._node._state_action(self, lambda r, n, g: list(r.set_role(key, parsed, n, g)))[-1]
+        made = self._node._state_action(self, lambda r, n, g: list(r.set_role(key, parsed, n, g)))
+        return made[-1] if made else None
 
     async def ban(self, key: bytes, reason: str | None = None) -> bytes:
         return self._node._state_action(self, lambda r, n, g: [r.ban(key, n, g, reason=reason)])[-1]
@@ -578,6 +591,7 @@ class Node:
         if topic is None:
             raise NodeError(f"not a member of topic {topic_id.hex()}")
         self.disseminator.remove_topic(topic_id)
+        topic._changes.close()  # its subscribers end (NodeError) instead of waiting for ever
         self.store.apply([Delete(TABLE_META, _TOPIC_META_PREFIX + topic_id)])
         if self.host.gossip_enabled:
             await self.host.leave(GOSSIP_TOPIC_PREFIX + topic_id.hex())

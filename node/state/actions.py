@@ -191,6 +191,12 @@ def explain(event: Event, reason: str, view: StateView) -> str:
             return (f"{what}: a sender may only change levels below its own and set levels "
                     f"up to it (a peer at or above {have} cannot be demoted by "
                     f"{who[:12]}…)")
+        if (event.kind == TYPE_MEMBER and have >= needed and event.state_key
+                and content_of(event).get("membership") in ("ban", "leave")):
+            target_level = view.power_levels().user_level(event.state_key)
+            return (f"{what}: the target's power level {target_level} is not below "
+                    f"{who[:12]}…'s {have} (only members below the sender can be banned "
+                    "or kicked)")
         return f"{what}: needs power level {needed} ({name}); {who[:12]}… has {have}"
     if reason == "not_invited":
         return f"{what}: the join rule is {view.join_rule()!r} and there is no invite"

@@ -170,3 +170,16 @@ def test_cli_misuse_gives_one_clear_line(tmp_path):
         unwritable.write_text("")
         assert_one_line(run("export-logs", str(unwritable / "logs"),
                             data_dir=cluster.nodes[0].data_dir), "cannot export logs")
+
+
+def test_sigterm_stops_the_daemon_cleanly_and_its_log_goes_to_the_log_file(tmp_path):
+    log_file = tmp_path / "daemon.log"
+    with LocalCluster(tmp_path / "c", 1, extra_args=("-v", "--log-file", str(log_file))) as cluster:
+        node = cluster.nodes[0]
+        assert node.process is not None
+        node.process.send_signal(signal.SIGTERM)
+        out, _ = node.process.communicate(timeout=60)
+        assert node.process.returncode == 0, node.stderr_tail()
+        assert {"event": "stopped"} in [json.loads(line) for line in out.splitlines() if line]
+    assert "INFO" in log_file.read_text()  # -v: info lines, written to the file
+    assert "INFO" not in (cluster.nodes[0].data_dir / "stderr.log").read_text()
