@@ -98,7 +98,7 @@ from node.state.roles import Role
 from node.state.roles import indexers as indexers_in
 from node.state.roles import role_of as role_in
 from node.state.store import MAX_DELTA_CHAIN, StateGroups
-from node.state.tracker import StateTracker
+from node.state.tracker import REASON_UNRESOLVABLE, StateResolutionError, StateTracker
 from node.state.types import (
     BAN,
     INVITE,
@@ -458,7 +458,13 @@ class Replica:
     def _checked(self, draft: Event) -> Event:
         """`draft` with its auth refs, if the auth rules allow it; else NotAuthorizedError."""
         tracker = self.tracker
-        before = tracker.group_before(draft.parents)
+        try:
+            before = tracker.group_before(draft.parents)
+        except StateResolutionError as error:
+            # Every replica would reject this event as state_unresolvable.
+            raise NotAuthorizedError(REASON_UNRESOLVABLE, (
+                f"the states of this topic's heads cannot be resolved ({error}); an event "
+                "on these parents would be rejected everywhere")) from None
         state = tracker.state(before)
         fields = (EventFields.of(draft) if draft.kind == TYPE_MEMBER
                   else EventFields(draft.kind, draft.author, draft.state_key))

@@ -365,6 +365,14 @@ def test_unresolvable_forks_are_read_as_the_greatest_heads_state_and_tried_once(
     with pytest.raises(StateResolutionError):
         tracker.group_before(heads)
     assert calls == [1, 1]
+    # A local event on those heads is refused with a reason, not a crash.
+    member = Replica(MemoryStore(), graph.topic_id, CAST["alice"])
+    for name, event in graph.events.items():
+        if name != "END":
+            member.receive(event.raw, NOW_MS)
+    with pytest.raises(NotAuthorizedError, match="cannot be resolved") as refused:
+        member.publish(b"hello", NOW_MS, random.Random(1))
+    assert refused.value.reason == REASON_UNRESOLVABLE
 
 
 # ---------------------------------------------------------------- persistence
