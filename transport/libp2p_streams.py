@@ -1,9 +1,14 @@
 """What our libp2p stream protocols share: limits, framing on a stream, failure vocabulary.
 
 megnode's own protocols run on py-libp2p streams in two shapes,
-request/response (`transport.libp2p_requests`, anti-entropy and backfill) and
-long-lived one-way message streams (`transport.libp2p_messages`, the gossip
-fast path). Both carry `transport.framing` varint frames, and both treat the
+request/response (`transport.libp2p_requests`: the relay protocol) and
+long-lived one-way message streams (`transport.libp2p_messages`: the whole
+dissemination protocol, push and anti-entropy alike). Anti-entropy is a
+request/response exchange at the protocol level (Offer, Reply, Events, Want,
+matched by exchange id, each exchange bounded by a session timeout), but its
+frames ride the peer's one batched stream: a write per frame on a fresh
+stream costs ~50x the CPU of frames batched on one (research measurement
+6a), and a catch-up moves many frames. Both carry `transport.framing` varint frames, and both treat the
 peer's bytes the same way: an oversized or malformed frame, trailing bytes
 after a request, or a stalled request is the peer's misbehaviour. The stream is
 reset, the peer is reported through a `Misbehaviour` callback (the node scores
