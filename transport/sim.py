@@ -488,10 +488,10 @@ class Cluster:
     def _open_log(self, log_dir: str | Path | None, node_id: str) -> Any:
         if log_dir is None:
             return None
-        try:
-            from analytics.logschema import JsonLinesLogWriter
-        except ImportError:  # the analytics package is optional for the simulator
-            return None
+        # Imported only when logs are asked for (it is the simulator's one use of
+        # analytics); a broken install then fails loudly instead of writing nothing.
+        from analytics.logschema import JsonLinesLogWriter
+
         return JsonLinesLogWriter(log_dir, node_id)
 
     def _write_log(self, node: _Node, record: dict[str, Any]) -> None:
