@@ -39,9 +39,10 @@ share of the aggregate rate to its daemon's control socket, the same requests
 The control client is called in-process instead of spawning `megnode` ten
 times a second: an interpreter start costs ~0.15 s of CPU, which on a
 two-core machine would compete with the daemons being measured. The default
-sends one `publish` per event, because `publish_batch` (Node.publish_many)
-does not hand events to gossipsub today: with MEGNODE_BENCH_PUBLISH=batch the
-gossipsub baseline would carry nothing on its fast path.
+sends one `publish` per event (an application publishing readings one by
+one); MEGNODE_BENCH_PUBLISH=batch sends each tick's share as one
+`publish_batch`, which both fast paths carry as one push or gossip message
+per chunk.
 
 Catch-up (bench-results/cluster_catchup.json): a node is SIGSTOPped while the
 others publish N events with `megnode publish - --lines`, and every running
@@ -62,20 +63,14 @@ Settings (environment):
     MEGNODE_BENCH_CATCHUP_PUBLISHERS  running nodes publishing the missed events at
                               once (default 1: see below)
 
-Known problem the catch-up default steps around: when several nodes publish
-thousands of events at once (MEGNODE_BENCH_CATCHUP_PUBLISHERS=4), py-libp2p's
-yamux/noise connections break under the burst ("Failed authentication of
-message", short yamux reads); the reader sees a clean end of stream mid-frame,
-reports `truncated_frame`, and the runtime bans that honest peer for
-BAN_DURATION_MS after one fault (TRANSPORT_FAULTS_BEFORE_BAN = 1). The
-cluster then splits and the stopped node never catches up. One publisher at a
-time does not trigger it; the dissemination runs report `transport_faults`.
-A second one: a node stopped for longer than about the transport's write and
-stream-open timeouts (10 s) does not recover when resumed: every node still
-lists the others as peers, but nothing reaches the resumed node and every
-anti-entropy exchange with it times out (seen with 3 nodes, 3,000 events, 45 s
-stopped). So the stopped node is resumed as soon as the publishers are done,
-and the wait fails early (CATCH_UP_STALL_S) when nothing new arrives.
+History of the catch-up default: several nodes publishing thousands of
+events at once used to break py-libp2p's yamux/noise connections, and a node
+stopped past the transport timeouts (10 s) used to stay wedged when resumed;
+both are fixed and covered by tests/e2e/test_recovery.py (a cut-off stream
+is now a breakage, not a protocol fault, and a ban needs
+TRANSPORT_FAULTS_BEFORE_BAN = 3 protocol faults). One publisher remains the
+default so the catch-up figure measures the stopped node, not a burst; the
+wait still fails early (CATCH_UP_STALL_S) when nothing new arrives.
 
 Not part of `make test` (tests/bench is not collected by CI).
 """

@@ -24,8 +24,8 @@ from deploy.cluster import LocalCluster
 NODES = 4
 JOIN_TIMEOUT_S = 30.0
 PUBLISH_TIMEOUT_S = 60.0
-DELIVERY_TIMEOUT_S = 40.0
-CATCH_UP_TIMEOUT_S = 40.0
+DELIVERY_TIMEOUT_S = 90.0  # a bound, not an expectation: 2-core CI runs other tests too
+CATCH_UP_TIMEOUT_S = 90.0
 BURST_EVENTS_PER_PUBLISHER = 1_000
 STALL_EVENTS = 2_000
 STOPPED_S = 20.0  # longer than the transport's write, stream-open and stall timeouts (10 s)
