@@ -127,3 +127,25 @@ def test_a_forked_leader_round_waits_until_it_can_be_decided():
     second.add(c0)
     feed(second, node("c1", "c0", "b1", "d1", "a1'"), node("c2", "c1", "b2"))
     assert second.confirmed[:1] == first.confirmed
+
+
+def test_the_limit_one_equivocator_among_three_indexers_can_split_replicas():
+    """The documented limit (docs/ordering.md, "The limit"), pinned.
+
+    With n = 3 indexers the quorum is 2, and two quorums share 2q - n = 1
+    indexer; if that one equivocates, nothing ties them together. c signs c0
+    on a0 for one replica and c0' without it for another: the first must
+    confirm a0 (b may have crashed), the second must confirm what b and c'
+    build (a may have crashed). No rule with majority quorums avoids this in
+    an asynchronous network; with n = 4 the quorums share 2 indexers and one
+    equivocator is tolerated (the simulation sweeps run there).
+    """
+    x = Linearizer(ABC)
+    feed(x, node("a0"))
+    assert names(x.add(node("c0", "a0")).confirmed_appended) == ["a0"]
+
+    y = Linearizer(ABC)  # b and c' build rounds without a
+    feed(y, node("c0'"), node("b0", "c0'"), node("b1", "b0"), node("c1'", "b0", "c0'"),
+         node("b2", "b1", "c1'"), node("c2'", "b1", "c1'"), node("b3", "b2", "c2'"),
+         node("c3'", "b2", "c2'"), node("b4", "b3", "c3'"), node("c4'", "b3", "c3'"))
+    assert names(y.confirmed)[:2] == ["c0'", "b0"]  # x put a0 first: the replicas disagree

@@ -102,9 +102,15 @@ def test_an_indexer_added_then_one_removed_mid_run(seed):
     assert {r.linearizer.indexers for r in w.replicas.values()} == {removed}, w.fail("indexer sets differ")
 
 
+# One equivocator is tolerated when two quorums share an honest indexer,
+# 2q - n > 1: n = 4 or 6, not 3 or 5 (docs/ordering.md, "The limit";
+# test_equivocation pins the n = 3 split). The sweeps run within that bound.
+TOLERATING_ONE_FORK = (4, 6)
+
+
 @pytest.mark.parametrize("seed", range(10))
 def test_an_equivocating_indexer_does_not_split_replicas_that_see_its_forks(seed):
-    indexers = 3 + seed % 3
+    indexers = TOLERATING_ONE_FORK[seed % 2]
     w = run(seed, fork=f"i{seed % indexers}".encode(), indexers=indexers, others=1, pull_rate=0.25)
     assert any(n.endswith(b"'") for n in w.nodes), w.fail("the scenario forked nothing")
     # Nodes that have seen the forker's fork do not vote for its candidates:
@@ -156,9 +162,13 @@ def test_the_order_depends_on_the_nodes_not_on_their_arrival(seed, count):
     assert len(results) == 1
 
 
-def forked_run(seed: int) -> World:
-    """An equivocating indexer whose siblings travel apart: replicas hold one for a while."""
-    indexers = 3 + seed % 3
+def forked_run(seed: int, indexers: int | None = None) -> World:
+    """An equivocating indexer whose siblings travel apart: replicas hold one for a while.
+
+    `indexers` None: 3 to 5 by seed, the configuration the SPLIT_BEFORE seeds
+    were found in (kept as regression pins of those exact runs).
+    """
+    indexers = indexers or 3 + seed % 3
     return run(seed, fork=f"i{seed % indexers}".encode(), indexers=indexers, others=1,
                pull_rate=(0.1, 0.25, 0.45)[seed % 3], partitions=seed % 2 == 1,
                late_observers=2, forks_apart=True)
@@ -174,7 +184,7 @@ FORKED_SEEDS = range(60)
 
 @pytest.mark.parametrize("seed", [*FORKED_SEEDS, *SPLIT_BEFORE])
 def test_an_equivocating_indexer_whose_siblings_arrive_apart_does_not_split_replicas(seed):
-    w = forked_run(seed)
+    w = forked_run(seed, None if seed in SPLIT_BEFORE else TOLERATING_ONE_FORK[seed % 2])
     if seed in SPLIT_BEFORE:  # a few sweep seeds fork nothing (the fork is random)
         assert any(n.endswith(b"'") for n in w.nodes), w.fail("the scenario forked nothing")
     assert w.quiesce() <= ACK_ROUNDS_CRASHED, w.fail("too many ack rounds")
