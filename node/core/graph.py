@@ -14,9 +14,19 @@ both.
 
 Validation that needs the parents happens at application time, identically
 on every correct replica because it looks only at the event's ancestry:
-parents must form an antichain (no parent is an ancestor of another; the
-search is bounded by depth and by MAX_ANTICHAIN_VISITS and visits exactly the
-ancestors whose depth could matter, so the verdict is the same everywhere).
+parents must form an antichain (no parent is an ancestor of another). The
+search visits only ancestors deep enough to be a parent, in an order fixed by
+the ancestry, and at most ANTICHAIN_SEARCH_VISITS of them; a search that
+runs out of that budget without finding a violation *accepts* the event.
+Rejecting instead would refuse honest merges: once a topic holds more
+events than the budget, a device back from a long absence publishes on an
+old head, and every merge of that head with a deep one — every later local
+publish names all the extremities — would be refused for good. Accepting
+is just as deterministic (the budget is a protocol constant, not a node
+setting: nodes with different budgets would decide differently and their
+graphs diverge), and a non-antichain accepted that way only adds a
+redundant edge: depths, extremities and delivery stay well defined.
+Exhausted searches are counted (`antichain_searches_exhausted`).
 Stateless validation (encoding, signature, topic, clock) is the Reference
 Monitor's job and happens before `add`.
 
@@ -74,7 +84,9 @@ index keeps random keys, and its entries are small.
 
 The walks anti-entropy needs (`not_below`, `recent`) live in
 `node.core.walks`, with the memo that makes a long catch-up's continuations
-cost one page each instead of the whole remaining gap.
+cost one page each instead of the whole remaining gap, and the pages in
+delivery order for a peer lagging by more than MAX_WALK events (the
+delivery table is read by position for them: `_locate`, `_at`).
 
 The counters read on every `add` (delivered, buffered) and the remembered
 rejections are mirrored in memory; `discard_pending` reloads them.
@@ -91,11 +103,12 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import msgpack
 
 from node.core import walks
-from node.core.event import ID_BYTES, Event, pack, trusted_event
+from node.core.event import ID_BYTES, Event, event_id_of, pack, trusted_event
 from node.core.fastinit import fast_init
 from node.core.pending import PendingWrites
 from storage.protocol import (
@@ -112,7 +125,9 @@ from storage.protocol import (
     Store,
     StoreError,
 )
-from storage.writer import PendingCommit
+
+if TYPE_CHECKING:  # a type only: the writer's threads stay out of the sans-IO core's imports
+    from storage.writer import PendingCommit
 
 # Tables the graph itself never writes: layers above it own them (`Graph.table`).
 EXTENSION_TABLES = frozenset({TABLE_STATE, TABLE_ORDER})
@@ -121,7 +136,9 @@ EXTENSION_TABLES = frozenset({TABLE_STATE, TABLE_ORDER})
 # otherwise push without end.
 MAX_BUFFERED_PER_AUTHOR = 1_024
 MAX_BUFFERED_TOTAL = 16_384
-MAX_ANTICHAIN_VISITS = 65_536
+# A protocol constant, not a per-node limit: every replica of a topic must use
+# the same value, because it decides which events are accepted (module docstring).
+ANTICHAIN_SEARCH_VISITS = 65_536
 MAX_WALK = 100_000  # default bound for ancestor/descendant walks
 NODE_CACHE_SIZE = 65_536  # (depth, parents) of recently used events
 EVENT_CACHE_SIZE = 4_096  # decoded events
@@ -157,11 +174,18 @@ def _from_u64(raw: bytes | None) -> int:
     return 0 if raw is None else int.from_bytes(raw, "big")
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class GraphLimits:
+    """Per-node bounds on memory and disk: each node may choose its own.
+
+    Nothing here changes which events a graph accepts, only how much it keeps
+    waiting or remembers (the antichain search bound, which does, is the
+    protocol constant ANTICHAIN_SEARCH_VISITS). Keyword-only: a field was
+    removed, and positional arguments would silently shift onto the next.
+    """
+
     buffered_per_author: int = MAX_BUFFERED_PER_AUTHOR
     buffered_total: int = MAX_BUFFERED_TOTAL
-    antichain_visits: int = MAX_ANTICHAIN_VISITS
     rejected_remembered: int = MAX_REJECTED_REMEMBERED
 
 
@@ -269,6 +293,9 @@ class Graph:
         # id -> (ordinal, reason), oldest first: the whole (bounded) persistent memory.
         self._rejected: OrderedDict[bytes, tuple[int, str]] = self._load_rejections()
         self._memo = walks.NotBelowMemo()
+        # Antichain searches that ran out of budget and accepted (since this
+        # object was made; a statistic, not state: it is not persisted).
+        self.antichain_searches_exhausted = 0
         # The last id `has` found absent in the store: the Reference Monitor's
         # duplicate test and `add` ask about each new event in turn. Reset when
         # any event is applied and when writes are discarded.
@@ -438,9 +465,10 @@ class Graph:
         key = found[0][0]
         return int.from_bytes(key[ID_BYTES + len(author):ID_BYTES + len(author) + 8], "big")
 
-    def events_by(self, author: bytes, seq: int) -> list[bytes]:
+    def events_by(self, author: bytes, seq: int, limit: int | None = None) -> list[bytes]:
+        """Applied events of `author` with sequence number `seq` (more than one: equivocation)."""
         prefix = self._t + author + _u64(seq)
-        return [key[len(prefix):] for key, _ in self._w.scan(TABLE_AUTHORS, prefix)]
+        return [key[len(prefix):] for key, _ in self._w.scan(TABLE_AUTHORS, prefix, limit=limit)]
 
     @property
     def equivocation_count(self) -> int:
@@ -475,17 +503,33 @@ class Graph:
         """Events here that are neither `heads` nor their ancestors, parents first.
 
         This is what a peer whose forward extremities are `heads` lacks (heads
-        unknown here are ignored): the `limit` shallowest, in (depth, id)
-        order, which is a valid delivery order. At most MAX_WALK events are
-        considered. A query that continues an earlier one — the peer applied
-        the page it got and asks again with its new heads — is answered from
-        a memo at the cost of one page (`node.core.walks`); the answer is
-        always the one a full walk gives.
+        unknown here are ignored). Up to MAX_WALK of them missing: the `limit`
+        shallowest, in (depth, id) order, which is a valid delivery order. A
+        query that continues an earlier one — the peer applied the page it
+        got and asks again with its new heads — is answered from a memo at
+        the cost of one page (`node.core.walks`); the answer is always the
+        one a full walk gives. More missing than that: a page in delivery
+        order whose every event has its parents below `heads` or earlier in
+        the page, so the peer can still apply it as it comes
+        (`walks.page_by_position`).
         """
         if limit <= 0:
             return []
         known = {h for h in heads if self.has(h)}
-        return self._memo.not_below(self._node, self._extremities, known, limit, MAX_WALK)
+        log = walks.DeliveryLog(self._locate, self._at, self.delivered_count)
+        return self._memo.not_below(self._node, self._extremities, known, limit, MAX_WALK, log)
+
+    def _locate(self, event_id: bytes) -> tuple[int, tuple[bytes, ...]] | None:
+        """(delivery position, parents) of an applied event: `walks.DeliveryLog.locate`."""
+        info = self._node(event_id)
+        return None if info is None else (int.from_bytes(info[2], "big"), info[1])
+
+    def _at(self, position: int) -> tuple[bytes, tuple[bytes, ...]]:
+        """(id, parents) of the event at a delivery position: `walks.DeliveryLog.at`."""
+        record = self._w.get(TABLE_DELIVERY, self._t + _u64(position))
+        assert record is not None, "delivery table has a hole"
+        raw = msgpack.unpackb(record)[1]
+        return event_id_of(raw), tuple(msgpack.unpackb(raw)[4])
 
     def recent(self, since: Iterable[bytes], floor: int = 0,
                cap: int = MAX_WALK) -> tuple[list[bytes], int]:
@@ -744,11 +788,15 @@ class Graph:
         return info
 
     def _antichain_violation(self, parents: tuple[bytes, ...]) -> str | None:
-        """None if no parent is an ancestor of another, else the rejection reason.
+        """None if no parent is found to be an ancestor of another, else the rejection reason.
 
-        Only ancestors at depth >= the shallowest parent can be parents, so the
-        walk stops there; the set it visits is fixed by the ancestry alone,
-        which makes the verdict (including exhaustion) the same on every replica.
+        Only ancestors deeper than the shallowest parent can lead to a parent,
+        so the walk goes no lower. Its order (parents in event order, then
+        depth first) and so the ancestors it visits within the budget
+        ANTICHAIN_SEARCH_VISITS are fixed by the ancestry alone: every replica
+        reaches the same verdict. Out of budget with no violation found, the
+        parents are accepted as an antichain (module docstring: rejecting
+        would refuse honest merges of an old head with a deep one).
         """
         if len(parents) < 2:
             return None
@@ -757,6 +805,7 @@ class Graph:
         floor = min(depths.values())
         stack = [p for p in parents if depths[p] > floor]
         seen: set[bytes] = set()
+        budget = ANTICHAIN_SEARCH_VISITS  # read per call: tests scale it down
         while stack:
             current = stack.pop()
             for ancestor in self._node(current)[1]:  # type: ignore[index]
@@ -765,8 +814,9 @@ class Graph:
                 if ancestor in parent_set:
                     return "parents_not_antichain"
                 seen.add(ancestor)
-                if len(seen) > self.limits.antichain_visits:
-                    return "antichain_search_exhausted"
+                if len(seen) > budget:
+                    self.antichain_searches_exhausted += 1
+                    return None
                 depth = self._node(ancestor)[0]  # type: ignore[index]
                 if depth > floor:
                     stack.append(ancestor)
@@ -832,7 +882,10 @@ class Graph:
         if latest is _UNCACHED:
             latest = self.author_latest_seq(author)
         # Only a sequence number at or below the author's latest can already be taken.
-        if latest is not None and seq <= latest and self.events_by(author, seq):  # type: ignore[operator]
+        # One entry answers "taken?": an author repeating one seq k times must
+        # not cost k reads for each new copy (quadratic in k).
+        if (latest is not None and seq <= latest  # type: ignore[operator]
+                and self.events_by(author, seq, limit=1)):
             cascade.equivocations.append(event)
             count = _from_u64(w.get(TABLE_META, t + _META_EQUIVOCATIONS))
             w.put(TABLE_META, t + _META_EQUIVOCATIONS, _u64(count + 1))

@@ -8,11 +8,18 @@ an antichain) run when the graph applies the event, because only then are
 the parents known; checks that need topic state (authorization) run in the
 state layer.
 
-Reasons (stable strings; tests, logs and metrics use them):
+Reasons (stable strings; tests, logs and metrics use them). Given here:
     not_bytes, too_large, not_msgpack, bad_shape, bad_field, unknown_version,
     not_canonical, too_many_parents, duplicate_parents, no_parents,
     too_many_auth_refs, duplicate_auth_refs, state_key_too_long,
     bad_signature, id_mismatch, wrong_topic, timestamp_in_future
+Given by the graph when it applies or buffers the event (`node.core.graph`):
+    parents_not_antichain (a parent is found to be an ancestor of another;
+    a search out of budget accepts instead), parent_rejected (built on an
+    event rejected there), buffer_full (evicted at once by the buffer caps),
+    wrong_topic
+A "bad_shape" whose detail starts with "unexpected" is no deliberate
+verdict but a decoder bug caught here; the fuzz tests require there are none.
 """
 
 from __future__ import annotations

@@ -1,6 +1,8 @@
 """The graph CRDT: convergence under any delivery order, the buffer, walks and delivery."""
 
+import ast
 import random
+from pathlib import Path
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -8,10 +10,12 @@ from hypothesis import strategies as st
 from node.core.graph import GraphLimits
 from node.core.replica import Replica, ReplicaConfig
 from storage.memory import MemoryStore
+from storage.protocol import TABLE_AUTHORS
 from tests.helpers import child, identity, new_topic, random_dag
 
 NOW_MS = 10_000
 WRITERS = [identity(n) for n in ("alice", "bob", "carol", "dave")]
+CORE = Path(__file__).resolve().parents[2] / "node" / "core"
 
 
 def graph_state(replica: Replica):
@@ -219,3 +223,47 @@ def test_publish_uses_all_extremities_up_to_d_max_then_the_policy():
     event, _ = origin.publish(b"merge again", NOW_MS, rng)
     assert len(event.parents) == 2 and origin.graph.width == 1
     assert event.seq == 3  # alice: create (0), the concurrent child (1), two merges
+
+
+class AuthorIndexReads(MemoryStore):
+    """A memory store that counts the author-index entries each scan hands out."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.author_reads: list[int] = []
+
+    def scan(self, table, prefix, **options):
+        pairs = list(super().scan(table, prefix, **options))
+        if table == TABLE_AUTHORS:
+            self.author_reads.append(len(pairs))
+        return iter(pairs)
+
+
+def test_detecting_an_equivocation_reads_one_index_entry_however_often_a_seq_repeats():
+    # Regression: each new copy of (author, seq) read every earlier copy just
+    # to learn that one exists, quadratic in the number of copies.
+    store = AuthorIndexReads()
+    origin = new_topic(store)
+    bob = identity("bob")
+    copies = 30
+    for n in range(copies):
+        twin = child(bob, origin.topic_id, [origin.topic_id], seq=1, payload=b"story %d" % n)
+        assert origin.graph.add(twin).status == "applied"
+        origin.commit()  # in the store, where the scan reads them
+    assert origin.graph.equivocation_count == copies - 1
+    assert max(store.author_reads) <= 1
+    assert len(origin.graph.events_by(bob.public_key, 1)) == copies
+
+
+def test_the_sans_io_graph_imports_no_threads():
+    # The writer's PendingCommit is only a type to the graph: importing it at
+    # run time pulled concurrent.futures and threading into the sans-IO core.
+    for module in ("graph", "walks", "monitor"):
+        tree = ast.parse((CORE / f"{module}.py").read_text())
+        imported = set()
+        for node in tree.body:  # module level; `if TYPE_CHECKING:` blocks are not run
+            if isinstance(node, ast.Import):
+                imported.update(alias.name for alias in node.names)
+            elif isinstance(node, ast.ImportFrom):
+                imported.add(node.module or "")
+        assert not imported & {"storage.writer", "threading", "concurrent.futures", "trio"}, module

@@ -1,14 +1,16 @@
 """The Reference Monitor: every rejection has a crafted event, and rejections leave no trace."""
 
+import random
+
 import msgpack
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from node.core.event import MAX_AUTH_REFS, MAX_EVENT_BYTES, MAX_PARENTS, MAX_STATE_KEY_BYTES
-from node.core.graph import GraphLimits
-from node.core.monitor import MAX_FUTURE_SKEW_MS
-from node.core.replica import Replica, ReplicaConfig
+from node.core import graph as graph_module
+from node.core.monitor import MAX_FUTURE_SKEW_MS, Rejected
+from node.core.replica import Replica
 from storage.memory import MemoryStore
 from storage.protocol import TABLES
 from tests.helpers import child, craft_raw, identity, new_topic, valid_fields
@@ -189,26 +191,72 @@ def test_parents_not_an_antichain(world):
                     remembered=True)
 
 
-def test_antichain_search_is_bounded_and_deterministic():
+ANTICHAIN_TEST_BUDGET = 10  # visits: scaled down from ANTICHAIN_SEARCH_VISITS
+
+
+def long_chain(length: int):
+    """A topic whose writer bob appended `length` events in a line; (origin, ids root first)."""
     origin = new_topic()
     bob = identity("bob")
     chain = [origin.topic_id]
-    for seq in range(1, 40):
+    for seq in range(1, length + 1):
         event = child(bob, origin.topic_id, [chain[-1]], seq=seq)
-        origin.receive(event.raw, NOW_MS)
+        assert origin.receive(event.raw, NOW_MS).status == "applied"
         chain.append(event.id)
+    return origin, chain
+
+
+def copy_of(origin: Replica, name: str) -> Replica:
+    replica = Replica(MemoryStore(), origin.topic_id, identity(name))
+    for _, event in origin.graph.deliveries(limit=10_000):
+        assert replica.receive(event.raw, NOW_MS).status == "applied"
+    return replica
+
+
+def test_an_exhausted_antichain_search_accepts_on_every_replica(monkeypatch):
+    # Regression: running out of budget used to reject ("antichain_search_exhausted").
+    monkeypatch.setattr(graph_module, "ANTICHAIN_SEARCH_VISITS", ANTICHAIN_TEST_BUDGET)
+    origin, chain = long_chain(40)
     side = child(identity("carol"), origin.topic_id, [origin.topic_id], seq=1)
     origin.receive(side.raw, NOW_MS)
-    merge = craft_raw(valid_fields(identity("mallory"), origin.topic_id, sorted([side.id, chain[-1]])),
-                      identity("mallory"))
+    mallory = identity("mallory")
+    honest = craft_raw(valid_fields(mallory, origin.topic_id, sorted([side.id, chain[-1]])),
+                       mallory)
+    # chain[1] is an ancestor of chain[-1], but 39 steps down: beyond the budget.
+    deep = craft_raw(valid_fields(mallory, origin.topic_id, sorted([chain[1], chain[-1]]), seq=2),
+                     mallory)
+    near = craft_raw(valid_fields(mallory, origin.topic_id, sorted([chain[-3], chain[-1]]), seq=3),
+                     mallory)
     verdicts = []
-    for visits in (10, 10, 1_000):
-        replica = Replica(MemoryStore(), origin.topic_id, identity("x"),
-                          ReplicaConfig(limits=GraphLimits(antichain_visits=visits)))
-        for _, event in origin.graph.deliveries():
-            replica.receive(event.raw, NOW_MS)
-        verdicts.append(replica.receive(merge, NOW_MS).reason)
-    assert verdicts == ["antichain_search_exhausted", "antichain_search_exhausted", None]
+    for name in ("x", "y"):
+        replica = copy_of(origin, name)
+        verdicts.append([replica.receive(raw, NOW_MS).reason for raw in (honest, deep, near)])
+        assert replica.graph.antichain_searches_exhausted == 2  # honest and deep
+    # The same verdicts everywhere: the budget is a protocol constant.
+    assert verdicts == [[None, None, "parents_not_antichain"]] * 2
+    # Within the budget, the deep violation is found.
+    monkeypatch.setattr(graph_module, "ANTICHAIN_SEARCH_VISITS", 1_000)
+    assert copy_of(origin, "z").receive(deep, NOW_MS).reason == "parents_not_antichain"
+
+
+def test_an_old_head_merged_with_a_deep_one_never_blocks_publishing(monkeypatch):
+    # Regression: a device offline since a shallow depth publishes on its old
+    # head; every later publish here names that head and the deep one, and
+    # each was refused ("local event not applied: rejected antichain_search_exhausted").
+    monkeypatch.setattr(graph_module, "ANTICHAIN_SEARCH_VISITS", ANTICHAIN_TEST_BUDGET)
+    origin, chain = long_chain(30)
+    late = child(identity("dave"), origin.topic_id, [chain[2]], seq=1)
+    assert origin.receive(late.raw, NOW_MS).status == "applied"
+    assert origin.graph.extremities() == sorted([chain[-1], late.id])
+    rng = random.Random(1)
+    for n in range(3):
+        event, outcome = origin.publish(b"after %d" % n, NOW_MS, rng)
+        assert outcome.status == "applied"
+    assert origin.graph.width == 1  # the first publish merged both heads
+    # A replica receiving the merge reaches the same verdict.
+    replica = Replica(MemoryStore(), origin.topic_id, identity("x"))
+    statuses = {replica.receive(e.raw, NOW_MS).status for _, e in origin.graph.deliveries()}
+    assert statuses == {"applied"}
 
 
 def test_equivocation_is_accepted_and_recorded(world):
@@ -222,9 +270,18 @@ def test_equivocation_is_accepted_and_recorded(world):
     assert sorted(receiver.graph.events_by(bob.public_key, 2)) == sorted([second.id, twin.id])
 
 
+def assert_no_unexpected_rejection(receiver: Replica, raw: bytes) -> None:
+    """Every rejection is a deliberate one: the monitor's catch-all (which
+    reports a decoder bug as "bad_shape", detail "unexpected ...") never fires."""
+    verdict = receiver.monitor.check(raw, NOW_MS, known=receiver.graph.knows)
+    if isinstance(verdict, Rejected):
+        assert not verdict.detail.startswith("unexpected"), verdict
+
+
 @settings(max_examples=300, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.binary(max_size=600))
 def test_random_bytes_only_ever_give_named_rejections(world, data):
+    assert_no_unexpected_rejection(world[0], data)
     outcome = world[0].receive(data, NOW_MS)
     assert outcome.status == "rejected" and outcome.reason
 
@@ -240,6 +297,7 @@ def test_mutated_valid_events_never_raise(world, position, value, cut):
         raw = raw[:index]
     else:
         raw[index] = value
+    assert_no_unexpected_rejection(receiver, bytes(raw))
     outcome = receiver.receive(bytes(raw), NOW_MS)
     assert outcome.status in {"rejected", "applied", "buffered", "duplicate"}
     if outcome.status == "rejected":

@@ -8,6 +8,8 @@ asking for the rejected parent.
 
 import itertools
 
+import pytest
+
 from node.core.graph import PARENT_REJECTED, GraphLimits
 from node.core.replica import Replica, ReplicaConfig
 from storage.memory import MemoryStore
@@ -162,8 +164,14 @@ def test_the_memory_is_bounded_and_a_forgotten_rejection_costs_one_refetch(store
     assert replica.graph.buffered_count == 0 and replica.graph.missing_parents() == []
 
 
-def test_graph_limits_stay_backward_compatible():
-    assert GraphLimits(5, 6, 7).antichain_visits == 7
+def test_graph_limits_hold_no_protocol_constant_and_take_keywords_only():
+    # The antichain search bound decides which events are accepted, so it is
+    # a protocol constant, not a per-node setting; with its field gone,
+    # positional arguments would silently land on the wrong field.
+    assert not hasattr(GraphLimits(), "antichain_visits")
+    with pytest.raises(TypeError):
+        GraphLimits(5, 6, 7)  # type: ignore[misc]
+    assert GraphLimits(rejected_remembered=7).rejected_remembered == 7
     assert GraphLimits().rejected_remembered >= 1_024
 
 
