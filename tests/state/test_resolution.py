@@ -17,7 +17,8 @@ import pytest
 from node.state import resolve
 from node.state.auth_chain import AuthChainTooLarge, auth_chain_difference
 from node.state.resolution import split
-from tests.state.builder import Graph, join_rules, member, message, power, topic, uid
+from tests.state import scenarios
+from tests.state.builder import Graph, member, message, power, topic, uid
 from tests.state.conftest import BuildTopic
 
 
@@ -30,108 +31,16 @@ def assert_state_at_end(graph: Graph, expected: Sequence[str]) -> None:
     assert {k: names[v] for k, v in changed.items()} == {k: names[v] for k, v in wanted.items()}
 
 
-def test_ban_vs_pl(topic_builder: BuildTopic) -> None:
-    # Alice bans bob in one branch; bob re-sends his power levels in the other.
-    # The ban is a power event by the more powerful sender: it wins.
-    events = [
-        power("PA", "alice", {"alice": 100, "bob": 50}),
-        member("MA", "alice", "alice", "join"),
-        member("MB", "alice", "bob", "ban"),
-        power("PB", "bob", {"alice": 100, "bob": 50}),
-    ]
-    chains = [["START", "PA", "MA", "MB", "END"], ["PA", "PB", "END"]]
-    assert_state_at_end(topic_builder(events, chains), ["PA", "MA", "MB"])
+@pytest.mark.parametrize("name", sorted(scenarios.SYNAPSE))
+def test_synapse_scenario(name: str, topic_builder: BuildTopic) -> None:
+    """Each scenario's docstring (tests/state/scenarios.py) says who wins and why."""
+    graph, expected = scenarios.SYNAPSE[name](topic_builder)
+    assert_state_at_end(graph, expected)
+    if name == "join_rule_evasion":  # the join rule went first: evelyn is not joined
+        assert ("m.room.member", uid("evelyn")) not in graph.state_after["END"]
+    if name == "mainline_sort":  # T3 wins although T4 is later by timestamp
+        assert graph.events["T4"].timestamp_ms > graph.events["T3"].timestamp_ms
 
-
-def test_join_rule_evasion(topic_builder: BuildTopic) -> None:
-    # Evelyn joins while alice concurrently makes the topic invite-only: the
-    # join rule is applied first and evelyn's join no longer passes.
-    events = [join_rules("JR", "alice", "invite"), member("ME", "evelyn", "evelyn", "join")]
-    chains = [["START", "JR", "END"], ["START", "ME", "END"]]
-    graph = topic_builder(events, chains)
-    assert_state_at_end(graph, ["JR"])
-    assert ("m.room.member", uid("evelyn")) not in graph.state_after["END"]
-
-
-def test_offtopic_pl(topic_builder: BuildTopic) -> None:
-    # A chain of power levels PA <- PB <- PC against PA alone: PC, the latest
-    # authorised change, wins.
-    events = [
-        power("PA", "alice", {"alice": 100, "bob": 50}),
-        power("PB", "bob", {"alice": 100, "bob": 50, "charlie": 50}),
-        power("PC", "charlie", {"alice": 100, "bob": 50, "charlie": 0}),
-    ]
-    chains = [["START", "PA", "PB", "PC", "END"], ["PA", "END"]]
-    assert_state_at_end(topic_builder(events, chains), ["PC"])
-
-
-def test_topic_basic(topic_builder: BuildTopic) -> None:
-    # Alice demotes bob (PA2) while bob re-asserts his level (PB) and sets a
-    # topic (T3): PA2 wins, T3 loses its authority, T2 stays.
-    events = [
-        topic("T1", "alice"),
-        power("PA1", "alice", {"alice": 100, "bob": 50}),
-        topic("T2", "alice"),
-        power("PA2", "alice", {"alice": 100, "bob": 0}),
-        power("PB", "bob", {"alice": 100, "bob": 50}),
-        topic("T3", "bob"),
-    ]
-    chains = [["START", "T1", "PA1", "T2", "PA2", "END"], ["PA1", "PB", "T3", "END"]]
-    assert_state_at_end(topic_builder(events, chains), ["PA2", "T2"])
-
-
-def test_topic_reset(topic_builder: BuildTopic) -> None:
-    # Bob sets a topic, then alice bans him; merged with a branch that only
-    # knows T1, bob's topic no longer passes and the topic goes back to T1.
-    events = [
-        topic("T1", "alice"),
-        power("PA", "alice", {"alice": 100, "bob": 50}),
-        topic("T2", "bob"),
-        member("MB", "alice", "bob", "ban"),
-    ]
-    chains = [["START", "T1", "PA", "T2", "MB", "END"], ["T1", "END"]]
-    assert_state_at_end(topic_builder(events, chains), ["T1", "MB", "PA"])
-
-
-def test_topic(topic_builder: BuildTopic) -> None:
-    # topic_basic, then zara's message MZ1 merges both branches and alice sets
-    # T4 on top of it. (Synapse also links END to MZ1 directly; our parents
-    # must be an antichain, and MZ1 is an ancestor of T4, so END has one parent.)
-    events = [
-        topic("T1", "alice"),
-        power("PA1", "alice", {"alice": 100, "bob": 50}),
-        topic("T2", "alice"),
-        power("PA2", "alice", {"alice": 100, "bob": 0}),
-        power("PB", "bob", {"alice": 100, "bob": 50}),
-        topic("T3", "bob"),
-        message("MZ1", "zara"),
-        topic("T4", "alice"),
-    ]
-    chains = [
-        ["START", "T1", "PA1", "T2", "PA2", "MZ1", "T4", "END"],
-        ["PA1", "PB", "T3", "MZ1"],
-    ]
-    assert_state_at_end(topic_builder(events, chains), ["T4", "PA2"])
-
-
-def test_mainline_sort(topic_builder: BuildTopic) -> None:
-    # T3 (bob) is sent under the newer power levels PA2, T4 (alice) under the
-    # older PB: mainline order puts T4 first, so T3 wins although T4 is later
-    # by timestamp.
-    events = [
-        topic("T1", "alice"),
-        power("PA1", "alice", {"alice": 100, "bob": 50}),
-        topic("T2", "alice"),
-        power("PA2", "alice", {"alice": 100, "bob": 50},
-              events={"m.room.power_levels": 100}),
-        power("PB", "bob", {"alice": 100, "bob": 50}),
-        topic("T3", "bob"),
-        topic("T4", "alice"),
-    ]
-    chains = [["START", "T1", "PA1", "T2", "PA2", "T3", "END"], ["PA1", "PB", "T4", "END"]]
-    graph = topic_builder(events, chains)
-    assert graph.events["T4"].timestamp_ms > graph.events["T3"].timestamp_ms
-    assert_state_at_end(graph, ["T3", "PA2"])
 
 
 # --- beyond Synapse's scenarios ------------------------------------------------------

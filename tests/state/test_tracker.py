@@ -32,6 +32,7 @@ from storage.lmdb_store import LmdbStore
 from storage.memory import MemoryStore
 from storage.protocol import TABLE_STATE
 from tests.helpers import authorized_topic, identity, new_topic
+from tests.state import scenarios
 from tests.state.builder import CAST, Graph, join_rules, member, message, power, topic, uid
 from tests.state.conftest import BuildTopic
 from tests.state.test_resolution_properties import MAX_EVENTS, build_forks, steps
@@ -97,106 +98,10 @@ def winners(replica: Replica, graph: Graph, keys: Sequence[StateKey]) -> dict[St
 # ------------------------------------------------------------- scenarios, via Replica
 
 
-def ban_vs_pl(build: BuildTopic) -> tuple[Graph, list[str]]:
-    events = [
-        power("PA", "alice", {"alice": 100, "bob": 50}),
-        member("MA", "alice", "alice", "join"),
-        member("MB", "alice", "bob", "ban"),
-        power("PB", "bob", {"alice": 100, "bob": 50}),
-    ]
-    chains = [["START", "PA", "MA", "MB", "END"], ["PA", "PB", "END"]]
-    return build(events, chains), ["PA", "MA", "MB"]
-
-
-def topic_basic(build: BuildTopic) -> tuple[Graph, list[str]]:
-    events = [
-        topic("T1", "alice"),
-        power("PA1", "alice", {"alice": 100, "bob": 50}),
-        topic("T2", "alice"),
-        power("PA2", "alice", {"alice": 100, "bob": 0}),
-        power("PB", "bob", {"alice": 100, "bob": 50}),
-        topic("T3", "bob"),
-    ]
-    chains = [["START", "T1", "PA1", "T2", "PA2", "END"], ["PA1", "PB", "T3", "END"]]
-    return build(events, chains), ["PA2", "T2"]
-
-
-def join_rule_evasion(build: BuildTopic) -> tuple[Graph, list[str]]:
-    events = [join_rules("JR", "alice", "invite"), member("ME", "evelyn", "evelyn", "join")]
-    chains = [["START", "JR", "END"], ["START", "ME", "END"]]
-    return build(events, chains), ["JR"]
-
-
-def mainline_sort(build: BuildTopic) -> tuple[Graph, list[str]]:
-    events = [
-        topic("T1", "alice"),
-        power("PA1", "alice", {"alice": 100, "bob": 50}),
-        topic("T2", "alice"),
-        power("PA2", "alice", {"alice": 100, "bob": 50}, events={"m.room.power_levels": 100}),
-        power("PB", "bob", {"alice": 100, "bob": 50}),
-        topic("T3", "bob"),
-        topic("T4", "alice"),
-    ]
-    chains = [["START", "T1", "PA1", "T2", "PA2", "T3", "END"], ["PA1", "PB", "T4", "END"]]
-    return build(events, chains), ["T3", "PA2"]
-
-
-def topic_scenario(build: BuildTopic) -> tuple[Graph, list[str]]:
-    """Synapse's `topic`, as in test_resolution.test_topic (MZ1 merges, END has one parent)."""
-    events = [
-        topic("T1", "alice"),
-        power("PA1", "alice", {"alice": 100, "bob": 50}),
-        topic("T2", "alice"),
-        power("PA2", "alice", {"alice": 100, "bob": 0}),
-        power("PB", "bob", {"alice": 100, "bob": 50}),
-        topic("T3", "bob"),
-        message("MZ1", "zara"),
-        topic("T4", "alice"),
-    ]
-    chains = [
-        ["START", "T1", "PA1", "T2", "PA2", "MZ1", "T4", "END"],
-        ["PA1", "PB", "T3", "MZ1"],
-    ]
-    return build(events, chains), ["T4", "PA2"]
-
-
-# Synapse merges at END an event with one of its own ancestors in topic_reset
-# (MB and T1) and offtopic_pl (PC and PA); the MEG refuses such parents. A
-# message on the ancestor (MT1, MPA: zara's, as END is) takes its place: a
-# message changes no state, so END resolves exactly the two states Synapse's
-# END does, and the expected winners are Synapse's. (Timestamps after the
-# sibling shift by one tick, all alike: their relative order is Synapse's.)
-
-
-def topic_reset(build: BuildTopic) -> tuple[Graph, list[str]]:
-    events = [
-        topic("T1", "alice"),
-        power("PA", "alice", {"alice": 100, "bob": 50}),
-        topic("T2", "bob"),
-        member("MB", "alice", "bob", "ban"),
-        message("MT1", "zara"),
-    ]
-    chains = [["START", "T1", "PA", "T2", "MB", "END"], ["T1", "MT1", "END"]]
-    return build(events, chains), ["T1", "MB", "PA"]
-
-
-def offtopic_pl(build: BuildTopic) -> tuple[Graph, list[str]]:
-    events = [
-        power("PA", "alice", {"alice": 100, "bob": 50}),
-        power("PB", "bob", {"alice": 100, "bob": 50, "charlie": 50}),
-        power("PC", "charlie", {"alice": 100, "bob": 50, "charlie": 0}),
-        message("MPA", "zara"),
-    ]
-    chains = [["START", "PA", "PB", "PC", "END"], ["PA", "MPA", "END"]]
-    return build(events, chains), ["PC"]
-
-
-# All seven scenarios of Synapse's test_v2.py (test_resolution.py).
-SCENARIOS = {"ban_vs_pl": ban_vs_pl, "topic_basic": topic_basic,
-             "join_rule_evasion": join_rule_evasion, "mainline_sort": mainline_sort,
-             "topic": topic_scenario, "topic_reset": topic_reset, "offtopic_pl": offtopic_pl}
-# The sibling message stands in for the ancestor: same state, so same resolution input.
-SIBLINGS = {"topic_reset": ("MT1", "T1"), "offtopic_pl": ("MPA", "PA")}
+# All seven scenarios of Synapse's test_v2.py (tests/state/scenarios.py), as a
+# Replica can hold them.
+SCENARIOS = scenarios.MEG
+SIBLINGS = scenarios.SIBLINGS
 
 
 @pytest.mark.parametrize("order", sorted(ORDERS))
@@ -330,7 +235,7 @@ def test_unresolvable_forks_are_read_as_the_greatest_heads_state_and_tried_once(
     topic_builder: BuildTopic, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Reads fall back as `_process` does; a refused input set is not resolved again."""
-    graph, _ = ban_vs_pl(topic_builder)
+    graph, _ = scenarios.ban_vs_pl(topic_builder)
     replica = Replica(MemoryStore(), graph.topic_id, identity("observer"))
     for name, event in graph.events.items():
         if name != "END":
@@ -381,7 +286,7 @@ def test_unresolvable_forks_are_read_as_the_greatest_heads_state_and_tried_once(
 def test_state_groups_survive_a_restart_without_recomputation(
     tmp_path, topic_builder: BuildTopic, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    graph, expected = ban_vs_pl(topic_builder)
+    graph, expected = scenarios.ban_vs_pl(topic_builder)
     before_end = [e for n, e in graph.events.items() if n != "END"]
     store = LmdbStore(tmp_path / "replica")
     replica = Replica(store, graph.topic_id, identity("observer"))
@@ -417,7 +322,7 @@ def test_state_groups_survive_a_restart_without_recomputation(
 
 def test_a_store_filled_without_state_catches_up_once(topic_builder: BuildTopic) -> None:
     """Events stored while authorization was off get their states when it is turned on."""
-    graph, expected = topic_basic(topic_builder)
+    graph, expected = scenarios.topic_basic(topic_builder)
     store = MemoryStore()
     blind = Replica(store, graph.topic_id, identity("observer"), ReplicaConfig(authorization=False))
     for event in graph.events.values():
