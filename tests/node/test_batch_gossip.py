@@ -4,6 +4,14 @@ Two real nodes (`Node.open`: LMDB in tmp dirs, libp2p and gossipsub on
 127.0.0.1) with fast_path "gossipsub". `Topic.publish_many` must hand the
 batch to gossipsub (it once did not, so only anti-entropy carried it), and as
 a few large messages, not one per event. Waits are bounded.
+
+What the publisher hands to gossipsub is recorded on the way in (the real
+`publish` still runs): the property is checked there. Whether the receiver
+gets that message first by gossip is not asserted: py-libp2p loses a ~94 KB
+gossip message now and then (seen in about 1 run in 20 on a 2-core machine,
+with the peer in the mesh and nothing logged as dropped), and anti-entropy
+delivering the batch instead is the design working, not a failure. The
+receiver must get every event, by whichever path.
 """
 
 from __future__ import annotations
@@ -13,7 +21,9 @@ from pathlib import Path
 import trio
 
 from node.config import NodeConfig
+from node.core.event import event_id_of
 from node.runtime import GOSSIP_TOPIC_PREFIX, Node
+from transport.messages import Push, decode
 
 LOOPBACK_LISTEN = ["/ip4/127.0.0.1/tcp/0"]
 WAIT_S = 30.0
@@ -29,12 +39,25 @@ async def test_publish_many_is_gossiped_in_one_message_per_chunk(tmp_path: Path)
                                  bootstrap=[a.addresses[0]], seed=2) as b:
                 topic_b = await b.join(topic_a.topic_id)
                 await topic_b.wait_ready(WAIT_S)
-                await a.host.wait_gossip_mesh_peer(GOSSIP_TOPIC_PREFIX + topic_a.id_hex,
-                                                   b.host.peer_id, WAIT_S)
-                published = a.host.gossip_stats().published
-                received = b.disseminator.stats.get("received_gossip", 0)
+                name = GOSSIP_TOPIC_PREFIX + topic_a.id_hex
+                await a.host.wait_gossip_mesh_peer(name, b.host.peer_id, WAIT_S)
+
+                gossiped: list[set[bytes]] = []  # event ids of each gossip message a sends
+                real_publish = a.host.publish
+
+                async def recording_publish(topic: str, data: bytes) -> None:
+                    message = decode(data)
+                    assert topic == name and isinstance(message, Push)
+                    gossiped.append({event_id_of(raw) for raw in message.events})
+                    await real_publish(topic, data)
+
+                a.host.publish = recording_publish  # type: ignore[method-assign]
                 before = topic_b.replica.graph.delivered_count
-                await topic_a.publish_many([f"event {n}".encode() for n in range(EVENTS)])
+                ids = set(await topic_a.publish_many([f"event {n}".encode()
+                                                      for n in range(EVENTS)]))
                 await topic_b.wait_delivered(before + EVENTS, WAIT_S)
-                assert 1 <= a.host.gossip_stats().published - published <= 2  # a chunk, not 300
-                assert b.disseminator.stats.get("received_gossip", 0) > received
+
+                carrying = [message for message in gossiped if message & ids]
+                assert 1 <= len(carrying) <= 2  # a chunk or two, not 300
+                assert set().union(*carrying) == ids  # every event of the batch, once
+                assert sum(len(message & ids) for message in carrying) == EVENTS
