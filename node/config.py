@@ -24,8 +24,6 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
-from node.ordering import DEFAULT_ACK_INTERVAL_MS
-
 DEFAULT_LISTEN = ("/ip4/127.0.0.1/tcp/0",)
 DEFAULT_ANTI_ENTROPY_INTERVAL_MS = 2_000
 DEFAULT_ANTI_ENTROPY_JITTER_MS = 500
@@ -57,7 +55,9 @@ class NodeConfig:
     peer_misbehaviour_limit: int = DEFAULT_PEER_MISBEHAVIOUR_LIMIT
     # An indexer appends at most one empty acknowledgement per topic per interval
     # (node.ordering): lower confirms sooner when writers go quiet, higher costs less.
-    ack_interval_ms: int = DEFAULT_ACK_INTERVAL_MS
+    # None: node.ordering's DEFAULT_ACK_INTERVAL_MS (not imported here: it would
+    # load the replica's modules into every CLI call, doubling its start-up).
+    ack_interval_ms: int | None = None
     log_dir: str | None = "logs"  # relative to the data dir; None = no dissemination log
     metrics_port: int = 0
     extra: dict[str, Any] = field(default_factory=dict)
@@ -83,8 +83,10 @@ def validate(config: NodeConfig) -> NodeConfig:
             raise ConfigError(f"{name} must be a positive integer (milliseconds), got {value!r}")
 
     for name in ("anti_entropy_interval_ms", "commit_interval_ms", "width_sample_interval_ms",
-                 "peer_misbehaviour_limit", "ack_interval_ms"):
+                 "peer_misbehaviour_limit"):
         positive(name)
+    if config.ack_interval_ms is not None:
+        positive("ack_interval_ms")
     if type(config.anti_entropy_jitter_ms) is not int or config.anti_entropy_jitter_ms < 0:
         raise ConfigError("anti_entropy_jitter_ms must be a non-negative integer")
     for name in ("listen", "bootstrap"):

@@ -597,7 +597,9 @@ class Node:
             await self.host.leave(GOSSIP_TOPIC_PREFIX + topic_id.hex())
 
     def _replica_config(self) -> ReplicaConfig:
-        return ReplicaConfig(ordering=OrderConfig(ack_interval_ms=self.config.ack_interval_ms))
+        interval = self.config.ack_interval_ms
+        return ReplicaConfig(ordering=OrderConfig() if interval is None
+                             else OrderConfig(ack_interval_ms=interval))
 
     async def _open_topic(self, topic_id: bytes) -> Topic:
         replica = Replica(self.store, topic_id, self.identity, self._replica_config())

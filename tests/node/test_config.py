@@ -46,11 +46,27 @@ def test_the_ack_interval_is_a_setting(tmp_path):
 
 
 async def test_a_running_node_acks_at_the_configured_interval(tmp_path):
+    from node.ordering import DEFAULT_ACK_INTERVAL_MS
     from node.runtime import Node
 
     async with Node.open(tmp_path / "n", config=NodeConfig(ack_interval_ms=1234)) as node:
         topic = await node.create_topic("acks")
         assert topic.replica.config.ordering.ack_interval_ms == 1234
+    # Unset, the replicas get the ordering's own default.
+    async with Node.open(tmp_path / "m") as node:
+        topic = await node.create_topic("acks")
+        assert topic.replica.config.ordering.ack_interval_ms == DEFAULT_ACK_INTERVAL_MS
+
+
+def test_the_cli_does_not_load_the_replica_to_read_its_config():
+    """`megnode status` and friends import node.config: it must stay light."""
+    import subprocess
+    import sys
+
+    probe = "import sys, node.config; print('node.ordering' in sys.modules)"
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                            check=True)
+    assert result.stdout.strip() == "False"
 
 
 @pytest.mark.parametrize("setting, address, words", [
