@@ -28,6 +28,7 @@ from pathlib import Path
 import pytest
 
 from analytics import logschema as ls
+from tests.analytics.test_model import fixed_point_by_iteration
 
 A, B, C = "0a", "0b", "0c"
 TOPIC = "7f"
@@ -444,21 +445,6 @@ def test_convergence_after_the_width_peak(records):
     assert (rows[C]["steady_median"], rows[C]["peak_width"], rows[C]["convergence_ms"], rows[C]["converged"]) == (
         4.0, 10, None, False
     )
-
-
-def fixed_point_by_iteration(d: int, k: int) -> float:
-    """The mean-value iteration E(U_{n+1}) = U_n + k - E(R_{d,k}(U_n)) run to convergence.
-
-    Written out here, independently of analytics.model: E(R) = u (1 - (1 - d/u)^k)
-    (Theorem 4a for u > d, which holds all the way down since the limit is > k > d).
-    """
-    u = 100.0 * k
-    for _ in range(10_000):
-        following = u + k - u * (1.0 - (1.0 - d / u) ** k)
-        if abs(following - u) <= 1e-13 * u:
-            return following
-        u = following
-    raise AssertionError(f"no convergence for d={d}, k={k}")
 
 
 @pytest.mark.spark
