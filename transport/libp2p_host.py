@@ -134,17 +134,18 @@ def check_ports_free(addresses: Sequence[str]) -> None:
     import socket
 
     for address in addresses:
-        parts = str(address).strip("/").split("/")
-        if len(parts) < 4 or parts[0] not in ("ip4", "ip6") or parts[2] != "tcp":
+        parsed = multiaddr.Multiaddr(address)
+        names = [protocol.name for protocol in parsed.protocols()]
+        if names[:2] not in (["ip4", "tcp"], ["ip6", "tcp"]):
             continue
-        port = int(parts[3])
+        port = int(parsed.value_for_protocol("tcp"))
         if port == 0:
             continue
-        family = socket.AF_INET if parts[0] == "ip4" else socket.AF_INET6
+        family = socket.AF_INET if names[0] == "ip4" else socket.AF_INET6
         with socket.socket(family, socket.SOCK_STREAM) as probe:
             # A port left in TIME_WAIT by our own last run is free to reuse.
             probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            probe.bind((parts[1], port))
+            probe.bind((parsed.value_for_protocol(names[0]), port))
 
 
 @dataclass(frozen=True)
