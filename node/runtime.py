@@ -395,6 +395,7 @@ class Node:
         )
         self._topics: dict[bytes, Topic] = {}
         self._banned: dict[str, int] = {}  # node id -> ms until which its connections are dropped
+        self._dropping: set[str] = set()  # banned node ids whose connections are being aborted
         self._peer_receive = peer_events
         self._misbehaviour_receive = misbehaviour
         self._transport_faults: dict[str, int] = {}
@@ -791,10 +792,33 @@ class Node:
 
     async def _disconnect(self, peer: str) -> None:
         """Drop a banned peer's connections at once (`abort`: no goodbye it could stall)."""
+        if peer in self._dropping:
+            return  # an abort is under way; `_enforce_bans` looks again next tick
+        self._dropping.add(peer)
         try:
             await self.host.abort(self._peer_id_of(peer))
         except Exception as exc:
             logger.debug("disconnect of %s failed: %s", peer, exc)
+        finally:
+            self._dropping.discard(peer)
+
+    def _enforce_bans(self, now: int) -> None:
+        """Drop connections of banned peers; forget bans that expired.
+
+        The "up" event alone is not enough: it fires when a peer's first
+        connection opens, and a banned peer that dials again while its old
+        connection is still being torn down gets no new "up". So every tick
+        looks at who is connected.
+        """
+        banned = self._banned
+        for node_id in [n for n, until in banned.items() if until <= now]:
+            del banned[node_id]
+        if not banned:
+            return
+        for peer_id in self.host.peers():
+            node_id = self._node_id_of(peer_id)
+            if node_id in banned:
+                self._nursery.start_soon(self._disconnect, node_id)
 
     def _wants_peer(self, peer_id: str) -> bool:
         """Should a connection to `peer_id` that died be redialled? Not if banned or a device."""
@@ -835,6 +859,7 @@ class Node:
     async def _ticker(self) -> None:
         while True:
             self._run(self.disseminator.tick(now_ms()))
+            self._enforce_bans(now_ms())
             self._pursue_memberships(now_ms())
             self._acknowledge(now_ms())
             await trio.sleep(TICK_INTERVAL_S)
