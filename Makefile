@@ -28,7 +28,7 @@ bench: venv
 	if [ $$rc -eq 5 ]; then echo "make bench: no benchmarks collected" >&2; exit 1; fi; exit $$rc
 
 demo: venv
-	$(PY) -m analytics.demo
+	$(PY) -m deploy.demo
 
 clean:
 	rm -rf $(VENV) bench-results demo-output .pytest_cache

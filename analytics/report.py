@@ -27,7 +27,7 @@ from matplotlib.figure import Figure
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from analytics import logschema as ls
+from node import logschema as ls
 from analytics.jobs import catchup, convergence, coverage, dissemination, events, load, modelcheck, rejections, width
 
 STAGES: Final = ("loading logs", "dissemination", "width", "model check", "writing report")

@@ -54,8 +54,8 @@ class NodeConfig:
     width_sample_interval_ms: int = DEFAULT_WIDTH_SAMPLE_INTERVAL_MS
     peer_misbehaviour_limit: int = DEFAULT_PEER_MISBEHAVIOUR_LIMIT
     # An indexer appends at most one empty acknowledgement per topic per interval
-    # (node.ordering): lower confirms sooner when writers go quiet, higher costs less.
-    # None: node.ordering's DEFAULT_ACK_INTERVAL_MS (not imported here: it would
+    # (node.replica.ordering): lower confirms sooner when writers go quiet, higher costs less.
+    # None: node.replica.ordering's DEFAULT_ACK_INTERVAL_MS (not imported here: it would
     # load the replica's modules into every CLI call, doubling its start-up).
     ack_interval_ms: int | None = None
     log_dir: str | None = "logs"  # relative to the data dir; None = no dissemination log

@@ -64,7 +64,7 @@ from prometheus_client import CollectorRegistry, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
-from analytics.logschema import CHANNELS
+from node.logschema import CHANNELS
 
 if TYPE_CHECKING:  # runtime imports this module; only the type is needed here
     from node.runtime import Node

@@ -38,7 +38,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from node.core.event import Event, EventFormatError, decode_event
-from node.core.replica import NotReadyError, PublishError, Replica
+from node.replica.replica import NotReadyError, PublishError, Replica
 from node.state.actions import NotAuthorizedError
 from node.state.roles import Role
 from node.state.types import TYPE_MEMBER, user_id

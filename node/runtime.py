@@ -23,7 +23,7 @@ Data dir layout::
 
     node.key      the identity (ed25519 seed, mode 0600), created on first open
     store/        the LMDB environment (locked: one process per data dir)
-    logs/         dissemination logs (analytics.logschema), rotated
+    logs/         dissemination logs (node.logschema), rotated
     control.sock  the local control socket used by the `megnode` CLI
 """
 
@@ -40,20 +40,20 @@ from typing import Any
 
 import trio
 
-from analytics.logschema import JsonLinesLogWriter
+from node.logschema import JsonLinesLogWriter
 from node.committer import CommitError, Committer
 from node.config import NodeConfig
 from node.core.event import Event
 from node.core.identity import Identity, KeyFileError
-from node.core.replica import Replica, ReplicaConfig, StateDisabledError
-from node.ordering import KIND_ACK, OrderConfig, Rewind
+from node.replica.replica import Replica, ReplicaConfig, StateDisabledError
+from node.replica.ordering import KIND_ACK, OrderConfig, Rewind
 from node.metrics import MetricsExporter, close_listeners, open_metrics_listeners
 from node.relay import Handled, RelayServer
 from node.state.actions import NotAuthorizedError, RoleError
 from node.state.roles import Role
 from node.state.types import RULE_INVITE, RULE_PUBLIC
 from storage.lmdb_store import LmdbStore, StoreLockedError
-from storage.protocol import TABLE_META, Delete, Put
+from node.core.store import TABLE_META, Delete, Put
 from transport.dissemination import (
     Announce,
     Disconnect,

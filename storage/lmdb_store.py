@@ -1,7 +1,7 @@
 """The persistent store: the `Store` protocol on LMDB (py-lmdb).
 
 One data dir holds one LMDB environment with one named database per table in
-`storage.protocol.TABLES`. `apply` commits a whole batch in one write
+`node.core.store.TABLES`. `apply` commits a whole batch in one write
 transaction, so callers group-commit many events per fsync; with `sync=True`
 (the default, and the only setting a node uses) the batch is on disk when
 `apply` returns, and LMDB's copy-on-write B-tree means a crash at any moment
@@ -68,9 +68,8 @@ from storage.memory import (
     check_scan_args,
     check_writes,
     encode_store_format,
-    prefix_upper_bound,
 )
-from storage.protocol import (
+from node.core.store import (
     MAX_KEY_BYTES,
     STORE_FORMAT,
     TABLE_META,
@@ -79,6 +78,7 @@ from storage.protocol import (
     Put,
     StoreClosedError,
     StoreError,
+    prefix_upper_bound,
 )
 from storage.writer import BackgroundWriter, PendingCommit, completed_commit
 

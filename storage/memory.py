@@ -13,7 +13,7 @@ from itertools import islice
 
 from sortedcontainers import SortedDict
 
-from storage.protocol import (
+from node.core.store import (
     MAX_BATCH_OPS,
     MAX_KEY_BYTES,
     MAX_VALUE_BYTES,
@@ -25,6 +25,7 @@ from storage.protocol import (
     Put,
     StoreClosedError,
     StoreError,
+    prefix_upper_bound,
 )
 from storage.writer import PendingCommit, completed_commit
 
@@ -136,14 +137,6 @@ def _check_each_write(pending: Mapping[bytes, bytes | None]) -> None:
             raise StoreError(
                 f"value of {len(value)} bytes exceeds MAX_VALUE_BYTES={MAX_VALUE_BYTES}"
             )
-
-
-def prefix_upper_bound(prefix: bytes) -> bytes | None:
-    """The smallest key greater than every key starting with `prefix` (None: no bound)."""
-    stripped = prefix.rstrip(b"\xff")
-    if not stripped:
-        return None
-    return stripped[:-1] + bytes([stripped[-1] + 1])
 
 
 class MemoryStore:

@@ -23,7 +23,7 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
-from storage.protocol import StoreError
+from node.core.store import StoreError
 
 # One thread: commits must land in order, and LMDB allows one write transaction at a time.
 WRITER_THREADS = 1

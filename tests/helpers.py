@@ -9,7 +9,7 @@ import msgpack
 
 from node.core.event import EVENT_VERSION, KIND_MESSAGE, SIGNING_DOMAIN, Event, decode_event
 from node.core.identity import Identity, sign_event
-from node.core.replica import Replica
+from node.replica.replica import Replica
 from storage.memory import MemoryStore
 
 

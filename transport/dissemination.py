@@ -82,7 +82,7 @@ from typing import Any, Union
 
 from node.core.event import Event, event_id_of
 from node.core.graph import Graph
-from node.core.replica import Replica
+from node.replica.replica import Replica
 from transport.messages import (
     BLOOM_SALT_BYTES,
     EVENT_FRAMING_BYTES,
@@ -163,7 +163,7 @@ MISBEHAVIOUR_REASONS = frozenset({
     "id_mismatch", "wrong_topic",
 })
 
-LOG_SCHEMA_VERSION = 1  # analytics.logschema v1
+LOG_SCHEMA_VERSION = 1  # node.logschema v1
 GOSSIP = "gossip"
 SYNC = "sync"
 
@@ -179,7 +179,7 @@ class Send:
 
 @dataclass(frozen=True, slots=True)
 class Log:
-    """One dissemination log record (analytics.logschema v1 keys; absent fields omitted)."""
+    """One dissemination log record (node.logschema v1 keys; absent fields omitted)."""
 
     record: dict[str, Any]
 

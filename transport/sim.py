@@ -48,7 +48,7 @@ from typing import Any
 
 from node.core.identity import Identity
 from node.core.parents import DEFAULT_D_MAX, DepletionPolicy
-from node.core.replica import Replica, ReplicaConfig
+from node.replica.replica import Replica, ReplicaConfig
 from storage.memory import MemoryStore
 from transport.dissemination import (
     DEFAULT_FORWARD_FANOUT,
@@ -191,7 +191,7 @@ class _Node:
     identity: Identity
     replica: Replica
     engine: Disseminator
-    writer: Any = None  # analytics.logschema.JsonLinesLogWriter when logging
+    writer: Any = None  # node.logschema.JsonLinesLogWriter when logging
 
 
 def _seed_bytes(seed: int, index: int) -> bytes:
@@ -490,7 +490,7 @@ class Cluster:
             return None
         # Imported only when logs are asked for (it is the simulator's one use of
         # analytics); a broken install then fails loudly instead of writing nothing.
-        from analytics.logschema import JsonLinesLogWriter
+        from node.logschema import JsonLinesLogWriter
 
         return JsonLinesLogWriter(log_dir, node_id)
 

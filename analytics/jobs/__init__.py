@@ -1,4 +1,4 @@
-"""PySpark jobs over the dissemination logs (schema: `analytics.logschema`).
+"""PySpark jobs over the dissemination logs (schema: `node.logschema`).
 
 Each job is a function of a SparkSession, or of the records (a DataFrame, or an
 `events.Basis` that caches what many jobs share), returning DataFrames or

@@ -20,7 +20,7 @@ from typing import Final
 from pyspark.sql import DataFrame, Window
 from pyspark.sql import functions as F
 
-from analytics import logschema as ls
+from node import logschema as ls
 from analytics.jobs import events
 
 CATCHUP_GAP_MS: Final = 1_000

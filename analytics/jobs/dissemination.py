@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-from analytics import logschema as ls
+from node import logschema as ls
 from analytics.jobs import events, stats
 
 LATENCY_GROUPINGS = {"overall": (), "node": ("node",), "channel": ("channel",)}

@@ -28,7 +28,7 @@ from typing import Union
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-from analytics import logschema as ls
+from node import logschema as ls
 
 
 @dataclass(frozen=True)

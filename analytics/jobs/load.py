@@ -1,7 +1,7 @@
 """Load dissemination logs (JSON lines or Parquet) into one typed DataFrame.
 
 Lines that break the schema never stop a job: each is classified with the
-reason `analytics.logschema` defines, counted, and a few are kept as samples so
+reason `node.logschema` defines, counted, and a few are kept as samples so
 a user can find them. Only valid records reach the analyses.
 
 Why parse in the JVM (`jobs.validate`) rather than read text and call the
@@ -27,7 +27,7 @@ from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 from pyspark.sql.types import DateType, StructField, StructType
 
-from analytics import logschema as ls
+from node import logschema as ls
 from analytics.jobs import validate
 from analytics.jobs.validate import MALFORMED
 

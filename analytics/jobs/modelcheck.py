@@ -31,7 +31,7 @@ from typing import Any
 
 from pyspark.sql import functions as F
 
-from analytics import logschema as ls
+from node import logschema as ls
 from analytics.jobs.convergence import STEADY_FRACTION, steady_samples
 from analytics.jobs.events import Records, records_of
 from analytics.jobs.width import width_samples

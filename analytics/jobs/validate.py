@@ -1,6 +1,6 @@
 """The log schema's rules as Spark column expressions.
 
-`analytics.logschema.validate_record` checks one parsed record in Python; the
+`node.logschema.validate_record` checks one parsed record in Python; the
 loader cannot afford a Python round trip per line (Python workers cost an
 order of magnitude more per row than the JVM), so this module restates the same
 rules as Spark SQL expressions built from the same tables. Both give the same
@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
-from analytics import logschema as ls
+from node import logschema as ls
 
 MALFORMED = "malformed_reason"  # not "reason": that is a schema field (why an event was rejected)
 _SENTINEL = "megnode:end-of-line"

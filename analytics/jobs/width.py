@@ -12,7 +12,7 @@ from __future__ import annotations
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-from analytics import logschema as ls
+from node import logschema as ls
 from analytics.jobs import events, stats
 
 

@@ -111,7 +111,7 @@ from node.core import walks
 from node.core.event import ID_BYTES, Event, event_id_of, pack, trusted_event
 from node.core.fastinit import fast_init
 from node.core.pending import PendingWrites
-from storage.protocol import (
+from node.core.store import (
     TABLE_AUTHORS,
     TABLE_BUFFER,
     TABLE_BUFFER_INDEX,

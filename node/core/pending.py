@@ -38,8 +38,7 @@ from __future__ import annotations
 from sortedcontainers import SortedDict
 
 from node.core.event import ID_BYTES, KEY_BYTES
-from storage.memory import prefix_upper_bound
-from storage.protocol import (
+from node.core.store import (
     TABLE_AUTHORS,
     TABLE_BUFFER_INDEX,
     TABLE_CHILDREN,
@@ -47,6 +46,7 @@ from storage.protocol import (
     Op,
     Put,
     Store,
+    prefix_upper_bound,
 )
 
 # Tables kept sorted while writes are pending (scanned by short prefixes).

@@ -28,7 +28,7 @@ The *auth rules* do not count the creator as joined there: until that join
 event the creator may send nothing else (rule 5, `sender_not_joined`). So
 the difference is a reading, not a permission: the indexer set of the state
 after the create event is {creator}, like the total order's initial indexer
-set (`node.ordering`).
+set (`node.replica.ordering`).
 A member's level is `users[<hex of their key>]`, else `users_default`.
 """
 

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pytest
 
-from analytics import logschema as ls
+from node import logschema as ls
 from tests.analytics.test_model import fixed_point_by_iteration
 
 A, B, C = "0a", "0b", "0c"

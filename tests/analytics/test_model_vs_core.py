@@ -5,7 +5,7 @@ k in {10, 100, 1000} x d in {2, 3, 5, 10}; this keeps one small case in every
 run, so a change to parent selection or to the graph's extremity bookkeeping
 that moves the width away from the model fails CI. The tolerance comes from
 the model itself: the exact chain's asymptotic variance gives the scatter of a
-window mean (`analytics.core_width.stationary_width`), and we allow
+window mean (`tests.analytics.core_width.stationary_width`), and we allow
 `SIGMAS` of it. Seeds are fixed, so the runs are deterministic.
 
 Two more small runs: k whole replicas (signed events, the Reference Monitor)
@@ -23,7 +23,7 @@ import statistics
 
 import pytest
 
-from analytics.core_width import (
+from tests.analytics.core_width import (
     core_width_path,
     removed_z,
     replica_width_path,

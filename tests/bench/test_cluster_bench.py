@@ -6,7 +6,7 @@ gossipsub as the baseline), one open topic, several publishers at a fixed
 aggregate rate for MEGNODE_BENCH_SECONDS, after a short excluded warm-up.
 Then every node must deliver every event (anti-entropy included; the wait is
 bounded) and the figures come from the nodes' own JSON-lines logs
-(<data-dir>/logs, analytics.logschema), all written with this machine's
+(<data-dir>/logs, node.logschema), all written with this machine's
 clock:
 
 * delivery_ratio: (event, node) pairs delivered at the end / all pairs; must be 1;

@@ -28,7 +28,7 @@ import nacl.signing
 
 from node.core.event import KIND_MESSAGE, SIGNING_DOMAIN, body_of_signed
 from node.core.identity import sign_event
-from node.core.replica import Replica
+from node.replica.replica import Replica
 from storage.lmdb_store import LmdbStore
 from tests.helpers import identity
 

@@ -31,12 +31,12 @@ from pathlib import Path
 import trio
 
 from node.core.identity import Identity
-from node.core.replica import Replica, ReplicaConfig
+from node.replica.replica import Replica, ReplicaConfig
 from node.runtime import PROTOCOL_DISSEMINATION, Node
 from node.state.types import RULE_PUBLIC
 from storage.lmdb_store import LmdbStore
 from storage.memory import MemoryStore
-from storage.protocol import TABLE_EVENTS
+from node.core.store import TABLE_EVENTS
 from transport.libp2p_gossip import GossipConfig
 from transport.libp2p_host import P2PHost
 from transport.messages import Push, encode

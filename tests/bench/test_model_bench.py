@@ -17,7 +17,7 @@ both.
 
 The second benchmark (`test_core_width_vs_model`, bench-results/model_core.json)
 measures the same quantity on the real thing: a MEG built by our own core
-(`analytics.core_width`: node.core's Graph and parent selection, k writers per
+(`tests.analytics.core_width`: node.core's Graph and parent selection, k writers per
 synchronous round, depletion off), beside the urn run over the same rounds.
 Its tolerance is the exact chain's asymptotic standard error of a window mean;
 `removed_z` also tests every round's removals against Theorem 4. Beside it,
@@ -39,7 +39,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from analytics.core_width import (
+from tests.analytics.core_width import (
     StationaryWidth,
     core_width_path,
     removed_z,
@@ -146,7 +146,7 @@ def exact_stationary(d: int, k: int, fixed: float) -> tuple[float, float, float]
     Widths below k are transient (a round never removes more than it finds,
     so U_{n+1} >= k), and hi sits far above the fixed point; the rare jumps
     past hi are folded onto hi, which the returned tail mass bounds. The
-    computation lives in `analytics.core_width.stationary_width` (cached here:
+    computation lives in `tests.analytics.core_width.stationary_width` (cached here:
     both benchmarks of this file need it for the same 12 cases).
     """
     law = _stationary(d, k, fixed)

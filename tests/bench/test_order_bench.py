@@ -186,7 +186,7 @@ RESTART_EVENTS = 10_000
 
 
 def _replica_world(tmp_path, names=REPLICA_NAMES, sync: bool = True):
-    from node.core.replica import Replica
+    from node.replica.replica import Replica
     from storage.lmdb_store import LmdbStore
     from tests.helpers import identity
     from tests.ordering.world import Net
@@ -201,7 +201,7 @@ class _OrderTimer:
     """Times TopicOrder.catch_up (feeding the order) while installed: its share of the run."""
 
     def __init__(self) -> None:
-        from node.ordering import TopicOrder
+        from node.replica.ordering import TopicOrder
 
         self.cls, self.original, self.seconds = TopicOrder, TopicOrder.catch_up, 0.0
 

@@ -35,13 +35,13 @@ import pytest
 
 from node.core.event import KIND_CREATE, KIND_MESSAGE, Event, pack_payload
 from node.core.identity import Identity, sign_event
-from node.core.replica import Replica, ReplicaConfig
+from node.replica.replica import Replica, ReplicaConfig
 from node.state import EventFields, Role, check_auth, resolve, select_auth_refs
 from node.state.store import MAX_DELTA_CHAIN, StateGroups
 from node.state.types import StateKey, state_key_of
 from storage.lmdb_store import LmdbStore
 from storage.memory import MemoryStore
-from storage.protocol import TABLE_STATE, Put
+from node.core.store import TABLE_STATE, Put
 
 FORK_SIZES = (100, 1000, 3000)
 SYNAPSE_REFERENCE_MS = {100: 7, 1000: 70, 3000: 210}

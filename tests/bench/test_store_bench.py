@@ -20,7 +20,7 @@ from pathlib import Path
 
 from storage.lmdb_store import LmdbStore
 from storage.memory import MemoryStore
-from storage.protocol import TABLE_EVENTS, Put, Store
+from node.core.store import TABLE_EVENTS, Put, Store
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 RESULTS_PATH = REPO_ROOT / "bench-results" / "store.json"

@@ -8,9 +8,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from node.core.graph import GraphLimits
-from node.core.replica import Replica, ReplicaConfig
+from node.replica.replica import Replica, ReplicaConfig
 from storage.memory import MemoryStore
-from storage.protocol import TABLE_AUTHORS
+from node.core.store import TABLE_AUTHORS
 from tests.helpers import child, identity, new_topic, random_dag
 
 NOW_MS = 10_000

@@ -26,9 +26,9 @@ from node.core.event import (
 )
 from node.core.fastinit import fast_init
 from node.core.graph import AddResult, Rejection
-from node.core.replica import Received, Replica, ReplicaConfig
+from node.replica.replica import Received, Replica, ReplicaConfig
 from storage.memory import MemoryStore
-from storage.protocol import TABLE_STATE
+from node.core.store import TABLE_STATE
 from tests.helpers import child, craft_raw, identity, new_topic
 
 NOW_MS = 10_000

@@ -10,9 +10,9 @@ from hypothesis import strategies as st
 from node.core.event import MAX_AUTH_REFS, MAX_EVENT_BYTES, MAX_PARENTS, MAX_STATE_KEY_BYTES
 from node.core import graph as graph_module
 from node.core.monitor import MAX_FUTURE_SKEW_MS, Rejected
-from node.core.replica import Replica
+from node.replica.replica import Replica
 from storage.memory import MemoryStore
-from storage.protocol import TABLES
+from node.core.store import TABLES
 from tests.helpers import child, craft_raw, identity, new_topic, valid_fields
 
 NOW_MS = 10_000

@@ -6,7 +6,7 @@ import pytest
 
 from node.core.event import KIND_DUMMY, MAX_PARENTS
 from node.core.parents import MAX_DUMMY_PARENTS, DepletionPolicy, ParentPolicy, select_parents
-from node.core.replica import Replica, ReplicaConfig
+from node.replica.replica import Replica, ReplicaConfig
 from storage.memory import MemoryStore
 from tests.helpers import child, identity, new_topic
 

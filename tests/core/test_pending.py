@@ -12,10 +12,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from node.core.pending import GROUP_PREFIX_BYTES, PendingWrites
-from node.core.replica import Replica
+from node.replica.replica import Replica
 from storage.lmdb_store import LmdbStore
 from storage.memory import STORE_FORMAT_KEY, MemoryStore
-from storage.protocol import (
+from node.core.store import (
     TABLE_BUFFER_INDEX,
     TABLE_CHILDREN,
     TABLE_EVENTS,

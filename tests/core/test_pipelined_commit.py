@@ -8,7 +8,7 @@ wait equals the state synchronous commits give, it survives a reopen, and
 
 import random
 
-from node.core.replica import Replica
+from node.replica.replica import Replica
 from storage.memory import MemoryStore
 from tests.core.test_graph import NOW_MS, graph_state, make_world
 from tests.helpers import identity

@@ -11,9 +11,9 @@ import itertools
 import pytest
 
 from node.core.graph import PARENT_REJECTED, GraphLimits
-from node.core.replica import Replica, ReplicaConfig
+from node.replica.replica import Replica, ReplicaConfig
 from storage.memory import MemoryStore
-from storage.protocol import TABLE_BUFFER_INDEX
+from node.core.store import TABLE_BUFFER_INDEX
 from tests.core.test_graph import graph_state
 from tests.helpers import child, identity, new_topic
 

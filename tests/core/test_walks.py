@@ -18,7 +18,7 @@ from node.core import walks
 from node.core.event import KIND_MESSAGE
 from node.core.graph import Graph
 from node.core.identity import sign_event
-from node.core.replica import Replica
+from node.replica.replica import Replica
 from node.core.walks import MAX_MEMO_EXTRA
 from storage.memory import MemoryStore
 from tests.core.test_graph import make_world

@@ -23,10 +23,10 @@ import trio.testing
 from node.committer import Committer
 from node.core.event import Event, event_id_of
 from node.core.identity import Identity
-from node.core.replica import Replica, ReplicaConfig
+from node.replica.replica import Replica, ReplicaConfig
 from storage.lmdb_store import LmdbStore
 from storage.memory import MemoryStore
-from storage.protocol import TABLE_EVENTS
+from node.core.store import TABLE_EVENTS
 from transport.dissemination import Disseminator, DisseminationConfig, Effect, Log, Send
 from transport.messages import Events, Push, Reply, decode, encode
 

@@ -46,7 +46,7 @@ def test_the_ack_interval_is_a_setting(tmp_path):
 
 
 async def test_a_running_node_acks_at_the_configured_interval(tmp_path):
-    from node.ordering import DEFAULT_ACK_INTERVAL_MS
+    from node.replica.ordering import DEFAULT_ACK_INTERVAL_MS
     from node.runtime import Node
 
     async with Node.open(tmp_path / "n", config=NodeConfig(ack_interval_ms=1234)) as node:
@@ -63,7 +63,7 @@ def test_the_cli_does_not_load_the_replica_to_read_its_config():
     import subprocess
     import sys
 
-    probe = "import sys, node.config; print('node.ordering' in sys.modules)"
+    probe = "import sys, node.config; print('node.replica.ordering' in sys.modules)"
     result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
                             check=True)
     assert result.stdout.strip() == "False"

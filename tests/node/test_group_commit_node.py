@@ -16,7 +16,7 @@ import trio
 
 from node.runtime import Node, Topic
 from storage.lmdb_store import LmdbStore
-from storage.protocol import TABLE_EVENTS
+from node.core.store import TABLE_EVENTS
 
 LOOPBACK = ["/ip4/127.0.0.1/tcp/0"]
 TEST_TIMEOUT_S = 60.0

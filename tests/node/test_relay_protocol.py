@@ -17,7 +17,7 @@ import pytest
 
 from node.core.event import KIND_MESSAGE, pack_payload
 from node.core.identity import Identity, sign_event
-from node.core.replica import Replica
+from node.replica.replica import Replica
 from node.relay import RateLimiter, RelayLimits, RelayServer
 from node.state.roles import Role
 from node.state.types import TYPE_MEMBER

@@ -12,8 +12,8 @@ import random
 import pytest
 
 from node.core.event import KIND_MESSAGE
-from node.core.replica import OrderingDisabledError, RoleError
-from node.ordering import KIND_ACK
+from node.replica.replica import OrderingDisabledError, RoleError
+from node.replica.ordering import KIND_ACK
 from node.state.roles import Role
 from tests.helpers import new_topic
 from tests.ordering.world import ACK_INTERVAL_MS, Net

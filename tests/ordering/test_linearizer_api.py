@@ -1,4 +1,4 @@
-"""The small additions to the linearizer that `node.ordering` relies on."""
+"""The small additions to the linearizer that `node.replica.ordering` relies on."""
 
 from __future__ import annotations
 

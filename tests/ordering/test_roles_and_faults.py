@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from node.core.replica import Replica
-from node.ordering import OrderIntegrityError
+from node.replica.replica import Replica
+from node.replica.ordering import OrderIntegrityError
 from storage.lmdb_store import LmdbStore
 from storage.memory import MemoryStore
-from storage.protocol import TABLE_ORDER, Put
+from node.core.store import TABLE_ORDER, Put
 from tests.ordering.world import ACK_INTERVAL_MS, Net
 
 ROUNDS_APART = 6  # publish-sync-ack rounds the two groups spend apart

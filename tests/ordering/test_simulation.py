@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import pytest
 
-from node.core.replica import Replica
+from node.replica.replica import Replica
 from storage.memory import MemoryStore
 from tests.ordering.world import ACK_INTERVAL_MS, Net
 

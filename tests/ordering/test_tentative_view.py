@@ -22,7 +22,7 @@ import json
 import trio
 
 from node.control import serve_control
-from node.ordering import Rewind
+from node.replica.ordering import Rewind
 from node.runtime import Delivered, Node, Topic
 
 TEST_TIMEOUT_S = 90.0

@@ -30,8 +30,8 @@ from collections.abc import Callable
 from node.core.event import Event
 from node.core.order import OrderUpdate
 from node.core.parents import DEFAULT_D_MAX
-from node.core.replica import Received, Replica, ReplicaConfig
-from node.ordering import KIND_ACK, OrderConfig, TopicOrder
+from node.replica.replica import Received, Replica, ReplicaConfig
+from node.replica.ordering import KIND_ACK, OrderConfig, TopicOrder
 from node.state.actions import WRITER_LEVEL, power_levels_content
 from node.state.power_levels import CREATOR_LEVEL
 from node.state.types import TYPE_POWER_LEVELS, user_id

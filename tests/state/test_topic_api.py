@@ -14,7 +14,7 @@ import pytest
 from node.core.event import KIND_DUMMY
 from node.core.identity import sign_event
 from node.core.parents import DepletionPolicy
-from node.core.replica import (
+from node.replica.replica import (
     NotAuthorizedError,
     Replica,
     ReplicaConfig,

@@ -21,7 +21,7 @@ import node.state.tracker as tracker_module
 from node.core.event import Event, pack_payload
 from node.core.graph import Graph as CoreGraph
 from node.core.identity import sign_event
-from node.core.replica import NotAuthorizedError, Replica, ReplicaConfig, StateDisabledError
+from node.replica.replica import NotAuthorizedError, Replica, ReplicaConfig, StateDisabledError
 from node.state import resolve
 from node.state.auth_rules import EventFields, select_auth_refs
 from node.state.store import MAX_ENTRIES_PER_RECORD, StateGroups
@@ -30,7 +30,7 @@ from node.state.tracker import REASON_AUTH_REFS, REASON_UNRESOLVABLE, StateResol
 from node.state.types import StateKey
 from storage.lmdb_store import LmdbStore
 from storage.memory import MemoryStore
-from storage.protocol import TABLE_STATE
+from node.core.store import TABLE_STATE
 from tests.helpers import authorized_topic, identity, new_topic
 from tests.state import scenarios
 from tests.state.builder import CAST, Graph, join_rules, member, message, power, topic, uid

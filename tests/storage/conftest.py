@@ -13,7 +13,7 @@ import pytest
 
 from storage.lmdb_store import LmdbStore
 from storage.memory import MemoryStore
-from storage.protocol import Store
+from node.core.store import Store
 
 STORE_KINDS = ("memory", "lmdb")
 

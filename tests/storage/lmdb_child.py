@@ -27,7 +27,7 @@ from __future__ import annotations
 import sys
 
 from storage.lmdb_store import LmdbStore
-from storage.protocol import TABLE_BUFFER, TABLE_DELIVERY, TABLE_EVENTS, Delete, Op, Put
+from node.core.store import TABLE_BUFFER, TABLE_DELIVERY, TABLE_EVENTS, Delete, Op, Put
 from storage.writer import PendingCommit
 
 MAX_KEYS_PER_BATCH = 80

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from storage.lmdb_store import LmdbStore
-from storage.protocol import TABLE_CHILDREN, TABLE_EVENTS, TABLE_META, Put, Store, StoreError
+from node.core.store import TABLE_CHILDREN, TABLE_EVENTS, TABLE_META, Put, Store, StoreError
 
 ROUNDS = 30  # background commits per test that loops
 BIG_VALUE_BYTES = 4_000  # a few of these overflow a 64 KiB map

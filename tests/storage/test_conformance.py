@@ -12,7 +12,7 @@ from collections.abc import Iterator, Sequence
 import pytest
 
 from storage.memory import STORE_FORMAT_KEY
-from storage.protocol import (
+from node.core.store import (
     MAX_BATCH_OPS,
     MAX_KEY_BYTES,
     MAX_VALUE_BYTES,

@@ -25,7 +25,7 @@ import pytest
 from storage import lmdb_store
 from storage.lmdb_store import LmdbStore, StoreFormatError, StoreLockedError
 from storage.memory import STORE_FORMAT_KEY
-from storage.protocol import (
+from node.core.store import (
     STORE_FORMAT,
     TABLE_AUTHORS,
     TABLE_BUFFER,

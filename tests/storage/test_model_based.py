@@ -26,9 +26,8 @@ from storage.memory import (
     STORE_FORMAT_KEY,
     MemoryStore,
     encode_store_format,
-    prefix_upper_bound,
 )
-from storage.protocol import (
+from node.core.store import (
     MAX_KEY_BYTES,
     MAX_VALUE_BYTES,
     STORE_FORMAT,
@@ -40,6 +39,7 @@ from storage.protocol import (
     Op,
     Put,
     StoreError,
+    prefix_upper_bound,
 )
 
 # Small on purpose: a few big values overflow it, so map growth is exercised.

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, replace
 from node.core.event import Event
 from node.core.identity import Identity, sign_event
 from node.core.parents import DepletionPolicy
-from node.core.replica import Replica, ReplicaConfig
+from node.replica.replica import Replica, ReplicaConfig
 from storage.memory import MemoryStore
 from transport.dissemination import Disseminator, DisseminationConfig, Effect, Send
 from transport.messages import decode, event_bytes

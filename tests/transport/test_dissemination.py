@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from node.core.identity import sign_event
 from node.core.parents import DepletionPolicy
-from node.core.replica import Replica, ReplicaConfig
+from node.replica.replica import Replica, ReplicaConfig
 from storage.memory import MemoryStore
 from tests.transport.pair import (
     PAIR_NOW_MS,

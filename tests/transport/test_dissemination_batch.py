@@ -11,7 +11,7 @@ from __future__ import annotations
 import random
 
 from node.core.event import Event
-from node.core.replica import Replica, ReplicaConfig
+from node.replica.replica import Replica, ReplicaConfig
 from storage.memory import MemoryStore
 from tests.transport.pair import PAIR_NOW_MS, identity
 from transport.dissemination import Disseminator, DisseminationConfig, Effect, Log, Send

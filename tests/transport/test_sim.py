@@ -137,7 +137,7 @@ def test_command_line_prints_a_summary(capsys):
 
 
 def test_logs_are_valid_dissemination_records(tmp_path):
-    logschema = pytest.importorskip("analytics.logschema")
+    logschema = pytest.importorskip("node.logschema")
     cluster = Cluster.from_scenario(SMALL, log_dir=tmp_path)
     cluster.run()
     assert cluster.invalid_log_records == 0

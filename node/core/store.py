@@ -120,3 +120,11 @@ class Store(Protocol):
     def close(self) -> None:
         """Release the store; further calls raise StoreClosedError."""
         ...
+
+
+def prefix_upper_bound(prefix: bytes) -> bytes | None:
+    """The smallest key greater than every key starting with `prefix` (None: no bound)."""
+    stripped = prefix.rstrip(b"\xff")
+    if not stripped:
+        return None
+    return stripped[:-1] + bytes([stripped[-1] + 1])

@@ -37,7 +37,7 @@ The creator bootstraps the topic in `create_topic`: create, its own join
 can write at once. Local operations are checked before signing and raise
 `NotAuthorizedError` naming the missing power.
 
-Total order (node.ordering)
+Total order (node.replica.ordering)
 ---------------------------
 An authorizing replica also keeps the topic's consistent total order
 (`ReplicaConfig.ordering`; `TopicOrder`, built on first use): every batch of
@@ -82,7 +82,7 @@ from node.core.parents import (
     ParentPolicy,
     select_parents,
 )
-from node.ordering import (
+from node.replica.ordering import (
     KIND_ACK,
     ORDER_CAUSAL,
     ORDER_CONFIRMED,
@@ -110,7 +110,7 @@ from node.state.types import (
     StateKey,
 )
 from node.state.view import StateView
-from storage.protocol import TABLE_STATE, Store
+from node.core.store import TABLE_STATE, Store
 
 __all__ = [
     "NotAuthorizedError", "NotReadyError", "OrderingDisabledError", "PublishError", "Received",
@@ -144,7 +144,7 @@ class ReplicaConfig:
     # asks for them. False: pure MEG, no state (the simulator, the CRDT tests).
     authorization: bool = True
     state_delta_chain: int = MAX_DELTA_CHAIN  # see node.state.store
-    # The total order of authorizing topics (node.ordering): on/off, ack interval.
+    # The total order of authorizing topics (node.replica.ordering): on/off, ack interval.
     ordering: OrderConfig = field(default_factory=OrderConfig)
 
 
@@ -574,7 +574,7 @@ class Replica:
 
     # --------------------------------------------------------- total order
     #
-    # node.ordering holds the logic; these are the replica's hooks into it.
+    # node.replica.ordering holds the logic; these are the replica's hooks into it.
 
     @property
     def ordering(self) -> TopicOrder | None:

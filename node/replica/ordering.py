@@ -109,7 +109,7 @@ from node.state.roles import Role
 from node.state.roles import indexers as indexers_in
 from node.state.roles import role_of as role_in
 from node.state.tracker import StateTracker
-from storage.protocol import TABLE_ORDER
+from node.core.store import TABLE_ORDER
 
 KIND_ACK = "ack"
 

@@ -76,7 +76,7 @@ from node.core.event import (
 from node.core.graph import Graph
 from node.core.identity import Identity
 from node.core.parents import DepletionPolicy, ParentPolicy, select_parents
-from node.core.replica import Replica, ReplicaConfig
+from node.replica.replica import Replica, ReplicaConfig
 from node.state.types import RULE_PUBLIC
 from storage.memory import MemoryStore
 

@@ -123,7 +123,7 @@ def analyze(logs: Path, report: Path, k: int, d: int) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m analytics.demo", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m deploy.demo", description=__doc__)
     parser.add_argument("--out", default="demo-output")
     args = parser.parse_args(argv)
     out = Path(args.out)
