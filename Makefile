@@ -18,8 +18,11 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet -e '.[dev]'
 	@touch $(STAMP)
 
+# lint-imports first: the layering contract ([tool.importlinter] in pyproject.toml)
+# is part of the suite, and a broken contract fails `make test` before pytest runs.
 # pytest exits 5 when it collected no test: that is a failure here, never a pass.
 test: venv
+	$(VENV)/bin/lint-imports
 	$(PY) -m pytest -q -p no:cacheprovider tests; rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests" >&2; exit 1; fi; exit $$rc
 

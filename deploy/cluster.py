@@ -12,7 +12,7 @@ sees the others, and tears everything down — even when the caller fails.
         cluster.cli(1, "publish", topic, "hello")
 
 Every wait is bounded (named timeouts); a node that dies is reported with
-the tail of its stderr. `python -m deploy.cluster --nodes 5 --dir run/`
+the tail of its stderr. `python -m deploy --nodes 5 --dir run/`
 starts a cluster and keeps it up until Ctrl-C (`--netns --delay-ms 50
 --loss-percent 10`: each node in a network namespace, deploy.netns_cluster).
 Subclasses change where nodes listen and how they are executed through
@@ -21,7 +21,6 @@ Subclasses change where nodes listen and how they are executed through
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import signal
@@ -269,39 +268,3 @@ class LocalCluster:
             if time.monotonic() - start > timeout_s:
                 raise ClusterError(f"delivered counts {counts} short of {count} after {timeout_s} s")
             time.sleep(POLL_INTERVAL_S * 3)
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m deploy.cluster",
-                                     description="Run N megnode daemons on 127.0.0.1 until Ctrl-C.")
-    parser.add_argument("--nodes", type=int, default=3)
-    parser.add_argument("--dir", default="cluster-run")
-    parser.add_argument("--fast-path", default="push", choices=("push", "gossipsub", "none"))
-    parser.add_argument("--netns", action="store_true",
-                        help="each node in its own network namespace (root; see deploy.netns)")
-    parser.add_argument("--delay-ms", type=float, default=0.0, help="with --netns: per-node delay")
-    parser.add_argument("--loss-percent", type=float, default=0.0, help="with --netns: per-node loss")
-    args = parser.parse_args(argv)
-    cluster: LocalCluster
-    if args.netns:
-        from deploy.netns_cluster import NetnsCluster  # imports this module: import here
-        from deploy.netwire import Netem
-
-        cluster = NetnsCluster(Path(args.dir), args.nodes, fast_path=args.fast_path,
-                               netem=Netem(delay_ms=args.delay_ms, loss_percent=args.loss_percent))
-    else:
-        cluster = LocalCluster(Path(args.dir), args.nodes, fast_path=args.fast_path)
-    with cluster:
-        for node in cluster.nodes:
-            print(f"node{node.index}: {node.address}  (data dir {node.data_dir})", flush=True)
-        print("all connected; Ctrl-C stops the cluster", flush=True)
-        try:
-            while all(cluster.alive(n.index) for n in cluster.nodes):
-                time.sleep(1)
-        except KeyboardInterrupt:
-            pass
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

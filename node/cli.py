@@ -34,13 +34,15 @@ import json
 import logging
 import shutil
 import signal
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 from node.config import FAST_PATHS, ConfigError, load_config
 from node.control_client import ControlError, control_call, control_lines
-from node.core.identity import Identity, KeyFileError
+from node.core.identity import Identity
+from node.keyfile import KeyFileError, save_identity
 
 EXIT_OK = 0
 EXIT_USAGE = 2
@@ -80,7 +82,7 @@ def cmd_keygen(args: argparse.Namespace) -> int:
         raise UserError(f"cannot create {path.parent}: {exc.strerror}") from None
     identity = Identity.generate()
     try:
-        identity.save(path)
+        save_identity(identity, path)
     except KeyFileError as exc:
         raise UserError(str(exc)) from None
     from transport.libp2p_host import peer_id_of_public_key
@@ -397,9 +399,12 @@ PASS_THROUGH = {"analyze": lambda rest: _analytics_main(["analyze", *rest]),
 
 
 def _analytics_main(argv: list[str]) -> int:
-    from analytics.__main__ import main as analytics_main
+    """`python -m analytics` in a process of its own, same arguments, its exit status.
 
-    return analytics_main(argv)
+    A subprocess, not an import: the node never imports analytics (the layering
+    contract in pyproject.toml), and the Spark driver is a separate program anyway.
+    """
+    return subprocess.run([sys.executable, "-m", "analytics", *argv], check=False).returncode
 
 
 def _sim_main(argv: list[str]) -> int:

@@ -55,9 +55,9 @@ several nodes in one process (tests) do not clash.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import trio
 from prometheus_client import CollectorRegistry, Histogram
@@ -66,8 +66,8 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
 from node.logschema import CHANNELS
 
-if TYPE_CHECKING:  # runtime imports this module; only the type is needed here
-    from node.runtime import Node
+if TYPE_CHECKING:
+    from node.replica.replica import Replica
 
 LOOPBACK = "127.0.0.1"  # NodeConfig has no metrics_host: the exporter never leaves the machine
 METRICS_PATHS = ("/metrics", "/")
@@ -102,13 +102,54 @@ BYTES_BY_MESSAGE_PREFIX = "bytes_sent_"
 REJECTED_PREFIX = "rejected."
 
 
+# --------------------------------------------------------------------------- what is observed
+
+
+# The exporter reads a node through these narrow views, not `node.runtime.Node`:
+# the runtime owns the exporter, so importing the runtime here would be a cycle,
+# and the views say exactly what a scrape may touch.
+class PeerView(Protocol):
+    def peers(self) -> Collection[Any]: ...
+
+
+class DisseminatorView(Protocol):
+    @property
+    def stats(self) -> Mapping[str, int]: ...
+
+    def replica(self, topic: bytes) -> Replica: ...
+
+
+class TopicView(Protocol):
+    @property
+    def replica(self) -> Replica: ...
+
+
+class ObservedNode(Protocol):
+    """What the metrics read of a running node (`node.runtime.Node` is one)."""
+
+    @property
+    def node_id(self) -> str: ...
+
+    @property
+    def host(self) -> PeerView: ...
+
+    @property
+    def disseminator(self) -> DisseminatorView: ...
+
+    @property
+    def stats(self) -> Mapping[str, int]: ...
+
+    @property
+    def topics(self) -> Mapping[bytes, TopicView]: ...
+
+
 # --------------------------------------------------------------------------- collection
 
 
 class NodeCollector:
     """A prometheus_client collector reading one node's own counters at scrape time."""
 
-    def __init__(self, node: Node) -> None:
+    def __init__(self, node: ObservedNode) -> None:
         self._node = node
 
     def collect(self) -> Iterator[Metric]:
@@ -131,7 +172,7 @@ class NodeCollector:
             yield CounterMetricFamily(name, help_text, value=node.stats.get(key, 0))
 
 
-def _topic_metrics(node: Node) -> Iterator[Metric]:
+def _topic_metrics(node: ObservedNode) -> Iterator[Metric]:
     accepted = CounterMetricFamily("megnode_events_accepted", "Events accepted into the graph",
                                    labels=["topic", "origin"])
     rejected = CounterMetricFamily("megnode_events_rejected", "Events rejected, by reason",
@@ -251,7 +292,7 @@ class MetricsExporter:
         exporter.on_log(record)                                # for each core Log effect
     """
 
-    def __init__(self, node: Node, listeners: list[trio.SocketListener]) -> None:
+    def __init__(self, node: ObservedNode, listeners: list[trio.SocketListener]) -> None:
         self._node = node
         self._listeners = listeners
         self._connections = 0

@@ -31,7 +31,8 @@ from pathlib import Path
 import trio
 
 from node.core.event import KIND_MESSAGE, Event, pack_payload
-from node.core.identity import Identity, KeyFileError, sign_event
+from node.core.identity import Identity, sign_event
+from node.keyfile import KeyFileError, load_identity
 from node.runtime import PROTOCOL_DISSEMINATION
 from node.state.types import JOIN, TYPE_MEMBER, user_id
 from node.state.roles import RELAYED_FLAG
@@ -103,7 +104,7 @@ def load_key(key: Identity | str | Path) -> Identity:
     if isinstance(key, Identity):
         return key
     try:
-        return Identity.load(key)
+        return load_identity(key)
     except KeyFileError as exc:
         raise RelayError(str(exc)) from None
 

@@ -44,7 +44,8 @@ from node.logschema import JsonLinesLogWriter
 from node.committer import CommitError, Committer
 from node.config import NodeConfig
 from node.core.event import Event
-from node.core.identity import Identity, KeyFileError
+from node.core.identity import Identity
+from node.keyfile import KeyFileError, load_identity, save_identity
 from node.replica.replica import Replica, ReplicaConfig, StateDisabledError
 from node.replica.ordering import KIND_ACK, OrderConfig, Rewind
 from node.metrics import MetricsExporter, close_listeners, open_metrics_listeners
@@ -1029,11 +1030,11 @@ def load_or_create_identity(path: Path) -> Identity:
     if not path.exists():
         identity = Identity.generate()
         try:
-            identity.save(path)
+            save_identity(identity, path)
         except KeyFileError as exc:
             raise NodeError(str(exc)) from None
         return identity
     try:
-        return Identity.load(path)
+        return load_identity(path)
     except KeyFileError as exc:
         raise NodeError(str(exc)) from None

@@ -1,18 +1,12 @@
 """Identity keys: an ed25519 key pair per device, and signing/verifying events.
 
-The private key file holds the 32-byte seed as hex on one line, written with
-mode 0600 so other local users cannot read it. Loading a key file that is
-missing, unreadable, too open or malformed raises `KeyFileError` with a
-message a user can act on.
+Pure: reading and writing key files is `node.keyfile`'s job (the core does no I/O).
 """
 
 from __future__ import annotations
 
-import os
-import stat
 from dataclasses import dataclass
 from functools import cached_property
-from pathlib import Path
 
 import nacl.bindings
 import nacl.exceptions
@@ -32,12 +26,7 @@ from node.core.event import (
     signed_encoding,
 )
 
-KEY_FILE_MODE = 0o600
 SEED_BYTES = 32
-
-
-class KeyFileError(Exception):
-    """A key file could not be created or loaded; the message says why."""
 
 
 @dataclass(frozen=True)
@@ -71,46 +60,10 @@ class Identity:
     def _secret(self) -> bytes:
         return self.signing_key._signing_key  # libsodium's 64-byte secret key
 
-    def save(self, path: str | os.PathLike[str]) -> None:
-        """Write the seed to `path` (mode 0600); refuse to overwrite an existing file."""
-        path = Path(path)
-        try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, KEY_FILE_MODE)
-        except FileExistsError:
-            raise KeyFileError(f"key file {path} already exists; not overwriting it") from None
-        except OSError as exc:
-            raise KeyFileError(f"cannot create key file {path}: {exc.strerror}") from None
-        with os.fdopen(fd, "w") as handle:
-            handle.write(bytes(self.signing_key).hex() + "\n")
-
-    @classmethod
-    def load(cls, path: str | os.PathLike[str]) -> "Identity":
-        path = Path(path)
-        try:
-            info = path.stat()
-            text = path.read_text(encoding="ascii")
-        except FileNotFoundError:
-            raise KeyFileError(f"key file {path} does not exist (create one with `megnode keygen`)") from None
-        except PermissionError:
-            raise KeyFileError(f"key file {path} is not readable by this user") from None
-        except UnicodeDecodeError:
-            raise KeyFileError(f"key file {path} is malformed: not a hex seed") from None
-        except OSError as exc:
-            raise KeyFileError(f"cannot read key file {path}: {exc.strerror}") from None
-        if info.st_mode & (stat.S_IRWXG | stat.S_IRWXO):
-            raise KeyFileError(
-                f"key file {path} is readable by other users (mode {oct(info.st_mode & 0o777)}); "
-                f"run: chmod 600 {path}"
-            )
-        try:
-            seed = bytes.fromhex(text.strip())
-        except ValueError:
-            raise KeyFileError(f"key file {path} is malformed: not a hex seed") from None
-        if len(seed) != SEED_BYTES:
-            raise KeyFileError(
-                f"key file {path} is malformed: seed is {len(seed)} bytes, expected {SEED_BYTES}"
-            )
-        return cls.from_seed(seed)
+    @property
+    def seed(self) -> bytes:
+        """The 32-byte seed `from_seed` takes back (what a key file stores)."""
+        return bytes(self.signing_key)
 
 
 def sign_event(

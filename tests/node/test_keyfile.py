@@ -1,31 +1,32 @@
-"""Identity key files: 0600 on save, clear errors on every bad file."""
+"""Identity key files (node.keyfile): 0600 on save, clear errors on every bad file."""
 
 import os
 import stat
 
 import pytest
 
-from node.core.identity import Identity, KeyFileError
+from node.core.identity import Identity
+from node.keyfile import KeyFileError, load_identity, save_identity
 
 
 def test_save_then_load_gives_the_same_key_with_private_mode(tmp_path):
     path = tmp_path / "node.key"
     original = Identity.generate()
-    original.save(path)
+    save_identity(original, path)
     assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
-    assert Identity.load(path).public_key == original.public_key
+    assert load_identity(path).public_key == original.public_key
 
 
 def test_save_refuses_to_overwrite(tmp_path):
     path = tmp_path / "node.key"
-    Identity.generate().save(path)
+    save_identity(Identity.generate(), path)
     with pytest.raises(KeyFileError, match="already exists"):
-        Identity.generate().save(path)
+        save_identity(Identity.generate(), path)
 
 
 def test_missing_key_file(tmp_path):
     with pytest.raises(KeyFileError, match="does not exist"):
-        Identity.load(tmp_path / "absent.key")
+        load_identity(tmp_path / "absent.key")
 
 
 @pytest.mark.parametrize(
@@ -37,7 +38,7 @@ def test_malformed_key_file(tmp_path, content, message):
     path.write_text(content)
     path.chmod(0o600)
     with pytest.raises(KeyFileError, match=message):
-        Identity.load(path)
+        load_identity(path)
 
 
 def test_binary_garbage_key_file(tmp_path):
@@ -45,21 +46,21 @@ def test_binary_garbage_key_file(tmp_path):
     path.write_bytes(b"\xff\xfe\x00garbage")
     path.chmod(0o600)
     with pytest.raises(KeyFileError, match="malformed"):
-        Identity.load(path)
+        load_identity(path)
 
 
 def test_key_file_readable_by_others_is_refused(tmp_path):
     path = tmp_path / "open.key"
-    Identity.generate().save(path)
+    save_identity(Identity.generate(), path)
     path.chmod(0o644)
     with pytest.raises(KeyFileError, match="chmod 600"):
-        Identity.load(path)
+        load_identity(path)
 
 
 @pytest.mark.skipif(os.geteuid() == 0, reason="root reads any file")
 def test_unreadable_key_file(tmp_path):
     path = tmp_path / "locked.key"
-    Identity.generate().save(path)
+    save_identity(Identity.generate(), path)
     path.chmod(0o000)
     with pytest.raises(KeyFileError, match="not readable"):
-        Identity.load(path)
+        load_identity(path)
