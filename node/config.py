@@ -20,16 +20,19 @@ Example (deploy/examples/node.toml)::
 from __future__ import annotations
 
 import tomllib
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
+from transport.defaults import DEFAULT_SYNC_INTERVAL_MS, DEFAULT_SYNC_JITTER_MS, MISBEHAVIOUR_THRESHOLD
+
 DEFAULT_LISTEN = ("/ip4/127.0.0.1/tcp/0",)
-DEFAULT_ANTI_ENTROPY_INTERVAL_MS = 2_000
-DEFAULT_ANTI_ENTROPY_JITTER_MS = 500
+# The engine's defaults (transport.defaults), so a node and the simulator agree.
+DEFAULT_ANTI_ENTROPY_INTERVAL_MS = DEFAULT_SYNC_INTERVAL_MS
+DEFAULT_ANTI_ENTROPY_JITTER_MS = DEFAULT_SYNC_JITTER_MS
 DEFAULT_COMMIT_INTERVAL_MS = 20  # how long received events may wait for a group commit
 DEFAULT_WIDTH_SAMPLE_INTERVAL_MS = 1_000
-DEFAULT_PEER_MISBEHAVIOUR_LIMIT = 20  # invalid messages before a peer is disconnected
+DEFAULT_PEER_MISBEHAVIOUR_LIMIT = MISBEHAVIOUR_THRESHOLD  # invalid messages before a disconnect
 MAX_CONFIG_BYTES = 256 * 1024
 FAST_PATHS = ("push", "gossipsub", "none")
 MAX_PEERS_LISTED = 256
@@ -60,7 +63,6 @@ class NodeConfig:
     ack_interval_ms: int | None = None
     log_dir: str | None = "logs"  # relative to the data dir; None = no dissemination log
     metrics_port: int = 0
-    extra: dict[str, Any] = field(default_factory=dict)
 
     def with_overrides(self, **overrides: Any) -> "NodeConfig":
         """A copy with the non-None overrides applied and validated."""
@@ -146,7 +148,7 @@ def load_config(path: str | Path | None) -> NodeConfig:
         values = tomllib.loads(data.decode("utf-8"))
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise ConfigError(f"config file {path} is not valid TOML: {exc}") from None
-    known = {f.name for f in fields(NodeConfig)} - {"extra"}
+    known = {f.name for f in fields(NodeConfig)}
     unknown = sorted(set(values) - known)
     if unknown:
         raise ConfigError(f"config file {path}: unknown setting(s) {', '.join(unknown)}; "

@@ -83,6 +83,12 @@ from typing import Any, Union
 from node.core.event import Event, event_id_of
 from node.core.graph import Graph
 from node.replica.replica import Replica
+from node.logschema import GOSSIP, SCHEMA_VERSION, SYNC
+from transport.defaults import (
+    DEFAULT_SYNC_INTERVAL_MS,
+    DEFAULT_SYNC_JITTER_MS,
+    MISBEHAVIOUR_THRESHOLD,
+)
 from transport.messages import (
     BLOOM_SALT_BYTES,
     EVENT_FRAMING_BYTES,
@@ -119,8 +125,6 @@ DEFAULT_PUSH_FANOUT = 6  # GossipSub's D: copies of each new event its author se
 # event grow as n·(k-1) instead of n·(push_fanout-1). docs/anti-entropy.md
 # has the simulator's figures for 5..50 replicas.
 DEFAULT_FORWARD_FANOUT = 3
-DEFAULT_SYNC_INTERVAL_MS = 1_000
-DEFAULT_SYNC_JITTER_MS = 250  # spreads offers so nodes do not all sync in lockstep
 DEFAULT_WANT_RETRY_MS = 500  # > a few one-way latencies: gives push a chance first
 # An exchange with no answer for this long counts as lost and the peer may be
 # offered to again (a late answer's events are still used). Far above a
@@ -150,7 +154,6 @@ MAX_JUDGE_VISITS = 200_000  # events a responder walks to judge one offer
 REPLY_MAX_BYTES = MAX_FRAME_BYTES - FRAME_HEADROOM_BYTES  # event bytes in one answer
 MAX_WANT_SOURCES = 65_536  # remembered "who sent the child of this missing parent"
 MAX_PEER_STATES = 65_536  # remembered (peer, topic) -> last common heads
-MISBEHAVIOUR_THRESHOLD = 16  # hard faults from one peer before we ask to disconnect it
 MAX_BLAMED_PEERS = 4_096  # peers whose fault counts are remembered (the least suspect go first)
 
 # Reference Monitor reasons a correct peer never causes: it validated the
@@ -163,9 +166,6 @@ MISBEHAVIOUR_REASONS = frozenset({
     "id_mismatch", "wrong_topic",
 })
 
-LOG_SCHEMA_VERSION = 1  # node.logschema v1
-GOSSIP = "gossip"
-SYNC = "sync"
 
 
 # ----------------------------------------------------------------- effects
@@ -957,7 +957,7 @@ class Disseminator:
              event: Event | None = None, event_id: bytes | None = None, **fields: Any) -> Log | None:
         if not self.config.log:
             return None
-        record: dict[str, Any] = {"v": LOG_SCHEMA_VERSION, "ts_ms": now_ms, "node": self.node_id,
+        record: dict[str, Any] = {"v": SCHEMA_VERSION, "ts_ms": now_ms, "node": self.node_id,
                                   "type": record_type}
         if topic is not None:
             record["topic"] = topic.hex()

@@ -20,7 +20,7 @@ py-libp2p 0.8.1's defaults silently lose messages (see
   bytes relayed twice are one message, whatever seqno/from they carry.
 * The subscription queue is drained at once by a task into our own larger
   inbox, and overflow there is counted, not silent.
-* The per-peer outbound RPC queue is enlarged (see `enlarge_outbound_queue`).
+* The per-peer outbound RPC queue is enlarged (`transport.libp2p_patches.enlarge_gossip_queues`, applied by the host).
 
 What the library would not let us configure:
 
@@ -42,8 +42,6 @@ import logging
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass
 
-import libp2p.pubsub.pubsub as _pubsub_module
-import libp2p.pubsub.rpc_queue as _rpc_queue_module
 import trio
 from libp2p.abc import IHost, ISubscriptionAPI
 from libp2p.peer.id import ID
@@ -62,12 +60,6 @@ GOSSIP_DEGREE_LOW = 2
 GOSSIP_DEGREE_HIGH = 4
 GOSSIP_HEARTBEAT_S = 1  # the library takes whole seconds
 GOSSIP_SEEN_TTL_S = 120  # dedup window for message ids
-# Per-peer outbound RPC queue. The library's 32 drops bursts; 4096 RPCs of at
-# most MAX_GOSSIP_MESSAGE_BYTES bound the memory a stuck peer can pin.
-OUTBOUND_RPC_QUEUE_SIZE = 4096
-# The library's per-subscription channel (32) only needs to absorb a burst
-# between two runs of our drainer; enlarged anyway, it costs nothing.
-SUBSCRIPTION_CHANNEL_SIZE = 1024
 GOSSIP_INBOX_MESSAGES = 8192  # ours, between the drainers and the handler
 # The library refuses RPCs above 1 MiB; leave room for the RPC envelope.
 MAX_GOSSIP_MESSAGE_BYTES = 512 * 1024
@@ -144,42 +136,8 @@ def _origin_of(from_id: bytes) -> str:
         return ""
 
 
-def enlarge_outbound_queue(size: int = OUTBOUND_RPC_QUEUE_SIZE) -> None:
-    """Make every Pubsub created afterwards in this process use `size`-RPC queues.
-
-    Workaround: `Pubsub._handle_new_peer` builds each peer's queue with a bare
-    `RpcQueue()`, whose `max_size` default was bound to `OutBoundQueueSize`
-    (32) when the class was defined, so setting that module constant changes
-    nothing. We rebind the name `RpcQueue` in `libp2p.pubsub.pubsub` to a
-    subclass with a larger default. Process-wide by nature (one node per
-    process); idempotent; the subscription channel size is a module constant
-    read at subscribe time, set here too.
-    """
-    current = getattr(_pubsub_module, "RpcQueue", None)
-    if current is None or not hasattr(_pubsub_module, "SUBSCRIPTION_CHANNEL_SIZE"):
-        logger.warning("py-libp2p changed: cannot enlarge gossipsub queues")
-        return
-    _pubsub_module.SUBSCRIPTION_CHANNEL_SIZE = SUBSCRIPTION_CHANNEL_SIZE
-    if getattr(current, "megnode_queue_size", None) == size:
-        return
-    base = _rpc_queue_module.RpcQueue
-
-    class EnlargedRpcQueue(base):  # type: ignore[misc, valid-type]
-        megnode_queue_size = size
-
-        def __init__(
-            self,
-            max_size: int = size,
-            max_message_size: int = _rpc_queue_module.DefaultMaxMessageSize,
-        ) -> None:
-            super().__init__(max_size, max_message_size)
-
-    _pubsub_module.RpcQueue = EnlargedRpcQueue
-
-
 def build_pubsub(host: IHost, config: GossipConfig) -> tuple[Pubsub, GossipSub]:
     """Router and pubsub, not yet running; create before the host connects."""
-    enlarge_outbound_queue()
     router = GossipSub(
         protocols=list(GOSSIP_PROTOCOLS),
         degree=config.degree,

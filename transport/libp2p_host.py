@@ -34,7 +34,7 @@ What we configure on py-libp2p 0.8.1 and why:
   dial (bootstrap, mDNS).
 * Identify's observed-address discovery is off so `listen_addrs()` reports
   what we bound, not what loopback peers saw.
-* Secure-channel writes are whole-or-abort (`transport.libp2p_write_path`):
+* Secure-channel writes are whole-or-abort (`transport.libp2p_patches`):
   py-libp2p lets a cancelled write leave half a Noise message on the wire,
   which silently wedges or breaks the connection.
 
@@ -79,8 +79,8 @@ from libp2p.stream_muxer.yamux.yamux import PROTOCOL_ID as YAMUX_PROTOCOL_ID
 from libp2p.stream_muxer.yamux.yamux import Yamux
 from libp2p.tools.anyio_service import background_trio_service
 
-from transport import libp2p_write_path
-from transport.libp2p_write_path import abort_session
+from transport import libp2p_patches
+from transport.libp2p_patches import abort_session
 from transport.libp2p_gossip import GossipConfig, GossipHandler, GossipStats, GossipTopics, build_pubsub
 from transport.libp2p_messages import MessageStreams
 from transport.libp2p_requests import RequestProtocols
@@ -292,7 +292,7 @@ class P2PHost:
     @asynccontextmanager
     async def _run(self) -> AsyncIterator[None]:
         key_pair = self._key_pair
-        libp2p_write_path.install()
+        libp2p_patches.apply()  # py-libp2p's fixes, explicitly here, never on import
         host = new_host(
             key_pair=key_pair,
             sec_opt={
@@ -500,7 +500,7 @@ class P2PHost:
     @property
     def connections_aborted(self) -> int:
         """Connections dropped as dead: found stale here, or stalled in a write (process-wide)."""
-        return self.stale_aborts + libp2p_write_path.stalled_aborts
+        return self.stale_aborts + libp2p_patches.stalled_aborts
 
     def _stale(self, peer_id: str, why: str) -> None:
         """The message streams found `peer_id`'s connection dead: abort it (the peer goes down)."""

@@ -2,7 +2,7 @@
 
 py-libp2p's own auto-connector is off (`transport.libp2p_host`: it would undo
 the node's deliberate disconnects), so nothing reconnects a peer whose
-connection died — aborted because it stalled (`libp2p_write_path`), found
+connection died — aborted because it stalled (`libp2p_patches`), found
 stale by the message streams, or dropped by the peer's restart. `Redialer`
 does, for the peers the owner says it still wants (not banned, not a relayed
 device):

@@ -50,10 +50,10 @@ from node.core.identity import Identity
 from node.core.parents import DEFAULT_D_MAX, DepletionPolicy
 from node.replica.replica import Replica, ReplicaConfig
 from storage.memory import MemoryStore
+from transport.defaults import DEFAULT_SYNC_INTERVAL_MS
 from transport.dissemination import (
     DEFAULT_FORWARD_FANOUT,
     DEFAULT_PUSH_FANOUT,
-    DEFAULT_SYNC_INTERVAL_MS,
     Disconnect,
     DisseminationConfig,
     Disseminator,

@@ -170,10 +170,6 @@ def body_of_signed(raw: bytes) -> bytes:
     return bytes([_BODY_HEADER]) + raw[1:-_SIGNATURE_TAIL]
 
 
-def encode_signed(fields: list[Any], signature: bytes) -> bytes:
-    return msgpack.packb(fields + [signature], use_bin_type=True)
-
-
 def pack_payload(content: Any) -> bytes:
     """Canonical msgpack for application content (maps are sorted by key)."""
     return msgpack.packb(_canonical(content), use_bin_type=True)

@@ -60,8 +60,6 @@ GROUP_PREFIX_BYTES: dict[str, int] = {
     TABLE_AUTHORS: ID_BYTES + KEY_BYTES,
 }
 GROUPED_TABLES = frozenset(GROUP_PREFIX_BYTES)
-# Tables the graph reads by prefix while writes are pending (kept for callers).
-SCANNED_TABLES = SORTED_TABLES | GROUPED_TABLES
 
 _TOMBSTONE = None
 _ABSENT = object()  # "no pending write" (None is a pending delete)

@@ -175,14 +175,6 @@ class Rewind:
     to_length: int
 
 
-def merge_updates(first: OrderUpdate | None, second: OrderUpdate | None) -> OrderUpdate | None:
-    """One update equivalent to `first` then `second` (rewind to the shorter shared prefix)."""
-    if first is None or second is None:
-        return first or second
-    return OrderUpdate(first.confirmed_appended + second.confirmed_appended, second.tentative,
-                       min(first.rewind_to, second.rewind_to))
-
-
 def own_tip(graph: Graph, author: bytes) -> bytes | None:
     """A forward extremity at or above `author`'s latest event, None if it has none.
 

@@ -3,7 +3,7 @@
 The peer that stalls is a real P2PHost in a child process, stopped with
 SIGSTOP and resumed with SIGCONT, as a stopped or hung megnode would be. It
 reports what it received as JSON lines on stdout. The stall bound is
-shortened for the test (`libp2p_write_path.stall_timeout_s`); everything
+shortened for the test (`libp2p_patches.stall_timeout_s`); everything
 else runs with the production values. Every wait is bounded and polls a
 condition.
 """
@@ -24,7 +24,7 @@ import pytest
 import trio
 from libp2p.custom_types import TProtocol
 
-from transport import libp2p_write_path
+from transport import libp2p_patches
 from transport.framing import encode_frame
 from transport.libp2p_gossip import MAX_GOSSIP_MESSAGE_BYTES, GossipConfig, gossip_chunks
 from transport.libp2p_host import ConnectError, P2PHost, PeerEvent
@@ -129,7 +129,7 @@ async def stalling_peer() -> AsyncIterator[Child]:
 
 @pytest.fixture
 def short_stall(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(libp2p_write_path, "stall_timeout_s", TEST_STALL_TIMEOUT_S)
+    monkeypatch.setattr(libp2p_patches, "stall_timeout_s", TEST_STALL_TIMEOUT_S)
 
 
 async def send_for(host: P2PHost, peer_id: str, seconds: float) -> None:

@@ -1,10 +1,16 @@
-"""Two fixes to py-libp2p's write path, without which bursts and stalls break connections.
+"""Every patch megnode applies to py-libp2p, in one place, applied by `apply()` only.
 
-Found with the cluster benchmark (tests/bench/test_cluster_bench.py, issue #6)
-and reproduced with two hosts, one of them SIGSTOPped; both are bugs of
-py-libp2p 0.8.1, worked around here by patching two methods, process-wide
-(`install`, idempotent; it logs a warning and leaves the library alone if
-its shape changed).
+py-libp2p 0.8.1 has bugs and fixed sizes we cannot configure; we patch the
+library process-wide (one node per process). Nothing here runs on import:
+`P2PHost` calls `apply()` when it starts a host, so importing the transport
+(tests, the simulator, the CLI) leaves the library as shipped. `apply()` is
+idempotent and logs a warning, leaving the library alone, where its shape
+changed. The patches:
+
+A. Write path (`install_write_path`): two fixes without which bursts and
+stalls break connections, found with the cluster benchmark
+(tests/bench/test_cluster_bench.py, issue #6) and reproduced with two hosts,
+one of them SIGSTOPped:
 
 1. A cancelled write corrupts the connection. Every write goes yamux frame ->
    `SecureSession.write` -> Noise message(s) -> `trio.SocketStream.send_all`,
@@ -43,6 +49,10 @@ its shape changed).
    kept: every other write on the connection first flushes the queue under
    the write lock, so e.g. the ACK of a new inbound stream still precedes
    anything the local side writes on that stream.
+
+B. Gossipsub queues (`enlarge_gossip_queues`): the library's per-peer
+outbound RPC queue (32) drops bursts and cannot be sized through its API;
+see that function.
 """
 
 from __future__ import annotations
@@ -51,6 +61,8 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import libp2p.pubsub.pubsub as _pubsub_module
+import libp2p.pubsub.rpc_queue as _rpc_queue_module
 import trio
 from libp2p.io.exceptions import ConnectionClosedError
 from libp2p.security.secure_session import SecureSession
@@ -174,8 +186,15 @@ def _recording_reader(original: Callable[[Any], Awaitable[None]]) -> Callable[[A
     return handle_incoming
 
 
-def install() -> bool:
-    """Apply both fixes in this process (idempotent); True if they are in place."""
+def apply() -> bool:
+    """Apply every patch in this process (idempotent); True if all are in place."""
+    write_path = install_write_path()
+    queues = enlarge_gossip_queues()
+    return write_path and queues
+
+
+def install_write_path() -> bool:
+    """Apply both write-path fixes (A) in this process (idempotent); True if in place."""
     secure_write = getattr(SecureSession, "write", None)
     write_frame = getattr(Yamux, "_write_frame", None)
     handle_incoming = getattr(Yamux, "handle_incoming", None)
@@ -188,4 +207,48 @@ def install() -> bool:
         Yamux._write_frame = _queued_write_frame(write_frame)  # type: ignore[method-assign]
     if not getattr(handle_incoming, _MARKER, False):
         Yamux.handle_incoming = _recording_reader(handle_incoming)  # type: ignore[method-assign]
+    return True
+
+
+# --------------------------------------------------------------------------- B. gossipsub queues
+
+# Per-peer outbound RPC queue. The library's 32 drops bursts; 4096 RPCs of at
+# most libp2p_gossip.MAX_GOSSIP_MESSAGE_BYTES bound the memory a stuck peer can pin.
+OUTBOUND_RPC_QUEUE_SIZE = 4096
+# The library's per-subscription channel (32) only needs to absorb a burst
+# between two runs of our drainer; enlarged anyway, it costs nothing.
+SUBSCRIPTION_CHANNEL_SIZE = 1024
+
+
+def enlarge_gossip_queues(size: int = OUTBOUND_RPC_QUEUE_SIZE) -> bool:
+    """Make every Pubsub created afterwards in this process use `size`-RPC queues (B).
+
+    Workaround: `Pubsub._handle_new_peer` builds each peer's queue with a bare
+    `RpcQueue()`, whose `max_size` default was bound to `OutBoundQueueSize`
+    (32) when the class was defined, so setting that module constant changes
+    nothing. We rebind the name `RpcQueue` in `libp2p.pubsub.pubsub` to a
+    subclass with a larger default. Process-wide by nature (one node per
+    process); idempotent; the subscription channel size is a module constant
+    read at subscribe time, set here too.
+    """
+    current = getattr(_pubsub_module, "RpcQueue", None)
+    if current is None or not hasattr(_pubsub_module, "SUBSCRIPTION_CHANNEL_SIZE"):
+        logger.warning("py-libp2p changed: cannot enlarge gossipsub queues")
+        return False
+    _pubsub_module.SUBSCRIPTION_CHANNEL_SIZE = SUBSCRIPTION_CHANNEL_SIZE
+    if getattr(current, "megnode_queue_size", None) == size:
+        return True
+    base = _rpc_queue_module.RpcQueue
+
+    class EnlargedRpcQueue(base):  # type: ignore[misc, valid-type]
+        megnode_queue_size = size
+
+        def __init__(
+            self,
+            max_size: int = size,
+            max_message_size: int = _rpc_queue_module.DefaultMaxMessageSize,
+        ) -> None:
+            super().__init__(max_size, max_message_size)
+
+    _pubsub_module.RpcQueue = EnlargedRpcQueue
     return True
