@@ -1,55 +1,68 @@
-"""Group commit on the node's ingest path: many frames and publishes, one LMDB commit.
+"""The node's one writer: every change to the store goes through this queue, one commit per step.
 
 Why
 ---
-An LMDB commit with fsync costs milliseconds (2.7 ms on the reference VM),
-while applying one small event costs a fraction of that. Committing after
-every incoming frame, as the engine does for a single `on_message`, caps a
-node at one fsync per frame (~250 events/s measured) and blocks the event
-loop for each. DESIGN.md requires group commit: many events per transaction,
-and an API call that accepts an event returns only once its transaction
-committed.
+Two properties need one writer.
+
+* Ordering: an ack or a state event cites the events before it; if it could
+  reach the disk before them, a crash would leave a store whose graph is not
+  closed under parents. Here every write of the node — received frames,
+  publishes, state actions, acks, joins, relayed submits, topic creation,
+  the engine's periodic work (dummies) and the node's own topic records —
+  is a unit of work on one queue, applied in the order it was queued, and
+  committed by this module's step alone. Nothing else in a running node
+  commits (the engine runs in driven mode: `Disseminator(commits=False)`).
+* Throughput: an LMDB commit with fsync costs milliseconds (2.7 ms on the
+  reference VM), applying a small event a fraction of that. DESIGN.md asks
+  for group commit: many events per transaction, and an API call that
+  accepts an event returns only once its transaction committed.
 
 How
 ---
-Stream handlers (`receive`) and local publishers (`author`) put their work
-on one bounded queue and return at once (a full queue makes the stream
-handler wait: backpressure reaches the sender through its transport window).
-One task, `run`, takes a batch off the queue: the first item, then whatever
-else arrives until the queue has been quiet for `idle_ms` (so a lone frame
-waits about a millisecond, not a whole window; a batch of publishes only
-alone closes as soon as one scheduling round brings nothing new, so a lone
-publisher pays no idle gap), the batch is `window_ms` old, or it holds
-`max_frames` frames / `max_bytes` bytes (which bounds how long one batch
-keeps the event loop busy). It then applies the batch in one synchronous
-step:
+Stream handlers put frames on the queue (`receive`, fire and forget); the
+rest of the node submits typed work (`submit`: `Author`, `Act`, `Create`,
+`Records`, `Tick`) and waits until it is durable. One task, `run`, takes a batch off the
+queue: the first item, then whatever else arrives until the queue has been
+quiet for `idle_ms` (so a lone frame waits about a millisecond, not a whole
+window; a batch of local work alone closes as soon as one scheduling round
+brings nothing new, so a lone publisher pays no idle gap), the batch is
+`window_ms` old, or it holds `max_frames` frames / `max_bytes` bytes /
+`max_local` local items (which bounds how long one step keeps the event loop
+busy). A full queue makes stream handlers wait: backpressure reaches the
+sender through its transport window. Then one synchronous step:
 
-1. local publishes are authored (`make`, e.g. `replica.publish`);
-2. `Disseminator.on_batch` handles every frame with its commits deferred,
-   commits each touched topic once and only then returns the effects;
-3. the effects are carried out (`carry_out`: sends, log records, subscriber
-   wake-ups), and only then are the publishers woken with their events.
+1. local work is applied in queue order: authoring (`make`, e.g.
+   `replica.publish`, a state action, a relay submit), topic creation, the
+   node's records;
+2. the frames are handled (`Disseminator.on_message`), then the engine's
+   periodic work (`Tick`: `Disseminator.tick`, then the node's duties such
+   as acks and membership pursuit);
+3. every topic's write-set and the node's records are committed in *one*
+   transaction (`take_writes`, `merge_writes`, `commit_writes`): after a
+   crash the store holds all of a step or none of it, so no event is
+   durable without the events it cites;
+4. only then are the effects carried out (`carry_out`: sends, log records,
+   subscriber wake-ups) and the submitters woken with their results.
 
-The invariant: nothing is acknowledged before it is durable — no Send
-advertises, no `delivered` record or subscriber sees, no publish returns an
-event whose commit has not returned. Because the step never awaits, the
-graph holds uncommitted writes only inside it: no other trio task (a
-subscriber reading `deliveries`, the ticker, a status call) can ever observe
-them. That is also why the commit runs on the trio thread rather than a
-worker thread: `Graph.commit` hands its write-set to the store and forgets
-it, so while a worker thread was committing, other tasks would read a store
-that does not hold the batch yet (a read-your-writes gap), and a commit
-made meanwhile on the trio thread (an ack, a state action) could reach the
-disk before the batch its events build on. With batching the fsync is one
-per batch: profiled on the ingest bench it was 15% of the step with a slow
-(~9 ms) fsync and ~2% with a fast one. Moving it off-thread soundly needs the
-write-set to stay readable until the store has it and commits ordered (a
-change to node.core.pending / graph, not made here).
+Local work goes before the frames so that a refused all-or-nothing publish
+(which rolls its topic's uncommitted writes back) can only take earlier
+local work of the same step with it, which is told so and may retry; it can
+never drop a received frame's writes whose effects are about to be
+carried out.
 
-If the commit fails (disk full, I/O error) the batch's uncommitted writes are
-discarded, no effect is carried out, and the publishers get `CommitError`;
-received events are simply not acknowledged, and anti-entropy fetches them
-again later.
+The invariant: nothing is acknowledged before it is durable. Because the
+step never awaits, the graph holds uncommitted writes only inside it: no
+other trio task (a subscriber reading `deliveries`, a status call) ever
+observes them. The commit runs on the trio thread: a commit in a worker
+thread would leave other tasks reading a store without the batch, and a
+second writer could overtake it. With batching the fsync is one per step:
+profiled on the ingest bench it was 15% of the step with a slow (~9 ms)
+fsync and ~2% with a fast one.
+
+If the commit fails (disk full, I/O error) every topic's uncommitted writes
+are discarded (each graph reloads what the store holds), no effect is
+carried out, and every submitter of the step gets `CommitError`; received
+events are simply not acknowledged, and anti-entropy fetches them again.
 """
 
 from __future__ import annotations
@@ -58,27 +71,31 @@ import logging
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any, Union
 
 import trio
 
 from node.core.event import Event
+from node.core.pending import Writes, commit_writes, merge_writes
+from node.replica.replica import Replica
+from node.core.store import Op, Put, Store
 from transport.dissemination import Disseminator, Effect
 
 logger = logging.getLogger("megnode.committer")
 
-# The longest a received frame waits for its batch's commit (NodeConfig's
+# The longest a received frame waits for its step's commit (NodeConfig's
 # commit_interval_ms overrides it); only reached under sustained traffic.
 COMMIT_WINDOW_MS = 20
 # A batch closes early once no new work arrived for this long: a lone event
 # (or a burst that ended) is committed at once instead of waiting the window.
 COMMIT_IDLE_MS = 1
 # Frames per commit. Applying a small event costs ~0.2-0.5 ms, so this bounds
-# one batch's synchronous step (the event loop is busy meanwhile) to tens of
-# ms, while one fsync is spread over enough events to be a small part of it.
+# one step (the event loop is busy meanwhile) to tens of ms, while one fsync
+# is spread over enough events to be a small part of it.
 MAX_FRAMES_PER_COMMIT = 128
-MAX_BATCH_BYTES = 8 * 1024 * 1024  # two full-size frames: large replies commit in few batches
-MAX_PUBLISHES_PER_COMMIT = 256  # local publish calls per commit
-INGEST_QUEUE_CAPACITY = 1_024  # frames and publishes waiting; a full queue makes senders wait
+MAX_BATCH_BYTES = 8 * 1024 * 1024  # two full-size frames: large replies commit in few steps
+MAX_LOCAL_PER_COMMIT = 256  # local work items (publishes, acks, ...) per commit
+INGEST_QUEUE_CAPACITY = 1_024  # frames and local work waiting; a full queue makes senders wait
 # Bytes of frames waiting. Frames may be 4 MiB each, so a count alone would let
 # one fast peer park gigabytes here; past this, stream handlers wait (each
 # stream has at most one frame in hand, so memory stays bounded).
@@ -86,7 +103,10 @@ MAX_QUEUED_BYTES = 16 * 1024 * 1024
 
 
 class CommitError(Exception):
-    """The batch holding this publish could not be committed; nothing of it was kept."""
+    """The step holding this work could not be committed; nothing of it was kept."""
+
+
+# ---------------------------------------------------------------------- units of work
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,45 +122,108 @@ class Frame:
     accountable: bool = True
 
 
-class _Authoring:
-    """A local publish waiting for its batch: `make(now_ms)` authors its events."""
+@dataclass(frozen=True, slots=True)
+class Author:
+    """Local authoring on one topic: `make(now_ms)` adds uncommitted events to its replica.
 
-    __slots__ = ("topic", "make", "done", "events", "error")
+    Publishes, state actions, relay submits. Raising refuses the work (the
+    exception reaches the submitter). The result: the events, announced
+    (`created` records, push) once durable.
+    """
 
-    def __init__(self, topic: bytes, make: Callable[[int], Sequence[Event]]) -> None:
-        self.topic = topic
-        self.make = make
+    topic: bytes
+    make: Callable[[int], Sequence[Event]]
+
+
+@dataclass(frozen=True, slots=True)
+class Act:
+    """Local work on topics known only once it runs (a relayed device's request, an ack round).
+
+    `run(now_ms)` may author on any topic and returns the (topic, event)
+    pairs to announce once durable; the result is that list. Raising
+    refuses the work (the exception reaches the submitter).
+    """
+
+    run: Callable[[int], Sequence[tuple[bytes, Event]]]
+
+
+@dataclass(frozen=True, slots=True)
+class Create:
+    """A new topic: `make(now_ms)` authors it (`Replica.create_topic(commit=False)`).
+
+    `records` (the node's own records, e.g. "this node replicates it") commit
+    in the same transaction, so a crash never keeps one without the other.
+    The result: the replica, committed; the caller registers and announces it.
+    """
+
+    make: Callable[[int], Replica]
+    records: Callable[[bytes], Sequence[Op]] = lambda topic_id: ()  # given the new topic's id
+
+
+@dataclass(frozen=True, slots=True)
+class Records:
+    """The node's own records (TABLE_META puts and deletes: which topics it replicates)."""
+
+    ops: tuple[Op, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Tick:
+    """Periodic work: `Disseminator.tick` (offers, wants, dummies), then `duties(now_ms)`.
+
+    `duties` is the node's own periodic authoring (acks, membership pursuit),
+    as `Act.run`. It handles its own refusals: what it raises is a bug, and
+    fails the whole step.
+    """
+
+    duties: Callable[[int], Sequence[tuple[bytes, Event]]] | None = None
+
+
+Local = Union[Author, Act, Create, Records, Tick]
+
+
+class _Pending:
+    """Submitted local work waiting for its step: woken with a result or an error."""
+
+    __slots__ = ("work", "done", "result", "error")
+
+    def __init__(self, work: Local) -> None:
+        self.work = work
         self.done = trio.Event()
-        self.events: Sequence[Event] = ()
+        self.result: Any = None
         self.error: BaseException | None = None
 
 
-_Work = Frame | _Authoring
+_Queued = Union[Frame, _Pending]
 
 
 class Committer:
-    """Batches frames and publishes into group commits; see the module docstring."""
+    """The node's only writer: batches work into one commit per step; see the module docstring."""
 
     def __init__(self, engine: Disseminator, carry_out: Callable[[Sequence[Effect]], None],
-                 clock_ms: Callable[[], int], *, window_ms: int = COMMIT_WINDOW_MS,
-                 idle_ms: int = COMMIT_IDLE_MS, max_frames: int = MAX_FRAMES_PER_COMMIT,
-                 max_bytes: int = MAX_BATCH_BYTES,
-                 max_publishes: int = MAX_PUBLISHES_PER_COMMIT,
+                 clock_ms: Callable[[], int], store: Store, *,
+                 window_ms: int = COMMIT_WINDOW_MS, idle_ms: int = COMMIT_IDLE_MS,
+                 max_frames: int = MAX_FRAMES_PER_COMMIT, max_bytes: int = MAX_BATCH_BYTES,
+                 max_local: int = MAX_LOCAL_PER_COMMIT,
                  capacity: int = INGEST_QUEUE_CAPACITY,
                  max_queued_bytes: int = MAX_QUEUED_BYTES) -> None:
         if window_ms < 0 or idle_ms < 0:
             raise ValueError("window_ms and idle_ms must be >= 0")
-        if min(max_frames, max_bytes, max_publishes, capacity, max_queued_bytes) < 1:
+        if min(max_frames, max_bytes, max_local, capacity, max_queued_bytes) < 1:
             raise ValueError("batch bounds and queue capacity must be >= 1")
+        if engine.commits:
+            raise ValueError("the committer is the only writer: drive a "
+                             "Disseminator(commits=False)")
         self._engine = engine
         self._carry_out = carry_out
         self._clock_ms = clock_ms
+        self._store = store
         self._window_s = window_ms / 1000
         self._idle_s = idle_ms / 1000
         self._max_frames = max_frames
         self._max_bytes = max_bytes
-        self._max_publishes = max_publishes
-        self._send, self._receive = trio.open_memory_channel[_Work](capacity)
+        self._max_local = max_local
+        self._send, self._receive = trio.open_memory_channel[_Queued](capacity)
         self._max_queued_bytes = max_queued_bytes
         self._queued_bytes = 0
         self._drained = trio.Event()  # set (and replaced) when queued bytes fall below the bound
@@ -156,44 +239,46 @@ class Committer:
         self._queued_bytes += len(data)
         await self._send.send(Frame(peer, data, accountable))
 
-    async def author(self, topic: bytes, make: Callable[[int], Sequence[Event]]) -> list[Event]:
-        """Author events in the next batch; returns them once committed and sent on.
+    async def submit(self, work: Local) -> Any:
+        """Queue `work`; its result once its step committed and its effects were carried out.
 
-        `make(now_ms)` runs inside the batch step and adds uncommitted events
-        to the topic's replica (raising refuses the publish: the exception is
-        re-raised here). `CommitError` if the batch's commit failed.
+        Re-raises what the work itself raised (a refused publish), or
+        `CommitError` if the step's commit failed.
         """
-        request = _Authoring(topic, make)
-        await self._send.send(request)
-        await request.done.wait()
-        if request.error is not None:
-            raise request.error
-        return list(request.events)
+        pending = _Pending(work)
+        await self._send.send(pending)
+        await pending.done.wait()
+        if pending.error is not None:
+            raise pending.error
+        return pending.result
 
-    # ------------------------------------------------------------------ the batch loop
+    async def author(self, topic: bytes, make: Callable[[int], Sequence[Event]]) -> list[Event]:
+        """`submit(Author(topic, make))`: the events, once durable and sent on."""
+        return list(await self.submit(Author(topic, make)))
+
+    # ------------------------------------------------------------------ the step loop
 
     async def run(self) -> None:
-        """Take batches off the queue and apply each in one commit, until cancelled."""
+        """Take batches off the queue and apply each in one step, until cancelled."""
         while True:
             first = await self._receive.receive()
             batch = await self._collect(first)
             self._dequeued(batch)
             self.apply(batch)
 
-    def _dequeued(self, batch: Sequence[_Work]) -> None:
+    def _dequeued(self, batch: Sequence[_Queued]) -> None:
         self._queued_bytes -= sum(len(w.data) for w in batch if isinstance(w, Frame))
         if self._queued_bytes < self._max_queued_bytes:
             self._drained.set()
             self._drained = trio.Event()
 
-    async def _collect(self, first: _Work) -> list[_Work]:
+    async def _collect(self, first: _Queued) -> list[_Queued]:
         batch = [first]
         frames = 1 if isinstance(first, Frame) else 0
-        publishes = 1 - frames
+        local = 1 - frames
         size = len(first.data) if isinstance(first, Frame) else 0
         deadline = trio.current_time() + self._window_s
-        while (frames < self._max_frames and size < self._max_bytes
-               and publishes < self._max_publishes):
+        while frames < self._max_frames and size < self._max_bytes and local < self._max_local:
             try:
                 item = self._receive.receive_nowait()
             except trio.WouldBlock:
@@ -205,17 +290,17 @@ class Committer:
                 frames += 1
                 size += len(item.data)
             else:
-                publishes += 1
+                local += 1
         return batch
 
-    async def _next(self, deadline: float, frames: bool) -> _Work | None:
+    async def _next(self, deadline: float, frames: bool) -> _Queued | None:
         """The next item, or None once the batch should close.
 
         Frames come through libp2p's reader tasks a few scheduling rounds
         after they reach the socket, so a burst looks quiet for a moment
-        between frames: wait up to the idle gap. Publishers that call at the
-        same time are all runnable already: one scheduling round finds them,
-        and a lone publisher does not pay the idle gap.
+        between frames: wait up to the idle gap. Local submitters that call
+        at the same time are all runnable already: one scheduling round finds
+        them, and a lone publisher does not pay the idle gap.
         """
         if not frames:
             await trio.lowlevel.checkpoint()
@@ -227,69 +312,145 @@ class Committer:
             return await self._receive.receive()
         return None
 
-    def apply(self, batch: Sequence[_Work]) -> None:
-        """Apply one batch: author, ingest, commit once, carry out effects, wake publishers.
+    def apply(self, batch: Sequence[_Queued]) -> None:
+        """One step: apply local work, frames and ticks, commit once, carry out, wake.
 
         Synchronous on purpose (module docstring): uncommitted writes never
         outlive this call.
         """
         now = self._clock_ms()
-        requests = [w for w in batch if isinstance(w, _Authoring)]
-        frames = [(w.peer, w.data, w.accountable) for w in batch if isinstance(w, Frame)]
+        local = [w for w in batch if isinstance(w, _Pending)]
+        frames = [w for w in batch if isinstance(w, Frame)]
         try:
-            for request in requests:
-                self._author_one(request, requests, now)
-            published = [(r.topic, r.events) for r in requests if r.error is None and r.events]
+            effects: list[Effect] = []
+            records: list[Op] = []
+            created: list[Replica] = []
             try:
-                effects = self._engine.on_batch(frames, now, published)
+                for pending in local:
+                    effects += self._apply_local(pending, local, now, records, created)
+                for frame in frames:
+                    effects += self._engine.on_message(frame.peer, frame.data, now,
+                                                       accountable=frame.accountable)
+                for pending in local:
+                    if isinstance(pending.work, Tick):
+                        effects += self._tick(pending.work, now)
+                self._commit(records, created)
             except Exception as exc:  # a failed commit (or a bug): acknowledge nothing
-                logger.error("group commit of %d frames and %d publishes failed: %s",
-                             len(frames), len(requests), exc)
+                logger.error("group commit of %d frames and %d local items failed: %s",
+                             len(frames), len(local), exc)
                 self.stats["failed_batches"] += 1
-                self._discard_all()
-                for request in requests:
-                    if request.error is None:
-                        request.error = CommitError(f"commit failed: {exc}")
+                self._discard_all(created)
+                for pending in local:
+                    if pending.error is None:
+                        pending.error = CommitError(f"commit failed: {exc}")
                 return
             self.stats["batches"] += 1
             self.stats["frames"] += len(frames)
-            self.stats["publishes"] += len(requests)
+            self.stats["publishes"] += sum(isinstance(p.work, Author) for p in local)
             try:
                 self._carry_out(effects)
             except Exception:  # durable already; a failing effect must not stop ingest
-                logger.exception("carrying out a batch's effects failed")
+                logger.exception("carrying out a step's effects failed")
                 self.stats["failed_effects"] += 1
         finally:
-            for request in requests:
-                request.done.set()
+            for pending in local:
+                pending.done.set()
 
-    def _author_one(self, request: _Authoring, requests: Sequence[_Authoring], now: int) -> None:
+    # ------------------------------------------------------------------ inside the step
+
+    def _apply_local(self, pending: _Pending, local: Sequence[_Pending], now: int,
+                     records: list[Op], created: list[Replica]) -> list[Effect]:
+        work = pending.work
+        if isinstance(work, Author):
+            events = self._author(pending, work, local, now)
+            return self._engine.announce(work.topic, events, now) if events else []
+        if isinstance(work, Act):
+            try:
+                made = list(work.run(now))
+            except Exception as exc:
+                pending.error = exc
+                return []
+            pending.result = made
+            return self._announce(made, now)
+        if isinstance(work, Create):
+            try:
+                replica = work.make(now)
+            except Exception as exc:
+                pending.error = exc
+                return []
+            created.append(replica)
+            records += work.records(replica.topic_id)
+            pending.result = replica
+        elif isinstance(work, Records):
+            records += work.ops
+        return []  # a Tick runs after the frames (`_tick`)
+
+    def _author(self, pending: _Pending, work: Author, local: Sequence[_Pending],
+                now: int) -> Sequence[Event]:
         try:
-            graph = self._engine.replica(request.topic).graph
+            graph = self._engine.replica(work.topic).graph
         except KeyError:
-            request.error = CommitError("this topic was left")
-            return
+            pending.error = CommitError("this topic was left")
+            return ()
         before = graph.pending_ops
         try:
-            request.events = tuple(request.make(now))
+            events = tuple(work.make(now))
         except Exception as exc:
-            request.error = exc
+            pending.error = exc
             if graph.pending_ops < before:
                 # `make` rolled the topic's uncommitted writes back (an all-or-nothing
-                # publish_many): that took the earlier publishes of this batch with it.
-                for earlier in requests:
-                    if earlier is request:
+                # publish_many): that took the earlier authoring of this step with it.
+                for earlier in local:
+                    if earlier is pending:
                         break
-                    if earlier.topic == request.topic and earlier.error is None:
+                    if (isinstance(earlier.work, Author) and earlier.work.topic == work.topic
+                            and earlier.error is None):
                         earlier.error = CommitError("rolled back with a refused publish; retry")
-                        earlier.events = ()
+                        earlier.result = ()
+            return ()
+        pending.result = events
+        return events
 
-    def _discard_all(self) -> None:
-        # Every topic, pending writes or not: a commit that failed inside the
-        # store has already taken its write-set, and the graph's in-memory
-        # mirrors still count the lost events until they are reloaded.
-        for topic in self._engine.topics:
+    def _tick(self, work: Tick, now: int) -> list[Effect]:
+        effects = self._engine.tick(now)
+        if work.duties is not None:
+            effects += self._announce(work.duties(now), now)
+        return effects
+
+    def _announce(self, made: Sequence[tuple[bytes, Event]], now: int) -> list[Effect]:
+        effects: list[Effect] = []
+        for topic, event in made:  # one push each, as the node always pushed these
+            effects += self._engine.announce(topic, [event], now)
+        return effects
+
+    def _commit(self, records: Sequence[Op], created: Sequence[Replica]) -> None:
+        """Every pending write of the step, in one transaction."""
+        graphs = [self._engine.replica(t).graph for t in self._engine.topics]
+        graphs += [r.graph for r in created]
+        write_sets = [g.take_writes() for g in graphs if g.pending_ops]
+        if records:
+            write_sets.append(_records_writes(records))
+        writes = merge_writes(write_sets)
+        if writes:
+            commit_writes(self._store, writes)
+            self.stats["commits"] += 1
+
+    def _discard_all(self, created: Sequence[Replica]) -> None:
+        # Every topic, pending writes or not: the failed commit has already
+        # taken the write-sets, and the graphs' in-memory mirrors still count
+        # the lost events until they are reloaded.
+        for graph in [self._engine.replica(t).graph for t in self._engine.topics] + [
+                r.graph for r in created]:
             try:
-                self._engine.replica(topic).graph.discard_pending()
+                graph.discard_pending()
             except Exception as exc:  # the store itself is gone: the node is failing anyway
-                logger.error("cannot reload topic %s after a failed commit: %s", topic.hex(), exc)
+                logger.error("cannot reload topic %s after a failed commit: %s",
+                             graph.topic_id.hex(), exc)
+
+
+def _records_writes(ops: Sequence[Op]) -> Writes:
+    """The node's record ops as a write-set (None: delete); a later op on a key wins."""
+    writes: Writes = {}
+    for op in ops:
+        writes.setdefault(op.table, {})[op.key] = op.value if isinstance(op, Put) else None
+    return writes

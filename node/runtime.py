@@ -13,7 +13,11 @@ the `async with Node.open(...)` block exits (or the process gets Ctrl-C).
 
 The core (`Disseminator` + `Replica`s) is synchronous and runs on the trio
 thread: a call into it never awaits, so no two handlers interleave inside it
-and no lock is needed. Its effects are carried out here: `Send` goes to
+and no lock is needed. Every write to the store — received frames, publishes,
+state actions, acks, joins, relayed submits, topic creation and the node's
+own topic records — goes through the committer (node.committer), the only
+writer: one queue, applied in order, one commit per step, and the caller
+wakes (or the effects go out) only once it is durable. Its effects are carried out here: `Send` goes to
 the peer's own bounded outbound queue without waiting (a stalled peer never
 holds up the core or the other peers; when its queue is full the frame is
 dropped and anti-entropy repairs the gap), `Log` goes to the JSON-lines dissemination log, and
@@ -41,7 +45,7 @@ from typing import Any
 import trio
 
 from node.logschema import JsonLinesLogWriter
-from node.committer import CommitError, Committer
+from node.committer import Act, CommitError, Committer, Create, Records, Tick
 from node.config import NodeConfig
 from node.core.event import Event
 from node.core.identity import Identity
@@ -54,7 +58,7 @@ from node.state.actions import NotAuthorizedError, RoleError
 from node.state.roles import Role
 from node.state.types import RULE_INVITE, RULE_PUBLIC
 from storage.lmdb_store import LmdbStore, StoreLockedError
-from node.core.store import TABLE_META, Delete, Put
+from node.core.store import TABLE_META, Delete, Op, Put
 from transport.dissemination import (
     Announce,
     Disconnect,
@@ -207,14 +211,15 @@ class Topic:
         return None if status is None else status.as_dict()
 
     async def set_state(self, kind: str, state_key: str, content: dict[str, Any]) -> bytes:
-        return self._node._state_action(self, lambda r, n, g: [r.set_state(kind, state_key, content, n, g)])[-1]
+        return (await self._node._state_action(
+            self, lambda r, n, g: [r.set_state(kind, state_key, content, n, g)]))[-1]
 
     async def invite(self, key: bytes) -> bytes:
-        return self._node._state_action(self, lambda r, n, g: [r.invite(key, n, g)])[-1]
+        return (await self._node._state_action(self, lambda r, n, g: [r.invite(key, n, g)]))[-1]
 
     async def add_writer(self, key: bytes) -> bytes | None:
         """Make `key` a writer; the id of the last event that did, or None if it already was."""
-        made = self._node._state_action(self, lambda r, n, g: list(r.add_writer(key, n, g)))
+        made = await self._node._state_action(self, lambda r, n, g: list(r.add_writer(key, n, g)))
         return made[-1] if made else None
 
     async def set_role(self, key: bytes, role: str) -> bytes | None:
@@ -223,11 +228,13 @@ class Topic:
             parsed = Role(role)
         except ValueError:
             raise NodeError(f"role must be one of {', '.join(r.value for r in Role)}") from None
-        made = self._node._state_action(self, lambda r, n, g: list(r.set_role(key, parsed, n, g)))
+        made = await self._node._state_action(
+            self, lambda r, n, g: list(r.set_role(key, parsed, n, g)))
         return made[-1] if made else None
 
     async def ban(self, key: bytes, reason: str | None = None) -> bytes:
-        return self._node._state_action(self, lambda r, n, g: [r.ban(key, n, g, reason=reason)])[-1]
+        return (await self._node._state_action(
+            self, lambda r, n, g: [r.ban(key, n, g, reason=reason)]))[-1]
 
     @property
     def id_hex(self) -> str:
@@ -393,6 +400,7 @@ class Node:
                 # The metrics' latency histogram reads the `delivered` records too.
                 log=log_writer is not None or config.metrics_port > 0,
             ),
+            commits=False,  # the committer is the node's only writer
         )
         self._topics: dict[bytes, Topic] = {}
         self._banned: dict[str, int] = {}  # node id -> ms until which its connections are dropped
@@ -402,8 +410,9 @@ class Node:
         self._transport_faults: dict[str, int] = {}
         self.stats: dict[str, int] = {"outbox_dropped": 0, "send_failed": 0, "log_failed": 0}
         self.metrics: MetricsExporter | None = None  # set by open() when metrics_port > 0
-        # Incoming frames and local publishes are applied in group commits (node.committer).
-        self.committer = Committer(self.disseminator, self._run, now_ms,
+        # The node's only writer: frames, local authoring, ticks and the node's
+        # own records are applied in its steps, one commit each (node.committer).
+        self.committer = Committer(self.disseminator, self._run, now_ms, store,
                                    window_ms=config.commit_interval_ms)
         # Relayed writers' requests (node.relay); their peers are devices, not replicas.
         self.relay = RelayServer(self._relay_replica, rng)
@@ -518,13 +527,13 @@ class Node:
         host.set_request_handler(PROTOCOL_RELAY, self._on_relay_request)
         if host.gossip_enabled:
             host.set_gossip_handler(self._on_gossip)
+        self._nursery.start_soon(self.committer.run)  # first: opening topics writes through it
         for topic_id, wants_membership in self._stored_topics():
             topic = await self._open_topic(topic_id)
             topic.wants_membership = wants_membership
         self._nursery.start_soon(self._peer_events)
         self._nursery.start_soon(self._transport_misbehaviour)
         self._nursery.start_soon(self._ticker)
-        self._nursery.start_soon(self.committer.run)
         if self.metrics is not None:
             self._nursery.start_soon(self.metrics.serve)
         # Peers whose connection dies (stalled, stale, restarted) are redialled
@@ -558,19 +567,27 @@ class Node:
         """
         if access not in ACCESS_MODES:
             raise NodeError(f"access must be one of {', '.join(ACCESS_MODES)}")
+        self._check_room()
         kwargs = {} if d_max is None else {"d_max": d_max}
-        try:
-            replica = Replica.create_topic(
-                self.store, self.identity, now_ms(), name=name, config=self._replica_config(),
+
+        def make(now: int) -> Replica:  # runs inside the committer's step
+            return Replica.create_topic(
+                self.store, self.identity, now, name=name, config=self._replica_config(),
                 authorization=True, join_rule=RULE_PUBLIC if access == ACCESS_OPEN else RULE_INVITE,
-                members_write=access == ACCESS_OPEN, **kwargs)
+                members_write=access == ACCESS_OPEN, commit=False, **kwargs)
+
+        try:
+            # The topic and the record that this node replicates it: one transaction.
+            replica = await self.committer.submit(Create(make, self._topic_record))
         except ValueError as exc:
             raise NodeError(str(exc)) from None
-        topic = await self._register(replica)
+        except CommitError as exc:
+            raise NodeError(f"topic not stored: {exc}") from None
+        topic = await self._register(replica, record=None)
         now = now_ms()
         effects: list[object] = []
         for _, event in replica.graph.deliveries(0, limit=16):  # create + the bootstrap state
-            effects += self.disseminator.on_publish(replica.topic_id, event, now)
+            effects += self.disseminator.announce(replica.topic_id, [event], now)  # durable
         self._run(effects)
         return topic
 
@@ -581,7 +598,7 @@ class Node:
             return self._topics[topic_id]
         topic = await self._open_topic(topic_id)
         topic.wants_membership = True
-        self.store.apply([Put(TABLE_META, _TOPIC_META_PREFIX + topic_id, _WANTS_MEMBERSHIP)])
+        await self._write_records(self._topic_record(topic_id, _WANTS_MEMBERSHIP))
         for peer in self.disseminator.peers:
             self._run(self.disseminator.sync_with(peer, topic_id, now_ms()))
         return topic
@@ -594,7 +611,7 @@ class Node:
             raise NodeError(f"not a member of topic {topic_id.hex()}")
         self.disseminator.remove_topic(topic_id)
         topic._changes.close()  # its subscribers end (NodeError) instead of waiting for ever
-        self.store.apply([Delete(TABLE_META, _TOPIC_META_PREFIX + topic_id)])
+        await self._write_records([Delete(TABLE_META, _TOPIC_META_PREFIX + topic_id)])
         if self.host.gossip_enabled:
             await self.host.leave(GOSSIP_TOPIC_PREFIX + topic_id.hex())
 
@@ -607,25 +624,48 @@ class Node:
         replica = Replica(self.store, topic_id, self.identity, self._replica_config())
         return await self._register(replica)
 
-    async def _register(self, replica: Replica) -> Topic:
-        if len(self._topics) >= MAX_TOPICS:
-            raise NodeError(f"this node already replicates MAX_TOPICS={MAX_TOPICS} topics")
+    async def _register(self, replica: Replica, record: bytes | None = b"") -> Topic:
+        """Replicate `replica` here; `record` (unless None: written already) marks it stored."""
+        self._check_room()
         topic = Topic(self, replica)
         self._topics[replica.topic_id] = topic
         self.disseminator.add_topic(replica)
-        self.store.apply([Put(TABLE_META, _TOPIC_META_PREFIX + replica.topic_id, b"")])
+        if record is not None:
+            await self._write_records(self._topic_record(replica.topic_id, record))
         if self.host.gossip_enabled:
             await self.host.join(GOSSIP_TOPIC_PREFIX + replica.topic_id.hex())
         return topic
+
+    def _check_room(self) -> None:
+        if len(self._topics) >= MAX_TOPICS:
+            raise NodeError(f"this node already replicates MAX_TOPICS={MAX_TOPICS} topics")
+
+    @staticmethod
+    def _topic_record(topic_id: bytes, value: bytes = b"") -> list[Op]:
+        """The node's record that it replicates `topic_id` (b"join": and wants membership)."""
+        return [Put(TABLE_META, _TOPIC_META_PREFIX + topic_id, value)]
+
+    async def _write_records(self, ops: Sequence[Op]) -> None:
+        """Write the node's own records through the committer (the only writer)."""
+        try:
+            await self.committer.submit(Records(tuple(ops)))
+        except CommitError as exc:
+            raise NodeError(f"not stored: {exc}") from None
 
     def _stored_topics(self) -> list[tuple[bytes, bool]]:
         prefix = _TOPIC_META_PREFIX
         return [(key[len(prefix):], value == _WANTS_MEMBERSHIP)
                 for key, value in self.store.scan(TABLE_META, prefix)]
 
-    def _acknowledge(self, now: int) -> None:
+    def _tick_duties(self, now: int) -> list[tuple[bytes, Event]]:
+        """The ticker's authoring, run inside the committer's step after the engine's tick."""
+        return self._pursue_memberships(now) + self._acknowledge(now)
+
+    def _acknowledge(self, now: int) -> list[tuple[bytes, Event]]:
         """Indexers append empty acks so confirmation does not stall when writers go quiet
-        (rate-limited inside the replica; see Replica.maybe_ack)."""
+        (rate-limited inside the replica; see Replica.maybe_ack). Runs inside a committer
+        step; returns the acks, which the committer announces once durable."""
+        made_here: list[tuple[bytes, Event]] = []
         for topic in self._topics.values():
             replica = topic.replica
             if not replica.ready or not replica.authorizing:
@@ -636,10 +676,13 @@ class Node:
                 logger.debug("no ack on %s: %s", topic.id_hex, exc)
                 continue
             if made is not None:
-                self._run(self.disseminator.on_publish(topic.topic_id, made[0], now))
+                made_here.append((topic.topic_id, made[0]))
+        return made_here
 
-    def _pursue_memberships(self, now: int) -> None:
-        """Join topics we asked to join, once their state says we may (rate-limited)."""
+    def _pursue_memberships(self, now: int) -> list[tuple[bytes, Event]]:
+        """Join topics we asked to join, once their state says we may (rate-limited).
+        Runs inside a committer step; returns the joins to announce once durable."""
+        joins: list[tuple[bytes, Event]] = []
         for topic in self._topics.values():
             if not topic.wants_membership or now - topic.last_join_attempt_ms < JOIN_RETRY_MS:
                 continue
@@ -655,7 +698,8 @@ class Node:
             except NotAuthorizedError as exc:
                 logger.info("cannot join %s yet: %s", topic.id_hex, exc)
                 continue
-            self._run(self.disseminator.on_publish(topic.topic_id, event, now))
+            joins.append((topic.topic_id, event))
+        return joins
 
     # ------------------------------------------------------------------ publishing
 
@@ -688,19 +732,24 @@ class Node:
             raise NodeError(f"publish not stored: {exc}") from None
         return [e.id for e in events]
 
-    def _state_action(self, topic: Topic, action) -> list[bytes]:
-        """Run a state-changing replica action; publish its events; their ids."""
+    async def _state_action(self, topic: Topic, action) -> list[bytes]:
+        """Run a state-changing replica action in the committer's next step; the ids of
+        its events once that commit returned and they were sent on."""
         self._check_publishable(topic)
+        replica = topic.replica
+
+        def make(now: int) -> list[Event]:  # runs inside the committer's step
+            try:
+                made = action(replica, now, self._rng)
+            except (NotAuthorizedError, RoleError, StateDisabledError) as exc:
+                raise NodeError(str(exc)) from None
+            return [event for event, _ in made]
+
         try:
-            made = action(topic.replica, now_ms(), self._rng)
-        except (NotAuthorizedError, RoleError, StateDisabledError) as exc:
-            raise NodeError(str(exc)) from None
-        now = now_ms()
-        effects: list[object] = []
-        for event, _ in made:
-            effects += self.disseminator.on_publish(topic.topic_id, event, now)
-        self._run(effects)
-        return [event.id for event, _ in made]
+            events = await self.committer.author(topic.topic_id, make)
+        except CommitError as exc:
+            raise NodeError(f"state change not stored: {exc}") from None
+        return [e.id for e in events]
 
     def _check_publishable(self, topic: Topic) -> None:
         if topic.topic_id not in self._topics:
@@ -736,23 +785,24 @@ class Node:
             # A device, not a replica: keep it out of push fan-out and anti-entropy.
             self._relay_clients.add(node_id)
             self._run(self.disseminator.on_peer_down(node_id, now_ms()))
-        handled = self.relay.handle(bytes.fromhex(node_id), data, now_ms())
-        if handled.topic is not None and handled.wrote:
-            self._relayed_accepted(handled)
-        return handled.response
+        device = bytes.fromhex(node_id)
+        handled: list[Handled] = []
 
-    def _relayed_accepted(self, handled: Handled) -> None:
-        """Commit what a submit added, push it on as its entry point, reference it now."""
-        topic = self._topics.get(handled.topic) if handled.topic is not None else None
-        if topic is None:
-            return
-        topic.replica.commit()  # one group commit for the whole submit
-        now = now_ms()
-        effects: list[object] = []
-        for event in handled.applied:  # commits nothing more; logs `created` here, pushes
-            effects += self.disseminator.on_publish(topic.topic_id, event, now)
-        self._run(effects)
-        self._acknowledge(now)  # the relay duty: reference them (rate-limited in the replica)
+        def run(now: int) -> list[tuple[bytes, Event]]:  # runs inside the committer's step
+            handled.append(self.relay.handle(device, data, now))
+            return self._relayed_accepted(handled[0])
+
+        await self.committer.submit(Act(run))  # committed, pushed on as its entry point
+        if handled[0].wrote and handled[0].topic in self._topics:
+            # The relay duty: reference them (rate-limited in the replica).
+            await self.committer.submit(Act(self._acknowledge))
+        return handled[0].response
+
+    def _relayed_accepted(self, handled: Handled) -> list[tuple[bytes, Event]]:
+        """What a submit added, for the committer to commit (one step) and announce."""
+        if handled.topic is None or not handled.wrote or handled.topic not in self._topics:
+            return []
+        return [(handled.topic, event) for event in handled.applied]
 
     # ------------------------------------------------------------------ effects
 
@@ -859,10 +909,12 @@ class Node:
 
     async def _ticker(self) -> None:
         while True:
-            self._run(self.disseminator.tick(now_ms()))
+            # The engine's tick, membership pursuit and acks: one committer step.
+            try:
+                await self.committer.submit(Tick(self._tick_duties))
+            except CommitError:
+                pass  # the committer logged it and reloaded the topics; the next tick retries
             self._enforce_bans(now_ms())
-            self._pursue_memberships(now_ms())
-            self._acknowledge(now_ms())
             await trio.sleep(TICK_INTERVAL_S)
 
     async def _peer_events(self) -> None:

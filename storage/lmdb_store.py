@@ -20,11 +20,13 @@ Operational rules this module enforces or relies on:
   also names the holder's pid so the error says who has it.
 - The format record in TABLE_META is checked on open, so a build never reads
   (or scribbles on) a data dir written in a format it does not understand.
-- A store belongs to one thread, the node's storage worker. py-lmdb binds a
-  write transaction to the thread that began it, and resizing the map needs
-  every transaction in the process closed; each write opens and finishes its
-  own transaction, and an internal lock serialises calls, so neither can be
-  violated even if the store is misused from several threads.
+- A store has one writer: in a node, the committer (node.committer) on the
+  trio thread makes every write, one transaction per group commit, and
+  returns only once it is durable. py-lmdb binds a write transaction to the
+  thread that began it, and resizing the map needs every transaction in the
+  process closed; each write opens and finishes its own transaction, and an
+  internal lock serialises calls, so neither can be violated even if the
+  store is misused from several threads.
 - Reads share one cached read transaction. Beginning a transaction per `get`
   cost more than the lookup itself (the graph makes a few per event), so the
   first read after a write begins one and later reads reuse it. Every write
@@ -34,16 +36,6 @@ Operational rules this module enforces or relies on:
   transaction is open while the map is resized. py-lmdb always opens the
   environment with MDB_NOTLS, so a read transaction is not tied to the
   thread that began it; the internal lock keeps its use serial.
-- `begin_apply_writes` commits in the store's writer thread (storage.writer)
-  so the caller can prepare its next batch meanwhile. The writer thread
-  touches only its own write transaction, never the mutex or the cached
-  reader; reads go on against the last committed snapshot (callers layer
-  their own in-flight writes over it) and the reader is dropped when the
-  commit is settled, under the mutex. One such commit is in flight at a
-  time, and every other write or `close` settles it first, so commits land
-  in order. The writer never grows the map (that needs every transaction
-  in the process closed): a write-set that does not fit comes back and is
-  written, map grown, by whoever settles it.
 - An environment never crosses `fork()`: open the store in the process that
   uses it (analytics read exported logs, never the live store).
 """
@@ -56,7 +48,6 @@ import os
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
-from concurrent.futures import Future
 from types import TracebackType
 
 import lmdb
@@ -80,7 +71,6 @@ from node.core.store import (
     StoreError,
     prefix_upper_bound,
 )
-from storage.writer import BackgroundWriter, PendingCommit, completed_commit
 
 # A virtual-address reservation, not disk use: the data file only grows as
 # pages are written, so starting large just means fewer growth steps.
@@ -120,8 +110,6 @@ class LmdbStore:
         self._closed = False
         self._mutex = threading.Lock()
         self._reader: lmdb.Transaction | None = None  # the shared read transaction (module doc)
-        self._writer = BackgroundWriter(f"lmdb-writer-{self._path.name}")
-        self._inflight: _Inflight | None = None  # the background commit not yet settled
         self.commits = 0  # how many batches were applied (group-commit statistics)
         try:
             self._path.mkdir(parents=True, exist_ok=True)
@@ -197,7 +185,6 @@ class LmdbStore:
             # Validate everything before the write transaction exists, so a bad
             # batch is rejected without touching the store.
             check_batch(ops)
-            self._settle_locked()
             self._drop_reader()
             if ops:
                 self._write(lambda txn: self._write_ops(txn, ops))
@@ -215,51 +202,24 @@ class LmdbStore:
         with self._mutex:
             self._check_open()
             with_deletes = check_writes(writes)
-            self._settle_locked()
             self._drop_reader()
             if any(writes.values()):
                 self._write(lambda txn: self._write_tables(txn, writes, with_deletes))
             self.commits += 1
-
-    def begin_apply_writes(
-        self, writes: Mapping[str, Mapping[bytes, bytes | None]]
-    ) -> PendingCommit:
-        """`apply_writes` in the writer thread: returns at once, durable when `wait()` returns.
-
-        The write-set is validated here (a bad one raises now, nothing
-        written) and must not change until the commit is settled. Until then
-        reads see the store without it (the caller keeps its own view of
-        it). The previous background commit is settled first, so commits
-        land in order and at most one is in flight.
-        """
-        with self._mutex:
-            self._check_open()
-            with_deletes = check_writes(writes)
-            self._settle_locked()
-            self.commits += 1
-            if not any(writes.values()):
-                return completed_commit()
-            future = self._writer.submit(lambda: self._write_once(writes, with_deletes))
-            inflight = self._inflight = _Inflight(future, writes, with_deletes)
-            return PendingCommit(lambda: self._settle(inflight), future.done)
 
     def close(self) -> None:
         """Release the environment and the data dir lock; repeat calls do nothing."""
         with self._mutex:
             if self._closed:
                 return
+            self._closed = True
+            self._drop_reader()
+            # No fsync here even with sync=False: that mode never promises
+            # durability, and simulations open and close stores by the hundred.
             try:
-                self._settle_locked()  # a background commit lands (or fails loudly) first
+                self._env.close()
             finally:
-                self._closed = True
-                self._writer.shutdown()
-                self._drop_reader()
-                # No fsync here even with sync=False: that mode never promises
-                # durability, and simulations open and close stores by the hundred.
-                try:
-                    self._env.close()
-                finally:
-                    _unlock_data_dir(self._lock_fd)
+                _unlock_data_dir(self._lock_fd)
 
     # --- extras (not part of the protocol) ----------------------------------
 
@@ -381,57 +341,6 @@ class LmdbStore:
                 if value is None:
                     txn.delete(key, db=db)
 
-    def _settle(self, inflight: _Inflight) -> None:
-        with self._mutex:
-            if self._inflight is inflight:
-                self._settle_locked()
-            elif inflight.error is not None:
-                raise inflight.error  # settled before (by a later write): the same answer
-
-    def _settle_locked(self) -> None:
-        """Finish the background commit in flight, if any (the mutex is held).
-
-        Waits for the writer; drops the cached reader so reads see the
-        commit; writes a batch that came back for want of map space; raises
-        the commit's StoreError, now and from every later `wait()` on it.
-        """
-        inflight, self._inflight = self._inflight, None
-        if inflight is None:
-            return
-        self._drop_reader()
-        try:
-            fitted = inflight.future.result()
-        except StoreError as exc:
-            inflight.error = exc
-            raise
-        except Exception as exc:  # a bug, not I/O: still, the batch is not in the store
-            inflight.error = StoreError(f"background write to {self._path} failed: {exc!r}")
-            raise inflight.error from exc
-        if not fitted:
-            writes, with_deletes = inflight.writes, inflight.with_deletes
-            try:
-                self._write(lambda txn: self._write_tables(txn, writes, with_deletes))
-            except StoreError as exc:
-                inflight.error = exc
-                raise
-
-    def _write_once(
-        self, writes: Mapping[str, Mapping[bytes, bytes | None]], with_deletes: frozenset[str]
-    ) -> bool:
-        """The writer thread's job: one write transaction; False if the map is full.
-
-        False leaves the store untouched (the transaction was aborted whole);
-        growing the map is for `_settle_locked`, which can close the reader.
-        """
-        try:
-            with self._env.begin(write=True) as txn:
-                self._write_tables(txn, writes, with_deletes)
-        except lmdb.MapFullError:
-            return False
-        except lmdb.Error as exc:
-            raise StoreError(f"write to {self._path} failed: {exc}") from exc
-        return True
-
     def _write(self, work: Callable[[lmdb.Transaction], None]) -> None:
         """Run `work` in one write transaction, growing the map until it fits.
 
@@ -462,19 +371,6 @@ class LmdbStore:
             self._env.set_mapsize(grown)
         except lmdb.Error as exc:
             raise StoreError(f"cannot grow the map of {self._path} to {grown}: {exc}") from exc
-
-
-class _Inflight:
-    """A background commit until it is settled (`LmdbStore._settle_locked`)."""
-
-    __slots__ = ("future", "writes", "with_deletes", "error")
-
-    def __init__(self, future: Future[bool], writes: Mapping[str, Mapping[bytes, bytes | None]],
-                 with_deletes: frozenset[str]) -> None:
-        self.future = future
-        self.writes = writes
-        self.with_deletes = with_deletes
-        self.error: StoreError | None = None
 
 
 def _format_hint(found: bytes) -> str:

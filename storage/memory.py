@@ -27,7 +27,6 @@ from node.core.store import (
     StoreError,
     prefix_upper_bound,
 )
-from storage.writer import PendingCommit, completed_commit
 
 # Every store records its format in TABLE_META under this key (the LMDB store
 # checks it on open). The key is reserved: a batch that writes or deletes it is
@@ -221,17 +220,6 @@ class MemoryStore:
                 else:
                     table[key] = value
         self.commits += 1
-
-    def begin_apply_writes(
-        self, writes: Mapping[str, Mapping[bytes, bytes | None]]
-    ) -> PendingCommit:
-        """`apply_writes`, done before returning: the handle is already settled.
-
-        The same interface as `LmdbStore.begin_apply_writes`, so the graph's
-        pipelined commit runs on both stores (the simulator has no disk to wait for).
-        """
-        self.apply_writes(writes)
-        return completed_commit()
 
     def close(self) -> None:
         self._closed = True

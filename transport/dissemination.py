@@ -8,13 +8,20 @@ time, and carries out the `Effect`s it returns (`Send`, `Log`, `Disconnect`).
 Randomness comes from a seeded `random.Random` passed in, so one seed
 reproduces a whole simulated network.
 
-Durability first: every batch of received events is group-committed
-(`replica.commit()`) before any effect that forwards or answers it is
-returned, so nothing is ever relayed or acknowledged that a crash could lose.
-`on_batch` widens the batch to many frames (and local publishes): every
-topic they touch is committed once, after all of them, and only then are
-their effects returned — the engine side of the node's group-commit window
-(`node/committer.py`).
+Durability first: nothing is ever relayed or acknowledged that a crash
+could lose. Who commits depends on the driver:
+
+* standalone (`commits=True`, the simulator and tests): the engine commits
+  (`replica.commit()`) every batch of received events, every local publish
+  (`on_publish`) and every dummy before returning an effect that forwards,
+  answers or logs it; `on_batch` widens the batch to many frames and local
+  publishes and commits each touched topic once, after all of them;
+* driven (`commits=False`, the node): the engine never commits. The node's
+  committer (`node/committer.py`), the only writer of a running node, calls
+  it inside its step (frames, `announce` of local events, `tick`), commits
+  every topic's writes in one transaction, and only then carries out the
+  effects. So an ack or a state event can never be durable before the
+  events it cites: they are written in the order they were made.
 
 Three mechanisms move events (`docs/anti-entropy.md` has the full argument
 and the measurements):
@@ -398,9 +405,12 @@ class Disseminator:
     """Gossip push + anti-entropy for all topic replicas of one node."""
 
     def __init__(self, node_id: str, rng: random.Random,
-                 config: DisseminationConfig = DisseminationConfig()) -> None:
+                 config: DisseminationConfig = DisseminationConfig(), *,
+                 commits: bool = True) -> None:
+        """`commits=False`: the driver commits (module docstring), the engine never does."""
         self.node_id = node_id  # lowercase hex (it names the node in logs)
         self.config = config
+        self._commits = commits
         self._rng = rng
         self._replicas: dict[bytes, Replica] = {}
         self._timers: dict[bytes, _TopicTimers] = {}
@@ -435,6 +445,11 @@ class Disseminator:
         return self._replicas[topic]
 
     @property
+    def commits(self) -> bool:
+        """Whether the engine commits itself (standalone) or its driver does (module docstring)."""
+        return self._commits
+
+    @property
     def topics(self) -> tuple[bytes, ...]:
         return tuple(sorted(self._replicas))
 
@@ -465,11 +480,27 @@ class Disseminator:
     # ------------------------------------------------------------- local events
 
     def on_publish(self, topic: bytes, event: Event, now_ms: int) -> list[Effect]:
-        """A local author added `event` (replica.publish): make it durable, then push it."""
+        """A local author added `event` (replica.publish): make it durable, then push it.
+
+        Standalone only: a driven engine does not commit, so its driver
+        commits first and then calls `announce`.
+        """
+        if not self._commits:
+            raise RuntimeError("a driven engine never commits: commit, then call announce")
+        self._replicas[topic].commit()  # durable before anyone hears of it
+        return self.announce(topic, [event], now_ms)
+
+    def announce(self, topic: bytes, events: Sequence[Event], now_ms: int) -> list[Effect]:
+        """Effects for events a local author added: `created` records, then the push.
+
+        Commits nothing: the caller carries the effects out only once the
+        events are durable.
+        """
         replica = self._replicas[topic]
-        replica.commit()  # durable before anyone hears of it
-        out = [self._log("created", now_ms, topic, event=event, depth=replica.graph.depth(event.id))]
-        out += self._spread_local(topic, [event.raw])
+        out: list[Effect | None] = [
+            self._log("created", now_ms, topic, event=event, depth=replica.graph.depth(event.id))
+            for event in events]
+        out += self._spread_local(topic, [e.raw for e in events])
         return self._clean(out)
 
     def on_batch(self, frames: Sequence[tuple[PeerId, bytes] | tuple[PeerId, bytes, bool]],
@@ -486,22 +517,19 @@ class Disseminator:
         effect forwards, answers or logs an event a crash could lose. If a
         commit fails the exception propagates and no effect is returned; the
         caller must `discard_pending()` on the topics still holding writes.
+        A driven engine (`commits=False`) commits nothing here: its driver does.
         """
         out: list[Effect | None] = []
         self._deferring = True
         try:
             for topic, events in published:
-                replica = self._replicas[topic]
-                for event in events:
-                    out.append(self._log("created", now_ms, topic, event=event,
-                                         depth=replica.graph.depth(event.id)))
-                out += self._spread_local(topic, [e.raw for e in events])
+                out += self.announce(topic, events, now_ms)
             for frame in frames:
                 out += self.on_message(frame[0], frame[1], now_ms,
                                        accountable=frame[2] if len(frame) > 2 else True)
         finally:
             self._deferring = False
-        for topic in sorted(self._replicas):
+        for topic in sorted(self._replicas) if self._commits else ():
             replica = self._replicas[topic]
             if replica.graph.pending_ops:
                 replica.commit()
@@ -715,7 +743,8 @@ class Disseminator:
         if made is None:
             return []
         event, _ = made
-        replica.commit()  # durable before it is pushed
+        if self._commits:
+            replica.commit()  # durable before it is pushed (driven: the driver commits first)
         self.stats["dummies"] += 1
         out: list[Effect] = [
             self._log("dummy", now_ms, topic, event=event, width=width),
@@ -898,9 +927,10 @@ class Disseminator:
                 if rejected_id != event_id:
                     out.append(self._log("rejected", now_ms, topic, event_id=rejected_id,
                                          reason=reason))
-        if graph.pending_ops and not self._deferring:
+        if graph.pending_ops and self._commits and not self._deferring:
             # Durable before anything is forwarded or answered (in a batch,
-            # on_batch commits once at its end, before returning any effect).
+            # on_batch commits once at its end, before returning any effect;
+            # a driven engine's driver commits before carrying any out).
             replica.commit()
         if fresh and channel == SYNC:
             self._note_news(topic, peer)

@@ -51,12 +51,15 @@ would only reject it again, forever). Both arrival orders end in the same
 state. A rejection forgotten beyond the bound only costs one re-fetch:
 the parent is rejected again and its waiting children with it.
 
-Writes collect in a PendingWrites set; `commit()` makes them durable in one
-store transaction (group commit). Reads always see pending writes.
-`begin_commit()` / `wait_commit()` pipeline it: the store's writer thread
-commits one batch while the next is applied, and the batch is durable (and
-may be acknowledged) once `wait_commit()` returns. The graph itself starts
-no thread and never waits on a clock: the store does the I/O.
+Writes collect in a PendingWrites set and reads always see them. They
+become durable in one store transaction (group commit): `commit()` hands
+them to the store and returns once the store has them, or `take_writes()`
+hands them to a caller that commits several write-sets in one transaction
+(the node's committer, node.committer, the only writer in a running node).
+Nothing of a batch may be acknowledged to anyone before that commit
+returned; after a failed one, `discard_pending()` forgets the batch and
+reloads what the store holds. The graph starts no thread and never waits on
+a clock: the store does the I/O.
 
 Key layout (every key starts with the 32-byte topic id T)::
 
@@ -103,14 +106,13 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import msgpack
 
 from node.core import walks
 from node.core.event import ID_BYTES, Event, event_id_of, pack, trusted_event
 from node.core.fastinit import fast_init
-from node.core.pending import PendingWrites
+from node.core.pending import PendingWrites, Writes, commit_writes
 from node.core.store import (
     TABLE_AUTHORS,
     TABLE_BUFFER,
@@ -123,11 +125,7 @@ from node.core.store import (
     TABLE_ORDER,
     TABLE_STATE,
     Store,
-    StoreError,
 )
-
-if TYPE_CHECKING:  # a type only: the writer's threads stay out of the sans-IO core's imports
-    from storage.writer import PendingCommit
 
 # Tables the graph itself never writes: layers above it own them (`Graph.table`).
 EXTENSION_TABLES = frozenset({TABLE_STATE, TABLE_ORDER})
@@ -277,7 +275,6 @@ class Graph:
         self._store = store
         self._w = PendingWrites(store)
         self._t = topic_id
-        self._inflight: PendingCommit | None = None  # `begin_commit`'s, until waited for
         self._extremities: set[bytes] = {
             key[ID_BYTES:] for key, _ in store.scan(TABLE_EXTREMITIES, topic_id)
         }
@@ -596,69 +593,23 @@ class Graph:
                          equivocations=tuple(cascade.equivocations))
 
     def commit(self) -> int:
-        """Make every pending write durable in one transaction; returns the op count.
+        """Make every pending write durable in one transaction; returns the write count.
 
-        Stores that take a write-set whole (`apply_writes`: the LMDB and memory
-        stores) get it as collected, which saves building an op object per
-        write; any other Store gets `apply(ops)`.
+        If the store raises, nothing of the batch is in it, but the graph still
+        shows the lost writes: call `discard_pending()`.
         """
-        self.wait_commit()
-        store = self._store
+        return commit_writes(self._store, self.take_writes())
+
+    def take_writes(self) -> Writes:
+        """Every pending write as a write-set, for a caller that commits it; empties the set.
+
+        The caller must commit it (`node.core.pending.commit_writes`) before
+        anything of it is acknowledged, and call `discard_pending()` if that
+        fails. Reads see the taken writes no more: take them only right
+        before the commit, with nothing read in between.
+        """
         self._seal_batch()
-        apply_writes = getattr(store, "apply_writes", None)
-        if apply_writes is None:
-            ops = self._w.take_ops()
-            if ops:
-                store.apply(ops)
-            return len(ops)
-        writes = self._w.take_writes()
-        count = sum(len(pending) for pending in writes.values())
-        if count:
-            apply_writes(writes)
-        return count
-
-    def begin_commit(self) -> int:
-        """Start making every pending write durable in the background; returns the op count.
-
-        The pipelined form of `commit`: the store's writer thread commits
-        this batch while the caller applies the next one. The batch is
-        durable when `wait_commit()` returns, and nothing of it may be
-        acknowledged to anyone before that (the contract of `commit`, moved
-        to the wait). Reads see the batch meanwhile (the next batch is built
-        on it), so whoever else reads this graph before the wait, such as a
-        subscriber reading `deliveries`, sees events that are not durable
-        yet: a caller that shares the graph keeps them from acting on it
-        until the wait returns. A commit still in flight is waited for
-        first, so at most one is. Stores without a writer thread commit
-        before this returns.
-        """
-        self.wait_commit()
-        begin = getattr(self._store, "begin_apply_writes", None)
-        if begin is None:
-            return self.commit()
-        self._seal_batch()
-        writes = self._w.detach()
-        count = sum(len(pending) for pending in writes.values())
-        try:
-            self._inflight = begin(writes) if count else None
-        finally:
-            if self._inflight is None:  # nothing to write, or refused: nothing in flight
-                self._w.reattach(self._store)
-        return count
-
-    def wait_commit(self) -> None:
-        """Block until the commit begun by `begin_commit` is durable (at once if none is).
-
-        If it failed this raises StoreError (again on every call) and the
-        graph still shows the lost writes: call `discard_pending()`, as after
-        a failed `commit()`.
-        """
-        inflight = self._inflight
-        if inflight is None:
-            return
-        inflight.wait()
-        self._inflight = None
-        self._w.reattach(self._store)
+        return self._w.take_writes()
 
     def _seal_batch(self) -> None:
         """What every commit does before handing the write-set over: the deferred writes."""
@@ -680,18 +631,7 @@ class Graph:
         return len(self._w)
 
     def discard_pending(self) -> None:
-        """Forget uncommitted writes (after a failed commit) and reload cached state.
-
-        A background commit still in flight is waited for first: if it lands,
-        only what came after it is forgotten; if it fails, it is forgotten too.
-        """
-        inflight, self._inflight = self._inflight, None
-        if inflight is not None:
-            try:
-                inflight.wait()
-            except StoreError:
-                pass  # its writes never reached the store: forgotten with the rest
-        self._w.reattach(self._store)
+        """Forget uncommitted writes (after a failed commit) and reload cached state."""
         self._w.discard()
         self._nodes.clear()
         self._events.clear()

@@ -28,9 +28,10 @@ answers the scans made of it:
 Scans of the plain tables (the extension tables' own prefixes) filter and
 sort the pending keys: rare, and over the few keys of one batch.
 
-While a batch is being committed in the background (`Graph.begin_commit`)
-its writes sit in a second, read-only PendingWrites beneath this one
-(`detach`), so reads see them until the store holds them (`reattach`).
+Write-sets of several topics (each graph has its own) and the node's own
+records are merged into one transaction by `merge_writes` and handed to the
+store by `commit_writes`: the node's committer (node.committer) makes one
+commit per step that way, whatever the step touched.
 """
 
 from __future__ import annotations
@@ -191,30 +192,51 @@ class PendingWrites:
         self.discard()
         return writes
 
-    def detach(self) -> Writes:
-        """Move every pending write into a layer beneath this write-set; return them.
-
-        For a commit in flight (`Graph.begin_commit`): the returned write-set
-        goes to the store's writer thread, reads here still see it through the
-        layer, and new writes collect here as before. Nothing writes to the
-        layer, so the write-set does not change under the writer. Once the
-        commit is durable, `reattach(store)` drops the layer. One at a time.
-        """
-        assert not isinstance(self.store, PendingWrites), "a commit is in flight already"
-        layer = PendingWrites(self.store)
-        layer._tables, layer._plain, layer._groups = self._tables, self._plain, self._groups
-        self.discard()
-        self.store = layer
-        return {table: pending for table, pending in layer._tables.items() if pending}
-
-    def reattach(self, store: Store) -> None:
-        """Read `store` directly again: the detached layer's writes are in it (or are abandoned)."""
-        self.store = store
-
     def discard(self) -> None:
         self._tables = {}
         self._plain = {}
         self._groups = {}
+
+
+def merge_writes(write_sets: list[Writes]) -> Writes:
+    """One write-set holding all of `write_sets`, whose keys must not overlap.
+
+    The graphs' keys start with their topic id, so different topics' write-sets
+    never share a key. One write-set alone is returned as it is (no copy: the
+    usual step touches one topic).
+    """
+    sets = [w for w in write_sets if w]
+    if len(sets) == 1:
+        return sets[0]
+    merged: Writes = {}
+    for writes in sets:
+        for table, pending in writes.items():
+            into = merged.get(table)
+            if into is None:
+                merged[table] = dict(pending)
+            else:
+                into.update(pending)
+    return merged
+
+
+def commit_writes(store: Store, writes: Writes) -> int:
+    """Hand `writes` to `store` in one transaction; the number of writes.
+
+    Stores that take a write-set whole (`apply_writes`: the LMDB and memory
+    stores) get it as collected, which saves building an op object per
+    write; any other Store gets `apply(ops)`. Nothing is written for an
+    empty write-set.
+    """
+    count = sum(len(pending) for pending in writes.values())
+    if not count:
+        return 0
+    apply_writes = getattr(store, "apply_writes", None)
+    if apply_writes is not None:
+        apply_writes(writes)
+    else:
+        store.apply([Delete(table, key) if value is _TOMBSTONE else Put(table, key, value)
+                     for table, pending in writes.items() for key, value in pending.items()])
+    return count
 
 
 def _group_add(groups: dict[bytes, list[bytes]], key: bytes, cut: int) -> None:

@@ -10,8 +10,10 @@ reproduces any run.
     event = replica.publish(b"21.5C", now_ms=..., rng=rng)
     replica.commit()                              # durable: group commit
 
-Writes become durable only at `commit()`; callers acknowledge published or
-received events to others only after it returns.
+Writes become durable only at `commit()` (or when the node's committer,
+the only writer in a running node, commits the graph's `take_writes()`);
+callers acknowledge published or received events to others only after it
+returns.
 
 Topic state and authorization
 -----------------------------
@@ -229,8 +231,12 @@ class Replica:
         authorization: bool = False,
         join_rule: str = RULE_INVITE,
         members_write: bool = False,
+        commit: bool = True,
     ) -> "Replica":
         """Author a new topic and return the replica holding it (committed).
+
+        `commit=False` leaves its writes pending for the caller to commit (the
+        node's committer takes them with the rest of its step).
 
         With `authorization`, the topic is a Matrix-style room and the creator
         bootstraps it: its own join, the initial power levels and the join
@@ -264,7 +270,8 @@ class Replica:
                 EventSpec(TYPE_JOIN_RULES, "", {"join_rule": join_rule}),
             ):
                 replica._publish_spec(spec, now_ms, rng)
-        replica.commit()
+        if commit:
+            replica.commit()
         return replica
 
     # ---------------------------------------------------------------- queries
@@ -496,13 +503,6 @@ class Replica:
     def commit(self) -> int:
         return self.graph.commit()
 
-    def begin_commit(self) -> int:
-        """Pipelined group commit (`Graph.begin_commit`): durable when `wait_commit()` returns."""
-        return self.graph.begin_commit()
-
-    def wait_commit(self) -> None:
-        self.graph.wait_commit()
-
     # ------------------------------------------------------- topic state API
     #
     # Each call authors state event(s) as the local identity, checked against
@@ -659,8 +659,9 @@ class Replica:
         An indexer acks while some non-ack event is unconfirmed and it has
         something new to vote on (a lone indexer: until its writes are
         confirmed); any writer acks to reference pending relayed events; at
-        most once per `ReplicaConfig.ordering.ack_interval_ms`. The
-        dissemination engine's tick calls it, commits, and pushes the event.
+        most once per `ReplicaConfig.ordering.ack_interval_ms`. Not durable
+        until committed, like `publish`: the node's ticker calls it inside a
+        committer step (node.committer), which commits, then pushes the event.
         """
         order = self.ordering if self.ready else None
         if order is None:

@@ -12,10 +12,10 @@ a neighbour's load that comes and goes weighs on both sides of a ratio
 alike. The figures also say how much of each event's time was the group
 commit (LMDB puts, page writes and fsync), the part no Python change touches.
 
-Each figure comes twice: with the pipelined group commit the node can use
-(`Replica.begin_commit` / `wait_commit`: one batch is written while the
-next is signed or verified) and, suffixed `_sync`, with `commit()` ending
-every batch. Both count an event only once it is durable.
+Each batch ends with `commit()`, the one synchronous group commit the
+node's committer makes (node.committer), so an event counts only once it is
+durable. (A pipelined commit in a writer thread was measured here too until
+it was removed: nothing in the node used it.)
 """
 
 import random
@@ -92,46 +92,26 @@ class Run:
         }
 
 
-def batched(replica: Replica, run: Run, pipelined: bool, baseline, step) -> None:
+def batched(replica: Replica, run: Run, baseline, step) -> None:
     """EVENTS calls of `step(n)` in batches of BATCH, each side by side with BATCH baseline ops.
 
-    Synchronous: each batch ends with `commit()`, so its events are durable
-    when the batch's time ends. Pipelined: each batch ends by waiting for the
-    previous batch's commit and beginning its own (`begin_commit`), so the
-    disk writes of one batch overlap the signing or verifying of the next;
-    the last wait is timed too. Either way an event counts only once it is
-    durable. The baseline always runs while no commit is in flight (in the
-    pipelined run: between the wait and the next begin), so the writer
-    thread never slows the baseline down and flatters the ratio.
+    Each batch ends with `commit()`, so its events are durable when the
+    batch's time ends.
     """
     for first in range(0, EVENTS, BATCH):
-        if not pipelined:
-            run.baseline_s += baseline(BATCH)
+        run.baseline_s += baseline(BATCH)
         start = time.perf_counter()
         for n in range(first, first + BATCH):
             step(n)
         committing = time.perf_counter()
-        if pipelined:
-            replica.wait_commit()
-            waited = time.perf_counter()
-            run.baseline_s += baseline(BATCH)
-            beginning = time.perf_counter()
-            replica.begin_commit()
-            committed = time.perf_counter() - beginning + waited - committing
-        else:
-            replica.commit()
-            committed = time.perf_counter() - committing
+        replica.commit()
+        committed = time.perf_counter() - committing
         run.work_s += committing - start + committed
         run.commit_s += committed
-    start = time.perf_counter()
-    replica.wait_commit()
-    run.work_s += time.perf_counter() - start
-    run.commit_s += time.perf_counter() - start
 
 
-def append_and_ingest(tmp_path: Path, pipelined: bool) -> tuple[Run, Run]:
-    mode = "pipelined" if pipelined else "sync"
-    stores = [LmdbStore(tmp_path / f"origin-{mode}"), LmdbStore(tmp_path / f"receiver-{mode}")]
+def append_and_ingest(tmp_path: Path) -> tuple[Run, Run]:
+    stores = [LmdbStore(tmp_path / "origin"), LmdbStore(tmp_path / "receiver")]
     origin = Replica.create_topic(stores[0], identity("alice"), 1_000)
     rng = random.Random(1)
     events: list[bytes] = []
@@ -141,7 +121,7 @@ def append_and_ingest(tmp_path: Path, pipelined: bool) -> tuple[Run, Run]:
         events.append(event.raw)
 
     appended = Run()
-    batched(origin, appended, pipelined, raw_signs, publish)
+    batched(origin, appended, raw_signs, publish)
 
     receiver = Replica(stores[1], origin.topic_id, identity("bob"))
     receiver.receive(origin.graph.get(origin.topic_id).raw, FAR_FUTURE_MS)
@@ -151,7 +131,7 @@ def append_and_ingest(tmp_path: Path, pipelined: bool) -> tuple[Run, Run]:
         assert receiver.receive(events[n], FAR_FUTURE_MS).status == "applied"
 
     ingested = Run()
-    batched(receiver, ingested, pipelined, raw_verifies, receive)
+    batched(receiver, ingested, raw_verifies, receive)
     assert receiver.graph.delivered_count == origin.graph.delivered_count
     for store in stores:
         store.close()
@@ -160,11 +140,8 @@ def append_and_ingest(tmp_path: Path, pipelined: bool) -> tuple[Run, Run]:
 
 def test_local_append_and_remote_ingest(tmp_path, record_figures):
     figures: dict = {"events": EVENTS, "batch": BATCH, "signed_bytes": EVENT_BYTES}
-    for pipelined in (False, True):
-        appended, ingested = append_and_ingest(tmp_path, pipelined)
-        suffix = "" if pipelined else "_sync"
-        for name, value in {**appended.figures("append", "sign"),
-                            **ingested.figures("ingest", "verify")}.items():
-            figures[name + suffix] = value
+    appended, ingested = append_and_ingest(tmp_path)
+    figures.update(appended.figures("append", "sign"))
+    figures.update(ingested.figures("ingest", "verify"))
     figures["targets"] = {"append_over_sign": 0.5, "ingest_over_verify": 0.6}
     record_figures("core", figures)

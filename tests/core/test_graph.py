@@ -256,8 +256,9 @@ def test_detecting_an_equivocation_reads_one_index_entry_however_often_a_seq_rep
 
 
 def test_the_sans_io_graph_imports_no_threads():
-    # The writer's PendingCommit is only a type to the graph: importing it at
-    # run time pulled concurrent.futures and threading into the sans-IO core.
+    # The store does the I/O, in the node's one writer (node.committer): a
+    # writer thread in the core (there was one, storage.writer) would pull
+    # concurrent.futures and threading into the sans-IO core.
     for module in ("graph", "walks", "monitor"):
         tree = ast.parse((CORE / f"{module}.py").read_text())
         imported = set()

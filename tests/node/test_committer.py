@@ -59,11 +59,12 @@ class Harness:
         self.topic = topic
         self.replica = Replica(self.store, topic, Identity.generate(), PURE_MEG)
         self.engine = Disseminator("00", random.Random(1),
-                                   DisseminationConfig(log=True, sync_on_connect=False))
+                                   DisseminationConfig(log=True, sync_on_connect=False),
+                                   commits=False)
         self.engine.add_topic(self.replica)
         for peer in PEERS:
             self.engine.on_peer_up(peer, NOW_MS)
-        self.committer = Committer(self.engine, self.carry_out, lambda: NOW_MS,
+        self.committer = Committer(self.engine, self.carry_out, lambda: NOW_MS, self.store,
                                    **committer_args)
         self.effects: list[Effect] = []
         self.batches: list[tuple[float, int]] = []  # (carried out at, frames so far)
@@ -156,10 +157,11 @@ def test_a_publish_returns_once_its_event_is_in_a_reopened_store(tmp_path: Path)
     async def main() -> list[bytes]:
         store = LmdbStore(tmp_path / "store")
         replica = Replica.create_topic(store, Identity.generate(), NOW_MS, config=PURE_MEG)
-        engine = Disseminator("00", random.Random(1), DisseminationConfig(log=False))
+        engine = Disseminator("00", random.Random(1), DisseminationConfig(log=False),
+                              commits=False)
         engine.add_topic(replica)
         carried: list[Effect] = []
-        committer = Committer(engine, carried.extend, lambda: NOW_MS)
+        committer = Committer(engine, carried.extend, lambda: NOW_MS, store)
         rng = random.Random(5)
         ids: list[bytes] = []
         before = store.last_txn_id
@@ -191,9 +193,10 @@ def test_a_refused_publish_fails_alone(tmp_path: Path) -> None:
     async def main() -> None:
         store = LmdbStore(tmp_path / "store")
         replica = Replica.create_topic(store, Identity.generate(), NOW_MS, config=PURE_MEG)
-        engine = Disseminator("00", random.Random(1), DisseminationConfig(log=False))
+        engine = Disseminator("00", random.Random(1), DisseminationConfig(log=False),
+                              commits=False)
         engine.add_topic(replica)
-        committer = Committer(engine, lambda effects: None, lambda: NOW_MS)
+        committer = Committer(engine, lambda effects: None, lambda: NOW_MS, store)
         rng = random.Random(5)
         results: dict[str, object] = {}
 
@@ -286,9 +289,10 @@ def test_a_lone_publish_pays_no_idle_gap(tmp_path: Path) -> None:
     async def main() -> None:
         store = LmdbStore(tmp_path / "store")
         replica = Replica.create_topic(store, Identity.generate(), NOW_MS, config=PURE_MEG)
-        engine = Disseminator("00", random.Random(1), DisseminationConfig(log=False))
+        engine = Disseminator("00", random.Random(1), DisseminationConfig(log=False),
+                              commits=False)
         engine.add_topic(replica)
-        committer = Committer(engine, lambda effects: None, lambda: NOW_MS,
+        committer = Committer(engine, lambda effects: None, lambda: NOW_MS, store,
                               window_ms=1_000, idle_ms=50)
         rng = random.Random(5)
         async with trio.open_nursery() as nursery:

@@ -1,11 +1,8 @@
 """A separate process for the LMDB tests that need one (run with `python -m`).
 
-    python -m tests.storage.lmdb_child write DATA_DIR SYNC [pipelined]
+    python -m tests.storage.lmdb_child write DATA_DIR SYNC
         Apply numbered batches forever, resuming after the last committed one,
         and print "ack N" (flushed) only after `apply` for batch N returned.
-        With "pipelined", each batch goes to `begin_apply_writes` (the writer
-        thread) and "ack N" is printed once batch N's handle has been waited
-        for, while batch N + 1 is already being committed.
         The parent SIGKILLs it mid-stream, reopens, checks, and may start it
         again. The store starts from a tiny map, so it also grows under fire.
 
@@ -28,7 +25,6 @@ import sys
 
 from storage.lmdb_store import LmdbStore
 from node.core.store import TABLE_BUFFER, TABLE_DELIVERY, TABLE_EVENTS, Delete, Op, Put
-from storage.writer import PendingCommit
 
 MAX_KEYS_PER_BATCH = 80
 VALUE_BYTES = 512  # big enough that a batch spans several pages
@@ -78,33 +74,17 @@ def next_batch(store: LmdbStore) -> int:
     return int(last[0][0].split(b"/")[1]) + 1 if last else 0
 
 
-def batch_writes(batch: int) -> dict[str, dict[bytes, bytes | None]]:
-    """`batch_ops(batch)` as a write-set (None: delete), the form `begin_apply_writes` takes."""
-    writes: dict[str, dict[bytes, bytes | None]] = {}
-    for op in batch_ops(batch):
-        writes.setdefault(op.table, {})[op.key] = op.value if isinstance(op, Put) else None
-    return writes
-
-
 def ack(batch: int) -> None:
     sys.stdout.write(f"{ACK} {batch}\n")
     sys.stdout.flush()
 
 
-def write_forever(data_dir: str, sync: bool, pipelined: bool) -> None:
+def write_forever(data_dir: str, sync: bool) -> None:
     store = LmdbStore(data_dir, sync=sync, map_size_bytes=INITIAL_MAP_BYTES)
     first = next_batch(store)
-    in_flight: tuple[int, PendingCommit] | None = None
     for batch in range(first, first + MAX_BATCHES):
-        if not pipelined:
-            store.apply(batch_ops(batch))
-            ack(batch)
-            continue
-        handle = store.begin_apply_writes(batch_writes(batch))
-        if in_flight is not None:
-            in_flight[1].wait()
-            ack(in_flight[0])
-        in_flight = (batch, handle)
+        store.apply(batch_ops(batch))
+        ack(batch)
     store.close()
 
 
@@ -119,7 +99,7 @@ def hold(data_dir: str) -> None:
 def main(argv: list[str]) -> None:
     command, data_dir, *rest = argv
     if command == "write":
-        write_forever(data_dir, sync=rest[0] == "1", pipelined=rest[1:] == ["pipelined"])
+        write_forever(data_dir, sync=rest[0] == "1")
     elif command == "hold":
         hold(data_dir)
     else:

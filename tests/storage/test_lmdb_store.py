@@ -291,24 +291,19 @@ def test_a_second_open_in_this_process_is_refused_until_close(tmp_path: Path) ->
 # --- crash safety -------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(
-    ("sync", "pipelined"), [(True, False), (False, False), (True, True)],
-    ids=["sync", "nosync", "pipelined"],
-)
+@pytest.mark.parametrize("sync", [True, False], ids=["sync", "nosync"])
 def test_sigkill_mid_write_loses_no_acknowledged_batch_and_tears_none(
-    tmp_path: Path, sync: bool, pipelined: bool
+    tmp_path: Path, sync: bool
 ) -> None:
     """Crash, recover, resume, crash again: each round must keep every ack.
 
     sync=False is included because a process crash (unlike an OS crash) must
-    not lose committed batches even without fsync. "pipelined" commits in
-    the store's writer thread (`begin_apply_writes`) and acks after `wait()`:
-    the kill lands while the next batch is being committed.
+    not lose committed batches even without fsync.
     """
     path = tmp_path / "store"
     acked: list[int] = []
     for _ in range(CRASH_ROUNDS):
-        acked += kill_writer_after_acks(tmp_path, path, sync, ACKS_PER_ROUND, pipelined)
+        acked += kill_writer_after_acks(tmp_path, path, sync, ACKS_PER_ROUND)
         assert acked == list(range(len(acked))), "acks must be consecutive across rounds"
         with LmdbStore(path) as store:  # also proves the dead writer left no stale lock
             committed = _committed_batches(store)
@@ -319,12 +314,9 @@ def test_sigkill_mid_write_loses_no_acknowledged_batch_and_tears_none(
         acked = committed
 
 
-def kill_writer_after_acks(
-    tmp_path: Path, path: Path, sync: bool, acks: int, pipelined: bool = False
-) -> list[int]:
+def kill_writer_after_acks(tmp_path: Path, path: Path, sync: bool, acks: int) -> list[int]:
     """Start a writer, SIGKILL it once `acks` batches are acknowledged; every ack it printed."""
-    mode = ["pipelined"] if pipelined else []
-    with child(tmp_path, "write", str(path), "1" if sync else "0", *mode) as writer:
+    with child(tmp_path, "write", str(path), "1" if sync else "0") as writer:
         reader = LineReader(writer)
         lines = reader.wait_for_lines(acks, CHILD_TIMEOUT_S)
         assert len(lines) >= acks, child_stderr(tmp_path)
