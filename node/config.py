@@ -24,12 +24,14 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
+from node.peer_policy import MISBEHAVIOUR_THRESHOLD
+
 DEFAULT_LISTEN = ("/ip4/127.0.0.1/tcp/0",)
 DEFAULT_ANTI_ENTROPY_INTERVAL_MS = 2_000
 DEFAULT_ANTI_ENTROPY_JITTER_MS = 500
 DEFAULT_COMMIT_INTERVAL_MS = 20  # how long received events may wait for a group commit
 DEFAULT_WIDTH_SAMPLE_INTERVAL_MS = 1_000
-DEFAULT_PEER_MISBEHAVIOUR_LIMIT = 20  # invalid messages before a peer is disconnected
+DEFAULT_PEER_MISBEHAVIOUR_LIMIT = MISBEHAVIOUR_THRESHOLD  # one default: node.peer_policy
 MAX_CONFIG_BYTES = 256 * 1024
 FAST_PATHS = ("push", "gossipsub", "none")
 MAX_PEERS_LISTED = 256

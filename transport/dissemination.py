@@ -83,6 +83,7 @@ from typing import Any, Union
 from node.core.event import Event, event_id_of
 from node.core.graph import Graph
 from node.core.replica import Replica
+from node.peer_policy import MISBEHAVIOUR_THRESHOLD  # hard faults before a Disconnect
 from transport.messages import (
     BLOOM_SALT_BYTES,
     EVENT_FRAMING_BYTES,
@@ -150,7 +151,6 @@ MAX_JUDGE_VISITS = 200_000  # events a responder walks to judge one offer
 REPLY_MAX_BYTES = MAX_FRAME_BYTES - FRAME_HEADROOM_BYTES  # event bytes in one answer
 MAX_WANT_SOURCES = 65_536  # remembered "who sent the child of this missing parent"
 MAX_PEER_STATES = 65_536  # remembered (peer, topic) -> last common heads
-MISBEHAVIOUR_THRESHOLD = 16  # hard faults from one peer before we ask to disconnect it
 MAX_BLAMED_PEERS = 4_096  # peers whose fault counts are remembered (the least suspect go first)
 
 # Reference Monitor reasons a correct peer never causes: it validated the
