@@ -267,12 +267,15 @@ class PeerPolicy:
             self._redials.popitem(last=False)
         return [Redial(peer, now_ms + first)]
 
-    def redial_due(self, peer: str, now_ms: int, connected: bool = False) -> list[Effect]:
-        """A `Redial` time came: dial, unless the peer is back, banned or was given up."""
+    def redial_due(self, peer: str, now_ms: int, connected: bool = False,
+                   wanted: bool = True) -> list[Effect]:
+        """A `Redial` time came: dial, unless the peer is back (`connected`: it dialled
+        us), banned, no longer `wanted` (the caller's say: e.g. it is a relayed device),
+        or was given up."""
         state = self._redials.get(peer)
         if state is None or now_ms < state.due_ms:
             return []  # stale timer: the peer came up (or was re-armed) meanwhile
-        if connected or self.is_banned(peer, now_ms):
+        if connected or not wanted or self.is_banned(peer, now_ms):
             del self._redials[peer]
             return []
         return [Dial(peer)]
