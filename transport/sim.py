@@ -433,6 +433,10 @@ class Cluster:
                    and n.replica.graph.delivered_count == count
                    and n.replica.graph.extremities() == heads for n in self.nodes):
             return False
+        if self.adversary is not None and not all(
+                self.nodes[i].policy.is_banned(self.adversary.node_id, self.now_ms)
+                for i in self.adversary_neighbours):
+            return False  # the liveness phase also waits for every neighbour to ban it
         return not self.authorization or self._order_settled()
 
     def _order_settled(self) -> bool:
@@ -641,6 +645,8 @@ class Cluster:
         for a, b in self.edges:
             if index in (a, b) and self.nodes[a + b - index].alive:
                 self._link(a, b)
+        if self.adversary is not None and index in self.adversary_neighbours:
+            self._link(self.adversary.index, index)  # it dials back: bans are lost with memory
 
     def _redial(self, index: int, peer: int) -> None:
         node = self.nodes[index]
