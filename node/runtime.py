@@ -81,6 +81,16 @@ from transport.libp2p_host import (
     public_key_of_peer_id,
 )
 from transport.libp2p_redial import Redialer
+from node.core.peer_policy import (  # noqa: F401  (TRANSPORT_FAULTS_BEFORE_BAN: re-exported for tests)
+    BOOTSTRAP_BACKOFF,
+    TRANSPORT_FAULTS_BEFORE_BAN,
+    Abort,
+    Count,
+    Dial,
+    Note,
+    PeerPolicy,
+    Redial,
+)
 
 logger = logging.getLogger("megnode")
 
@@ -93,21 +103,8 @@ CONTROL_SOCKET = "control.sock"
 TICK_INTERVAL_S = 0.05  # how often the protocol timer runs; its own intervals are longer
 PEER_EVENT_CAPACITY = 1_024
 SUBSCRIBE_BATCH = 256  # deliveries read from the store per wake-up
-BOOTSTRAP_RETRY_S = 2.0
-BOOTSTRAP_RETRY_MAX_S = 30.0
 MAX_TOPICS = 1_024
 JOIN_RETRY_MS = 1_000
-# Protocol faults on our own streams (oversized or garbage framing, trailing
-# bytes: see transport.libp2p_streams) come over an authenticated channel, so
-# they are the peer's code, not line noise; still, one could be our own bug
-# or a library glitch, and a ban splits the fleet for BAN_DURATION_MS. So a
-# peer is banned at the third within TRANSPORT_FAULT_WINDOW_MS: a hostile
-# peer reaches that at once, an honest one never. Breakages (a stream ending
-# mid-frame because its connection died) never count: they are logged and
-# counted as `transport_breakages`.
-TRANSPORT_FAULTS_BEFORE_BAN = 3
-TRANSPORT_FAULT_WINDOW_MS = 10 * 60 * 1_000
-BAN_DURATION_MS = 10 * 60 * 1_000  # a peer disconnected for misbehaviour stays out this long
 ACCESS_OPEN = "open"
 ACCESS_INVITE = "invite"
 ACCESS_MODES = (ACCESS_OPEN, ACCESS_INVITE)
@@ -403,12 +400,15 @@ class Node:
             commits=False,  # the committer is the node's only writer
         )
         self._topics: dict[bytes, Topic] = {}
-        self._banned: dict[str, int] = {}  # node id -> ms until which its connections are dropped
+        # Bans, transport-fault windows and redial backoff are decided by the pure
+        # peer policy (node.core.peer_policy); this runtime feeds it events and carries
+        # out its effects (`_run_policy`).
+        self.peer_policy = PeerPolicy(rng)
         self._dropping: set[str] = set()  # banned node ids whose connections are being aborted
         self._peer_receive = peer_events
         self._misbehaviour_receive = misbehaviour
-        self._transport_faults: dict[str, int] = {}
-        self.stats: dict[str, int] = {"outbox_dropped": 0, "send_failed": 0, "log_failed": 0}
+        self.stats: dict[str, int] = {"outbox_dropped": 0, "send_failed": 0, "log_failed": 0,
+                                      "redials": 0}
         self.metrics: MetricsExporter | None = None  # set by open() when metrics_port > 0
         # The node's only writer: frames, local authoring, ticks and the node's
         # own records are applied in its steps, one commit each (node.committer).
@@ -537,9 +537,8 @@ class Node:
         if self.metrics is not None:
             self._nursery.start_soon(self.metrics.serve)
         # Peers whose connection dies (stalled, stale, restarted) are redialled
-        # while wanted (see _wants_peer); transport faults are windowed per peer.
-        self._redialer = Redialer(self.host, self._nursery, self._rng, self._wants_peer)
-        self._fault_times: dict[str, list[int]] = {}
+        # when the peer policy says (`Redial` effects); the Redialer knows addresses.
+        self._redialer = Redialer(self.host)
         for address in self.config.bootstrap:
             self._nursery.start_soon(self._dial_with_retry, address)
         if self.config.mdns:
@@ -823,9 +822,8 @@ class Node:
                 if self.metrics is not None:
                     self.metrics.on_log(effect.record)
             elif isinstance(effect, Disconnect):
-                logger.warning("disconnecting peer %s: %s", effect.peer, effect.reason)
-                self._banned[effect.peer] = now_ms() + BAN_DURATION_MS
-                self._nursery.start_soon(self._disconnect, effect.peer)
+                self._run_policy(self.peer_policy.misbehaviour(effect.peer, effect.reason,
+                                                               now_ms()))
         if announced and self.host.gossip_enabled:
             for topic_id, raws in announced.items():
                 self._nursery.start_soon(self._gossip_publish, topic_id, raws)
@@ -854,28 +852,44 @@ class Node:
             self._dropping.discard(peer)
 
     def _enforce_bans(self, now: int) -> None:
-        """Drop connections of banned peers; forget bans that expired.
+        """The policy's tick: forget expired bans, drop connections of banned peers.
 
         The "up" event alone is not enough: it fires when a peer's first
         connection opens, and a banned peer that dials again while its old
         connection is still being torn down gets no new "up". So every tick
         looks at who is connected.
         """
-        banned = self._banned
-        for node_id in [n for n, until in banned.items() if until <= now]:
-            del banned[node_id]
-        if not banned:
-            return
-        for peer_id in self.host.peers():
-            node_id = self._node_id_of(peer_id)
-            if node_id in banned:
-                self._nursery.start_soon(self._disconnect, node_id)
+        connected = [n for n in map(self._node_id_of, self.host.peers()) if n is not None]
+        self._run_policy(self.peer_policy.tick(now, connected))
 
-    def _wants_peer(self, peer_id: str) -> bool:
-        """Should a connection to `peer_id` that died be redialled? Not if banned or a device."""
-        node_id = self._node_id_of(peer_id)
-        return (node_id is not None and node_id not in self._relay_clients
-                and self._banned.get(node_id, 0) <= now_ms())
+    def _run_policy(self, effects: Sequence[object]) -> None:
+        """Carry out the peer policy's effects (node.core.peer_policy)."""
+        for effect in effects:
+            if isinstance(effect, Abort):
+                self._nursery.start_soon(self._disconnect, effect.peer)
+            elif isinstance(effect, Count):
+                self.stats[effect.name] = self.stats.get(effect.name, 0) + effect.by
+            elif isinstance(effect, Note):
+                (logger.warning if effect.warning else logger.info)("%s", effect.message)
+            elif isinstance(effect, Redial):
+                self._nursery.start_soon(self._redial_at, effect.peer, effect.at_ms)
+            elif isinstance(effect, Dial):
+                self._nursery.start_soon(self._redial, effect.peer)
+            # Banned (recorded in the policy) and GaveUp (noted) need nothing more here.
+
+    async def _redial_at(self, node_id: str, at_ms: int) -> None:
+        await trio.sleep(max(0, at_ms - now_ms()) / 1_000)
+        peer_id = self._peer_id_of(node_id)
+        self._run_policy(self.peer_policy.redial_due(
+            node_id, now_ms(), connected=peer_id in self.host.peers(),
+            wanted=node_id not in self._relay_clients))
+
+    async def _redial(self, node_id: str) -> None:
+        """One redial attempt (every known address once); the policy decides what next."""
+        if await self._redialer.dial(self._peer_id_of(node_id)):
+            self._run_policy(self.peer_policy.dial_succeeded(node_id))
+        else:
+            self._run_policy(self.peer_policy.dial_failed(node_id, now_ms()))
 
     # ------------------------------------------------------------------ background tasks
 
@@ -925,49 +939,39 @@ class Node:
                 continue
             # Connection churn, refreshed on every peer event (status reads self.stats).
             self.stats["connections_aborted"] = self.host.connections_aborted
-            self.stats["redials"] = self._redialer.redials
             if event.up:
                 if node_id in self._relay_clients:
                     continue  # a relayed device: no replica to gossip or sync with
-                if self._banned.get(node_id, 0) > now_ms():
-                    self._nursery.start_soon(self._disconnect, node_id)  # still banned
+                verdict = self.peer_policy.peer_up(node_id, now_ms())
+                if verdict:  # still banned: aborted at once
+                    self._run_policy(verdict)
                     continue
                 self._redialer.peer_up(event.peer_id)
                 self._run(self.disseminator.on_peer_up(node_id, now_ms()))
             else:
                 if node_id not in self._relay_clients:
-                    self._redialer.peer_down(event.peer_id)
+                    self._redialer.peer_down(event.peer_id)  # identify may have added addresses
+                    self._run_policy(self.peer_policy.peer_down(
+                        node_id, now_ms(), dialable=bool(self._redialer.addresses(event.peer_id))))
                 self._relay_clients.discard(node_id)
                 self._run(self.disseminator.on_peer_down(node_id, now_ms()))
 
     async def _transport_misbehaviour(self) -> None:
-        """What the transport reported about a peer's streams.
+        """What the transport reported about a peer's streams, judged by the peer policy.
 
         Protocol faults (oversized, garbage framing): TRANSPORT_FAULTS_BEFORE_BAN of them
-        within TRANSPORT_FAULT_WINDOW_MS disconnect and ban the peer. Breakages (a stream
+        within the policy's window disconnect and ban the peer. Breakages (a stream
         cut mid-frame by its dying connection) are only logged and counted.
         """
         async for report in self._misbehaviour_receive:
             node_id = self._node_id_of(report.peer_id)
             if node_id is None:
                 continue
-            if not report.is_protocol_fault:
-                self.stats["transport_breakages"] = self.stats.get("transport_breakages", 0) + 1
-                logger.info("peer %s: stream broke (%s: %s); not counted as a fault",
-                            node_id, report.reason, report.detail)
-                continue
-            now = now_ms()
-            recent = [t for t in self._fault_times.get(node_id, ())
-                      if now - t < TRANSPORT_FAULT_WINDOW_MS]
-            recent.append(now)
-            self._fault_times[node_id] = recent
-            self._transport_faults[node_id] = self._transport_faults.get(node_id, 0) + 1
-            self.stats["transport_faults"] = self.stats.get("transport_faults", 0) + 1
-            logger.info("peer %s: transport fault %s (%s)", node_id, report.reason, report.detail)
-            if len(recent) >= TRANSPORT_FAULTS_BEFORE_BAN:
-                del self._fault_times[node_id]
-                self.stats["transport_bans"] = self.stats.get("transport_bans", 0) + 1
-                self._run([Disconnect(node_id, f"transport:{report.reason}")])
+            if report.is_protocol_fault:
+                self._run_policy(self.peer_policy.protocol_fault(
+                    node_id, report.reason, now_ms(), report.detail))
+            else:
+                self._run_policy(self.peer_policy.breakage(node_id, report.reason, report.detail))
 
     async def _on_frame(self, peer: str, data: bytes) -> None:
         node_id = self._node_id_of(peer)
@@ -983,15 +987,17 @@ class Node:
             await self.committer.receive(node_id, data, accountable=False)
 
     async def _dial_with_retry(self, address: str) -> None:
-        delay = BOOTSTRAP_RETRY_S
+        """Dial a bootstrap address until it answers (the policy's BOOTSTRAP_BACKOFF)."""
+        delay_ms = BOOTSTRAP_BACKOFF.first()
         while True:
             try:
                 await self.connect(address)
                 return
             except NodeError as exc:
-                logger.info("bootstrap %s: %s (retrying in %.0f s)", address, exc, delay)
-            await trio.sleep(delay)
-            delay = min(delay * 2, BOOTSTRAP_RETRY_MAX_S)
+                logger.info("bootstrap %s: %s (retrying in %.0f s)", address, exc,
+                            delay_ms / 1_000)
+            await trio.sleep(delay_ms / 1_000)
+            delay_ms = BOOTSTRAP_BACKOFF.next(delay_ms)
 
     async def _discover_on_lan(self) -> None:
         """Dial the megnode peers mDNS finds on the LAN (config `mdns`); see node.mdns."""

@@ -46,9 +46,15 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from node.core.identity import Identity
+from node.core.identity import Identity, sign_event
 from node.core.parents import DEFAULT_D_MAX, DepletionPolicy
 from node.replica.replica import Replica, ReplicaConfig
+from node.replica.ordering import KIND_ACK, OrderConfig
+from node.core.peer_policy import Abort, PeerPolicy
+from node.state.actions import WRITER_LEVEL, power_levels_content
+from node.state.power_levels import CREATOR_LEVEL
+from node.state.types import RULE_PUBLIC, TYPE_POWER_LEVELS, user_id
+from node.state.view import StateView
 from storage.memory import MemoryStore
 from transport.defaults import DEFAULT_SYNC_INTERVAL_MS
 from transport.dissemination import (
@@ -61,6 +67,7 @@ from transport.dissemination import (
     Log,
     Send,
 )
+from transport.messages import Push, encode
 
 # Named bounds of a simulation.
 LIVENESS_BOUND_MS = 120_000  # virtual time the healed cluster gets to converge
@@ -68,8 +75,13 @@ CONVERGENCE_CHECK_MS = 100  # how often the liveness phase looks for convergence
 DEFAULT_TICK_MS = 100  # how often each engine's tick runs
 REORDER_EXTRA_FACTOR = 4  # a reordered message is delayed up to this many latency bounds more
 MAX_NODES = 10_000
+DEFAULT_INDEXERS = 3  # an authorized world's indexers: nodes 0..k-1 (node 0 created the topic)
+ACK_INTERVAL_MS = 250  # an indexer's acks, at most one per interval (the node's default)
+ADVERSARY_FRAMES_PER_TICK = 2  # bad frames the misbehaving peer sends each neighbour per tick
+ADVERSARY_NEIGHBOURS = 6
+RESTART_AFTER_MS = 1_000  # a crashed node restarts from its store this long after
 
-_DELIVER, _TICK, _ROUND = 0, 1, 2
+_DELIVER, _TICK, _ROUND, _CRASH, _RESTART, _REDIAL = 0, 1, 2, 3, 4, 5
 
 
 @dataclass(frozen=True)
@@ -98,6 +110,12 @@ class Scenario:
     depletion: bool = True
     lossy_liveness: bool = True
     liveness_bound_ms: int = LIVENESS_BOUND_MS
+    # The one world: topic state with auth rules, indexers that ack, the peer
+    # policy, crashes that restart from the store, one misbehaving peer.
+    authorization: bool = True
+    indexers: int = DEFAULT_INDEXERS
+    adversary: bool = False
+    crashes: int = 0  # nodes (not indexers) that crash once during the fault phase
 
     def argv(self) -> list[str]:
         args = ["--seed", str(self.seed), "--nodes", str(self.nodes), "--loss", str(self.loss),
@@ -108,12 +126,15 @@ class Scenario:
                 "--groups", str(self.groups), "--fanout", str(self.fanout),
                 "--forward-fanout", str(self.forward_fanout),
                 "--sync-interval", str(self.sync_interval_ms), "--d-max", str(self.d_max),
-                "--liveness-bound", str(self.liveness_bound_ms)]
+                "--liveness-bound", str(self.liveness_bound_ms),
+                "--indexers", str(self.indexers), "--crashes", str(self.crashes)]
         if self.partition_at_ms is not None and self.heal_at_ms is not None:
             args += ["--partition-at", str(self.partition_at_ms), "--heal-at", str(self.heal_at_ms)]
         for flag, on in (("--no-push", not self.push), ("--no-peer-state", not self.peer_state),
                          ("--no-depletion", not self.depletion),
-                         ("--clean-liveness", not self.lossy_liveness)):
+                         ("--clean-liveness", not self.lossy_liveness),
+                         ("--no-authorization", not self.authorization),
+                         ("--adversary", self.adversary)):
             if on:
                 args.append(flag)
         return args
@@ -151,6 +172,9 @@ class Summary:
     duplicates: int  # copies of events replicas already held (push and sync), all replicas
     wall_s: float
     digest: str  # hash of the final event ids and the byte counts: equal runs, equal digests
+    confirmed: int = 0  # length of the confirmed order everywhere (authorized worlds)
+    acks: int = 0  # acknowledgements the replicas made
+    bans: int = 0  # (node, peer) bans the peer policies recorded
 
     def lines(self) -> list[str]:
         conv = (f"converged {self.convergence_ms} ms after the fault phase "
@@ -163,6 +187,7 @@ class Summary:
             f"{self.sync_sessions} anti-entropy exchanges",
             f"duplicates {self.duplicates} ({self.duplicates / max(self.events, 1):.1f} per event)",
             f"mean width {self.mean_width:.2f}; wall {self.wall_s:.2f} s; digest {self.digest}",
+            f"order: {self.confirmed} confirmed, {self.acks} acks; {self.bans} bans",
         ]
 
 
@@ -192,6 +217,10 @@ class _Node:
     replica: Replica
     engine: Disseminator
     writer: Any = None  # node.logschema.JsonLinesLogWriter when logging
+    store: MemoryStore | None = None  # what survives a crash
+    policy: PeerPolicy | None = None
+    alive: bool = True
+    seen_confirmed: tuple[bytes, ...] = ()  # the confirmed order last observed here
 
 
 def _seed_bytes(seed: int, index: int) -> bytes:
@@ -206,7 +235,8 @@ class Cluster:
                  neighbours: int = 6, config: DisseminationConfig = DisseminationConfig(log=False),
                  d_max: int = DEFAULT_D_MAX, depletion: bool = True,
                  tick_ms: int = DEFAULT_TICK_MS, log_dir: str | Path | None = None,
-                 scenario: Scenario | None = None) -> None:
+                 scenario: Scenario | None = None, authorization: bool = False,
+                 indexers: int = DEFAULT_INDEXERS, adversary: bool = False) -> None:
         if not 2 <= n <= MAX_NODES:
             raise ValueError(f"n must be in [2, {MAX_NODES}]")
         if not (0 <= latency_ms[0] <= latency_ms[1]):
@@ -235,36 +265,67 @@ class Cluster:
         self.bytes = 0
         self.dropped = 0
         self.disconnects: list[tuple[int, str]] = []
+        self.bans: list[tuple[int, str]] = []  # (node, banned peer), in the order they happened
+        self.violations: list[str] = []  # safety failures seen while running
         self.invalid_log_records = 0
-        # A pure MEG: no topic state or auth rules (node.state), which this simulator
-        # does not exercise.
-        replica_config = ReplicaConfig(depletion=DepletionPolicy(enabled=depletion),
-                                       authorization=False)
-        config = replace(config, log=log_dir is not None)
+        self.authorization = authorization
+        self.adversary: _Node | None = None
+        self.adversary_neighbours: list[int] = []
+        self.best_confirmed: tuple[bytes, ...] = ()
+        # Without authorization: a pure MEG, no topic state or auth rules (the
+        # paper's model; the width and push measurements use it). With it: the
+        # topic the node creates (public join rule, members write), indexers
+        # made by a power-levels state event, acks on every tick.
+        self.replica_config = ReplicaConfig(
+            depletion=DepletionPolicy(enabled=depletion), authorization=authorization,
+            ordering=OrderConfig(ack_interval_ms=ACK_INTERVAL_MS))
+        self.config = config = replace(config, log=log_dir is not None)
         identities = [Identity.from_seed(_seed_bytes(seed, i)) for i in range(n)]
-        creator = Replica.create_topic(MemoryStore(), identities[0], now_ms=0, name="sim",
-                                       d_max=d_max, config=replica_config)
+        creator_store = MemoryStore()
+        creator = Replica.create_topic(
+            creator_store, identities[0], now_ms=0, name="sim", d_max=d_max,
+            config=self.replica_config, authorization=authorization,
+            **({"join_rule": RULE_PUBLIC, "members_write": True} if authorization else {}))
         self.topic = creator.topic_id
-        root = creator.graph.get(self.topic)
-        assert root is not None
+        if authorization:
+            self.indexer_keys = frozenset(i.public_key for i in identities[:max(1, indexers)])
+            content = power_levels_content(StateView(creator._current_state(), creator.graph))
+            for key in sorted(self.indexer_keys):
+                content["users"][user_id(key)] = CREATOR_LEVEL
+            creator.set_state(TYPE_POWER_LEVELS, "", content, 0, self.rng)
+            creator.commit()
+        else:
+            self.indexer_keys = frozenset()
+        # Joined: the invite carried the topic's first events.
+        bootstrap = [e.raw for _, e in creator.graph.deliveries(0, limit=16)]
         self.nodes: list[_Node] = []
+        joins: list[tuple[_Node, Any]] = []
         for i, ident in enumerate(identities):
-            replica = creator if i == 0 else Replica(MemoryStore(), self.topic, ident, replica_config)
+            store = creator_store if i == 0 else MemoryStore()
+            replica = creator if i == 0 else Replica(store, self.topic, ident, self.replica_config)
             if i:
-                replica.receive(root.raw, 0)  # joined: the invite carried the create event
+                for raw in bootstrap:
+                    replica.receive(raw, 0)
                 replica.commit()
+                if authorization:
+                    joins.append((i, replica.join(0, self.rng)[0]))
             node_id = ident.public_key.hex()
             engine = Disseminator(node_id, self.rng, config)
             engine.add_topic(replica)
             self.nodes.append(_Node(i, node_id, ident, replica, engine,
-                                    self._open_log(log_dir, node_id)))
+                                    self._open_log(log_dir, node_id), store,
+                                    PeerPolicy(self.rng)))
         self._index = {node.node_id: node.index for node in self.nodes}
         self.edges = self._topology(n, neighbours)
+        self.links: set[tuple[int, int]] = set()
         for a, b in self.edges:
-            self._apply(self.nodes[a], self.nodes[a].engine.on_peer_up(self.nodes[b].node_id, 0))
-            self._apply(self.nodes[b], self.nodes[b].engine.on_peer_up(self.nodes[a].node_id, 0))
+            self._link(a, b)
+        for i, event in joins:
+            self._apply(self.nodes[i], self.nodes[i].engine.on_publish(self.topic, event, 0))
         for node in self.nodes:  # random tick phases: nodes do not act in lockstep
             self._schedule(self.rng.randrange(tick_ms), _TICK, node.index, 0, None)
+        if adversary:
+            self._add_adversary()
 
     @classmethod
     def from_scenario(cls, scenario: Scenario, log_dir: str | Path | None = None) -> "Cluster":
@@ -272,11 +333,17 @@ class Cluster:
         cluster = cls(s.seed, s.nodes, loss=s.loss, duplicate=s.duplicate, latency_ms=s.latency_ms,
                       reorder=s.reorder, neighbours=s.neighbours,
                       config=s.dissemination_config(log=False), d_max=s.d_max,
-                      depletion=s.depletion, log_dir=log_dir, scenario=s)
+                      depletion=s.depletion, log_dir=log_dir, scenario=s,
+                      authorization=s.authorization, indexers=s.indexers, adversary=s.adversary)
         if s.partition_at_ms is not None and s.heal_at_ms is not None:
             groups = [set(range(g, s.nodes, s.groups)) for g in range(s.groups)]
             cluster.partition(groups, s.partition_at_ms, s.heal_at_ms)
         cluster.write(s.rounds, s.writers, s.round_ms)
+        if s.crashes:
+            end = s.round_ms * (s.rounds + 1)
+            first = min(s.indexers, s.nodes - 1) if s.authorization else 1
+            for index in sorted(cluster.rng.sample(range(first, s.nodes), s.crashes)):
+                cluster.crash(index, cluster.rng.randrange(s.round_ms, end), RESTART_AFTER_MS)
         return cluster
 
     # ------------------------------------------------------------- schedule
@@ -287,6 +354,12 @@ class Cluster:
         if heal_at_ms < at_ms:
             raise ValueError("heal_at_ms must not precede at_ms")
         self._partitions.append(_Partition([frozenset(g) for g in groups], at_ms, heal_at_ms))
+
+    def crash(self, index: int, at_ms: int, restart_after_ms: int) -> None:
+        """Node `index` crashes at `at_ms` (its memory and in-flight messages are lost)
+        and restarts from its store `restart_after_ms` later."""
+        self._schedule(at_ms, _CRASH, index, 0, None)
+        self._schedule(at_ms + restart_after_ms, _RESTART, index, 0, None)
 
     def write(self, rounds: int, writers: int, round_ms: int, start_ms: int | None = None) -> None:
         """Each round, `writers` distinct random nodes publish one event each, concurrently."""
@@ -306,11 +379,16 @@ class Cluster:
             if kind == _DELIVER:
                 self._deliver(a, b, payload)
             elif kind == _TICK:
-                node = self.nodes[a]
-                self._apply(node, node.engine.tick(at))
+                self._tick(a)
                 self._schedule(at + self.tick_ms, _TICK, a, 0, None)
-            else:
+            elif kind == _ROUND:
                 self._round(a)
+            elif kind == _CRASH:
+                self._crash(a)
+            elif kind == _RESTART:
+                self._restart(a)
+            else:
+                self._redial(a, b)
         self.now_ms = max(self.now_ms, end_ms)
 
     def fault_phase_end(self) -> int:
@@ -351,8 +429,26 @@ class Cluster:
         first = self.nodes[0].replica.graph
         heads = first.extremities()
         count = first.delivered_count
-        return all(n.replica.graph.buffered_count == 0 and n.replica.graph.delivered_count == count
-                   and n.replica.graph.extremities() == heads for n in self.nodes)
+        if not all(n.alive and n.replica.graph.buffered_count == 0
+                   and n.replica.graph.delivered_count == count
+                   and n.replica.graph.extremities() == heads for n in self.nodes):
+            return False
+        if self.adversary is not None and not all(
+                self.nodes[i].policy.is_banned(self.adversary.node_id, self.now_ms)
+                for i in self.adversary_neighbours):
+            return False  # the liveness phase also waits for every neighbour to ban it
+        return not self.authorization or self._order_settled()
+
+    def _order_settled(self) -> bool:
+        """Every replica confirmed the same sequence, and it holds every non-ack event."""
+        orders = [n.replica.ordering for n in self.nodes]
+        if any(o is None for o in orders):
+            return False
+        confirmed = orders[0].confirmed
+        if any(o.confirmed != confirmed for o in orders[1:]):
+            return False
+        graph = self.nodes[0].replica.graph
+        return all(graph.get(i).kind == KIND_ACK for i in orders[0].tentative[len(confirmed):])
 
     def event_ids(self, index: int) -> set[bytes]:
         graph = self.nodes[index].replica.graph
@@ -376,6 +472,21 @@ class Cluster:
                 problems.append(f"node {i} still buffers {graph.buffered_count} events")
             if len(problems) > 5:
                 break
+        problems += self.violations[:5]
+        if self.authorization and converged:
+            confirmed = {n.replica.ordering.confirmed for n in self.nodes}
+            if len(confirmed) != 1:
+                problems.append(f"{len(confirmed)} different confirmed orders after healing")
+        if self.adversary is not None:
+            banned_by = {node for node, peer in self.bans if peer == self.adversary.node_id}
+            talked = set(self.adversary_neighbours)
+            if talked - banned_by:
+                problems.append(f"honest nodes {sorted(talked - banned_by)} never banned "
+                                "the misbehaving peer")
+        wrongly = sorted({(node, peer) for node, peer in self.bans
+                          if self.adversary is None or peer != self.adversary.node_id})
+        if wrongly:
+            problems.append(f"honest peers banned: {wrongly[:5]}")
         if problems:
             replay = (self.scenario.replay_command() if self._replayable else
                       f"rerun the code that built this Cluster with seed={self.seed}")
@@ -412,7 +523,11 @@ class Cluster:
             sync_rounds=None if convergence is None else convergence / interval,
             mean_width=sum(widths) / len(widths) if widths else 0.0,
             duplicates=totals.get("duplicates", 0),
-            wall_s=round(wall_s, 3), digest=digest)
+            wall_s=round(wall_s, 3), digest=digest,
+            confirmed=(self.nodes[0].replica.order_status().confirmed_length
+                       if self.authorization and self.nodes[0].replica.ordering is not None
+                       else 0),
+            acks=sum(n.replica.counters["acks"] for n in self.nodes), bans=len(self.bans))
 
     # ------------------------------------------------------------- internals
 
@@ -458,6 +573,169 @@ class Cluster:
                 self._write_log(node, effect.record)
             elif isinstance(effect, Disconnect):
                 self.disconnects.append((node.index, effect.peer))
+                assert node.policy is not None
+                self._apply_policy(node, node.policy.misbehaviour(effect.peer, effect.reason,
+                                                                  self.now_ms))
+
+    def _apply_policy(self, node: _Node, effects: list[Any]) -> None:
+        """Carry out the peer policy's effects (node.core.peer_policy) in the simulated network."""
+        for effect in effects:
+            if isinstance(effect, Abort):
+                self._cut(node.index, self._index[effect.peer])
+            elif type(effect).__name__ == "Banned":
+                self.bans.append((node.index, effect.peer))
+            elif type(effect).__name__ == "Redial":
+                self._schedule(effect.at_ms, _REDIAL, node.index, self._index[effect.peer], None)
+
+    # ------------------------------------------------------------- links, crashes
+
+    def _peer(self, index: int) -> _Node:
+        return self.adversary if self.adversary is not None and index == len(self.nodes) \
+            else self.nodes[index]
+
+    def _link(self, a: int, b: int) -> None:
+        """A connection between a and b opens: both engines (and policies) hear of it."""
+        key = (min(a, b), max(a, b))
+        if key in self.links:
+            return
+        self.links.add(key)
+        for me, other in ((a, b), (b, a)):
+            node, peer = self._peer(me), self._peer(other)
+            if node.policy is None:
+                continue
+            verdict = node.policy.peer_up(peer.node_id, self.now_ms)
+            if verdict:
+                self._apply_policy(node, verdict)
+                return
+            self._apply(node, node.engine.on_peer_up(peer.node_id, self.now_ms))
+
+    def _cut(self, a: int, b: int) -> None:
+        """The connection between a and b closes; a live side may redial (its policy says)."""
+        key = (min(a, b), max(a, b))
+        if key not in self.links:
+            return
+        self.links.discard(key)
+        for me, other in ((a, b), (b, a)):
+            node, peer = self._peer(me), self._peer(other)
+            if node.policy is None or not node.alive:
+                continue
+            self._apply(node, node.engine.on_peer_down(peer.node_id, self.now_ms))
+            self._apply_policy(node, node.policy.peer_down(peer.node_id, self.now_ms))
+
+    def _crash(self, index: int) -> None:
+        node = self.nodes[index]
+        if not node.alive:
+            return
+        for a, b in sorted(self.links):
+            if index in (a, b):
+                node.alive = True  # its side closes too, then it is gone
+                self._cut(a, b)
+        node.alive = False
+
+    def _restart(self, index: int) -> None:
+        """Reopen the replica and a fresh engine from the node's store; dial the neighbours."""
+        node = self.nodes[index]
+        assert node.store is not None
+        node.replica = Replica(node.store, self.topic, node.identity, self.replica_config)
+        node.engine = Disseminator(node.node_id, self.rng, self.config)
+        node.engine.add_topic(node.replica)
+        node.policy = PeerPolicy(self.rng)
+        node.alive = True
+        self._observe(node)  # what it confirms from its store extends what it confirmed
+        for a, b in self.edges:
+            if index in (a, b) and self.nodes[a + b - index].alive:
+                self._link(a, b)
+        if self.adversary is not None and index in self.adversary_neighbours:
+            self._link(self.adversary.index, index)  # it dials back: bans are lost with memory
+
+    def _redial(self, index: int, peer: int) -> None:
+        node = self.nodes[index]
+        if not node.alive or node.policy is None:
+            return
+        key = (min(index, peer), max(index, peer))
+        target = self._peer(peer)
+        for effect in node.policy.redial_due(target.node_id, self.now_ms,
+                                              connected=key in self.links):
+            if target.alive:
+                self._link(index, peer)
+                node.policy.dial_succeeded(target.node_id)
+            else:
+                self._apply_policy(node, node.policy.dial_failed(target.node_id, self.now_ms))
+
+    def _tick(self, index: int) -> None:
+        if index == len(self.nodes):
+            self._adversary_tick()
+            return
+        node = self.nodes[index]
+        if not node.alive:
+            return
+        at = self.now_ms
+        self._apply(node, node.engine.tick(at))
+        assert node.policy is not None
+        connected = [self._peer(a + b - index).node_id for a, b in self.links if index in (a, b)]
+        self._apply_policy(node, node.policy.tick(at, sorted(connected)))
+        if self.authorization:
+            made = node.replica.maybe_ack(at, self.rng)  # as the node's ticker does
+            if made is not None:
+                self._apply(node, node.engine.on_publish(self.topic, made[0], at))
+            self._observe(node)
+
+    def _observe(self, node: _Node) -> None:
+        """Safety of the order: a confirmed prefix never changes, and every replica's
+        confirmed order is a prefix of every other's."""
+        order = node.replica.ordering if self.authorization else None
+        if order is None:
+            return
+        confirmed = order.confirmed
+        old = node.seen_confirmed
+        if confirmed[:len(old)] != old:
+            self.violations.append(f"node {node.index}: a confirmed position changed "
+                                   f"at {self.now_ms} ms")
+        overlap = min(len(confirmed), len(self.best_confirmed))
+        if confirmed[:overlap] != self.best_confirmed[:overlap]:
+            self.violations.append(f"node {node.index}: confirmed order disagrees with "
+                                   f"another node's at {self.now_ms} ms")
+        if len(confirmed) > len(self.best_confirmed):
+            self.best_confirmed = confirmed
+        node.seen_confirmed = confirmed
+
+    # ------------------------------------------------------------- the misbehaving peer
+
+    def _add_adversary(self) -> None:
+        """One more peer, with a key of its own and no replica, that sends its
+        neighbours garbage frames and events with bad signatures."""
+        index = len(self.nodes)
+        identity = Identity.from_seed(_seed_bytes(self.seed, index))
+        node_id = identity.public_key.hex()
+        self.adversary = _Node(index, node_id, identity, None, None)  # type: ignore[arg-type]
+        self._index[node_id] = index
+        count = min(ADVERSARY_NEIGHBOURS, len(self.nodes))
+        self.adversary_neighbours = sorted(self.rng.sample(range(len(self.nodes)), count))
+        for peer in self.adversary_neighbours:
+            self._link(index, peer)
+        self._adversary_seq = 0
+        self._schedule(self.rng.randrange(self.tick_ms), _TICK, index, 0, None)
+
+    def _adversary_tick(self) -> None:
+        adversary = self.adversary
+        assert adversary is not None
+        for a, b in sorted(self.links):
+            if adversary.index not in (a, b):
+                continue
+            peer = a + b - adversary.index
+            for _ in range(ADVERSARY_FRAMES_PER_TICK):
+                self._adversary_seq += 1
+                if self._adversary_seq % 2:
+                    frame = bytes(self.rng.getrandbits(8) for _ in range(32))  # garbage
+                else:
+                    event = sign_event(adversary.identity, topic=self.topic,
+                                       seq=self._adversary_seq, parents=(self.topic,),
+                                       timestamp_ms=self.now_ms, kind="message", state_key=None,
+                                       payload=b"forged")
+                    raw = bytearray(event.raw)
+                    raw[-1] ^= 0xFF  # the signature no longer verifies
+                    frame = encode(Push(self.topic, (bytes(raw),)))
+                self._transmit(adversary.index, peer, frame)
 
     def _transmit(self, src: int, dst: int, data: bytes) -> None:
         self.messages += 1
@@ -473,14 +751,23 @@ class Cluster:
         if any(p.separates(src, dst, self.now_ms) for p in self._partitions):
             self.dropped += 1
             return
+        if dst == len(self.nodes) or (min(src, dst), max(src, dst)) not in self.links:
+            self.dropped += 1  # to the adversary (it listens to nobody), or the link closed
+            return
         node = self.nodes[dst]
-        self._apply(node, node.engine.on_message(self.nodes[src].node_id, data, self.now_ms))
+        sender = self._peer(src).node_id
+        if not node.alive or (node.policy is not None and node.policy.is_banned(sender, self.now_ms)):
+            self.dropped += 1
+            return
+        self._apply(node, node.engine.on_message(sender, data, self.now_ms))
 
     def _round(self, writers: int) -> None:
         self.width_samples.append(
             sum(n.replica.graph.width for n in self.nodes) / len(self.nodes))
         for index in sorted(self.rng.sample(range(len(self.nodes)), writers)):
             node = self.nodes[index]
+            if not node.alive:
+                continue  # crashed: it writes nothing until it restarts
             event, _ = node.replica.publish(f"{index}@{self.now_ms}".encode(), self.now_ms, self.rng)
             self.created.append(event.id)
             self._apply(node, node.engine.on_publish(self.topic, event, self.now_ms))
@@ -544,6 +831,15 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--no-depletion", action="store_true")
     p.add_argument("--clean-liveness", action="store_true",
                    help="no loss/duplication/reordering after healing")
+    p.add_argument("--indexers", type=int, default=d.indexers)
+    p.add_argument("--crashes", type=int, default=d.crashes,
+                   help="nodes that crash once in the fault phase and restart from their store")
+    p.add_argument("--adversary", action="store_true",
+                   help="add one misbehaving peer the honest nodes must ban")
+    p.add_argument("--no-authorization", action="store_true",
+                   help="a pure MEG: no topic state, no order, no acks")
+    p.add_argument("--sweep", type=int, default=None, metavar="N",
+                   help="run seeds SEED..SEED+N-1 of this scenario and report")
     p.add_argument("--log-dir", default=None, help="write dissemination logs (JSON lines) here")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     return p
@@ -560,12 +856,35 @@ def scenario_from_args(ns: argparse.Namespace) -> Scenario:
         forward_fanout=ns.forward_fanout,
         sync_interval_ms=ns.sync_interval, peer_state=not ns.no_peer_state, d_max=ns.d_max,
         depletion=not ns.no_depletion, lossy_liveness=not ns.clean_liveness,
-        liveness_bound_ms=ns.liveness_bound)
+        liveness_bound_ms=ns.liveness_bound, authorization=not ns.no_authorization,
+        indexers=ns.indexers, adversary=ns.adversary, crashes=ns.crashes)
+
+
+def sweep(scenario: Scenario, count: int) -> int:
+    """Run `count` seeds from scenario.seed on; print one line each and a total."""
+    started = time.perf_counter()
+    failed: list[int] = []
+    for seed in range(scenario.seed, scenario.seed + count):
+        try:
+            summary = run_scenario(replace(scenario, seed=seed))
+            print(f"seed {seed}: ok, {summary.events} events, {summary.confirmed} confirmed, "
+                  f"{summary.acks} acks, {summary.bans} bans, converged "
+                  f"{summary.convergence_ms} ms after faults, wall {summary.wall_s:.1f} s",
+                  flush=True)
+        except AssertionError as failure:
+            failed.append(seed)
+            print(failure, flush=True)
+    wall = time.perf_counter() - started
+    print(f"sweep: {count - len(failed)}/{count} seeds passed in {wall:.0f} s"
+          + (f"; failed: {failed}" if failed else ""))
+    return 1 if failed else 0
 
 
 def main(argv: list[str] | None = None) -> int:
     ns = _parser().parse_args(argv)
     scenario = scenario_from_args(ns)
+    if ns.sweep is not None:
+        return sweep(scenario, ns.sweep)
     try:
         summary = run_scenario(scenario, ns.log_dir)
     except AssertionError as failure:

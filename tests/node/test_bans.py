@@ -29,7 +29,7 @@ async def test_a_banned_peer_that_is_connected_without_a_new_up_event_is_dropped
                 while b.host.peer_id not in a.host.peers():
                     await trio.sleep(POLL_S)
                 # The ban lands while b is connected, with no event about b to follow.
-                a._banned[b.node_id] = 2**62
+                a.peer_policy.record_ban(b.node_id, until_ms=2**62, now_ms=0, reason="test")
                 with trio.fail_after(WAIT_S):
                     while b.host.peer_id in a.host.peers():
                         await trio.sleep(POLL_S)
@@ -37,7 +37,7 @@ async def test_a_banned_peer_that_is_connected_without_a_new_up_event_is_dropped
 
 async def test_expired_bans_are_forgotten(tmp_path: Path) -> None:
     async with Node.open(tmp_path / "a", listen=LOOPBACK_LISTEN, seed=1) as a:
-        a._banned["00" * 32] = 1  # expired long ago
+        a.peer_policy.record_ban("00" * 32, until_ms=1, now_ms=0, reason="test")  # expired long ago
         with trio.fail_after(WAIT_S):
-            while a._banned:
+            while a.peer_policy.bans():
                 await trio.sleep(POLL_S)

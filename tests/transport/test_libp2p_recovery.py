@@ -251,12 +251,10 @@ def test_gossip_chunks_fit_one_push_each_and_keep_order() -> None:
 
 
 async def test_redialer_remembers_a_bounded_number_of_addresses() -> None:
-    import random
-
     from transport.libp2p_redial import Redialer
 
     async with P2PHost(bytes([4]) * 32, gossip=NO_GOSSIP) as host, trio.open_nursery() as nursery:
-        redialer = Redialer(host, nursery, random.Random(1), wants=lambda peer: True)
+        redialer = Redialer(host)
         addresses = [f"/ip4/127.0.0.1/tcp/{4000 + n}/p2p/{host.peer_id}" for n in range(20)]
         redialer.remember("peer", addresses)
         redialer.remember("peer", [addresses[0]])
