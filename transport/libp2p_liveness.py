@@ -1,4 +1,4 @@
-"""Peer liveness on a py-libp2p host: who is up, whether a connection still answers, and dropping it.
+"""Peer liveness on a py-libp2p host: who is up, is a connection alive, dropping it.
 
 The node needs two things py-libp2p does not give it directly:
 
