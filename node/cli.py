@@ -85,7 +85,7 @@ def cmd_keygen(args: argparse.Namespace) -> int:
         save_identity(identity, path)
     except KeyFileError as exc:
         raise UserError(str(exc)) from None
-    from transport.libp2p_host import peer_id_of_public_key
+    from transport.libp2p_identity import peer_id_of_public_key
 
     _print_json({"key_file": str(path), "public_key": identity.public_key.hex(),
                  "peer_id": peer_id_of_public_key(identity.public_key)})

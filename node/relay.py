@@ -43,25 +43,13 @@ from node.state.actions import NotAuthorizedError
 from node.state.roles import Role
 from node.state.types import TYPE_MEMBER, user_id
 from transport.relay import (
-    REASON_AUTHOR_NOT_SENDER,
-    REASON_BAD_REQUEST,
-    REASON_NOT_AN_EVENT,
-    REASON_NOT_AUTHORIZED,
-    REASON_NOT_READY,
-    REASON_NOT_RELAYED_WRITER,
-    REASON_RATE_LIMITED,
-    REASON_RELAY_CANNOT_REFERENCE,
-    REASON_UNKNOWN_TOPIC,
-    REASON_WRONG_TOPIC,
-    STATUS_ACCEPTED,
-    STATUS_BUFFERED,
-    STATUS_DUPLICATE,
-    STATUS_REJECTED,
     Outcome,
     Refused,
     RelayMessageError,
+    RelayReason,
     SubmitRequest,
     SubmitResult,
+    SubmitStatus,
     Template,
     TemplateRequest,
     decode,
@@ -76,9 +64,9 @@ MAX_TRACKED_PEERS = 4_096  # rate-limiter entries; the least recently seen go fi
 
 
 class RelayRefusal(Exception):
-    """The whole request is refused; `reason` is one of transport.relay's REASON_*."""
+    """The whole request is refused, for `reason`; `detail` is one line for the device."""
 
-    def __init__(self, reason: str, detail: str) -> None:
+    def __init__(self, reason: RelayReason, detail: str) -> None:
         super().__init__(f"{reason}: {detail}")
         self.reason = reason
         self.detail = detail
@@ -138,17 +126,19 @@ class RelayServer:
         self.stats["requests"] += 1
         try:
             if not self._limiter.allow(author, now_ms):
-                raise RelayRefusal(REASON_RATE_LIMITED,
-                                   f"more than {self.limits.requests_per_s:g} requests/s; retry later")
+                raise RelayRefusal(
+                    RelayReason.RATE_LIMITED,
+                    f"more than {self.limits.requests_per_s:g} requests/s; retry later")
             try:
                 message = decode(request)
             except RelayMessageError as exc:
-                raise RelayRefusal(REASON_BAD_REQUEST, str(exc)) from None
+                raise RelayRefusal(RelayReason.BAD_REQUEST, str(exc)) from None
             if isinstance(message, TemplateRequest):
                 return self._template(author, message, now_ms)
             if isinstance(message, SubmitRequest):
                 return self._submit(author, message, now_ms)
-            raise RelayRefusal(REASON_BAD_REQUEST, f"{type(message).__name__} is not a request")
+            raise RelayRefusal(RelayReason.BAD_REQUEST,
+                               f"{type(message).__name__} is not a request")
         except RelayRefusal as refusal:
             self.stats[f"refused.{refusal.reason}"] += 1
             return Handled(encode(Refused(refusal.reason, refusal.detail)))
@@ -163,9 +153,9 @@ class RelayServer:
             seq, parents, auth = replica.relayed_template(
                 author, request.kind, request.state_key, request.payload, now_ms, self.rng)
         except NotAuthorizedError as exc:
-            raise RelayRefusal(REASON_NOT_AUTHORIZED, f"{exc.reason}: {exc}") from None
+            raise RelayRefusal(RelayReason.NOT_AUTHORIZED, f"{exc.reason}: {exc}") from None
         except (NotReadyError, PublishError) as exc:
-            raise RelayRefusal(REASON_NOT_AUTHORIZED, str(exc)) from None
+            raise RelayRefusal(RelayReason.NOT_AUTHORIZED, str(exc)) from None
         self.stats["templates"] += 1
         return Handled(encode(Template(request.topic, seq, parents, auth, replica.params.d_max,
                                        now_ms)))
@@ -179,7 +169,7 @@ class RelayServer:
             outcomes.append(outcome)
             applied += made
             self.stats[f"submitted.{outcome.status}"] += 1
-            if outcome.status == STATUS_REJECTED:
+            if outcome.status is SubmitStatus.REJECTED:
                 self.stats[f"rejected.{outcome.reason}"] += 1
         response = encode(SubmitResult(request.topic, tuple(outcomes)))
         # Buffered events and unauthorized ones the graph keeps (as every replica
@@ -191,48 +181,51 @@ class RelayServer:
         try:
             event = decode_event(raw)  # cheap: the signature is the monitor's job below
         except EventFormatError as exc:
-            return Outcome(None, STATUS_REJECTED, f"{REASON_NOT_AN_EVENT}:{exc.reason}"), []
+            reason = f"{RelayReason.NOT_AN_EVENT}:{exc.reason}"
+            return Outcome(None, SubmitStatus.REJECTED, reason), []
         except Exception:  # defence in depth, as in the monitor
-            return Outcome(None, STATUS_REJECTED, REASON_NOT_AN_EVENT), []
+            return Outcome(None, SubmitStatus.REJECTED, RelayReason.NOT_AN_EVENT), []
         if event.topic_id() != topic:
-            return Outcome(event.id, STATUS_REJECTED, REASON_WRONG_TOPIC), []
+            return Outcome(event.id, SubmitStatus.REJECTED, RelayReason.WRONG_TOPIC), []
         if event.author != author:
-            return Outcome(event.id, STATUS_REJECTED, REASON_AUTHOR_NOT_SENDER), []
+            return Outcome(event.id, SubmitStatus.REJECTED, RelayReason.AUTHOR_NOT_SENDER), []
         if replica.graph.has(event.id):
-            return Outcome(event.id, STATUS_DUPLICATE), []
+            return Outcome(event.id, SubmitStatus.DUPLICATE), []
         if not _is_own_member_event(author, event.kind, event.state_key):
             try:
                 self._require_relayed(replica, author)
             except RelayRefusal as refusal:
-                return Outcome(event.id, STATUS_REJECTED, refusal.reason), []
+                return Outcome(event.id, SubmitStatus.REJECTED, refusal.reason), []
         received = replica.receive(raw, now_ms)
         unauthorized = dict(received.unauthorized)
         made = [e for e in received.applied if e.id not in unauthorized]
         if received.status == "rejected":
-            return Outcome(event.id, STATUS_REJECTED, received.reason or "rejected"), made
+            return Outcome(event.id, SubmitStatus.REJECTED, received.reason or "rejected"), made
         if event.id in unauthorized:
-            return Outcome(event.id, STATUS_REJECTED, unauthorized[event.id]), made
+            return Outcome(event.id, SubmitStatus.REJECTED, unauthorized[event.id]), made
         if received.status == "buffered":
-            return Outcome(event.id, STATUS_BUFFERED), made
+            return Outcome(event.id, SubmitStatus.BUFFERED), made
         if received.status == "duplicate":
-            return Outcome(event.id, STATUS_DUPLICATE), made
-        return Outcome(event.id, STATUS_ACCEPTED), made
+            return Outcome(event.id, SubmitStatus.DUPLICATE), made
+        return Outcome(event.id, SubmitStatus.ACCEPTED), made
 
     # ------------------------------------------------------------------ checks
 
     def _replica(self, topic: bytes) -> Replica:
         replica = self.replica_of(topic)
         if replica is None:
-            raise RelayRefusal(REASON_UNKNOWN_TOPIC, f"this relay does not replicate {topic.hex()}")
+            raise RelayRefusal(RelayReason.UNKNOWN_TOPIC,
+                               f"this relay does not replicate {topic.hex()}")
         if not replica.ready:
-            raise RelayRefusal(REASON_NOT_READY, "the relay has not received the topic's create "
-                                                 "event yet; retry later")
+            raise RelayRefusal(RelayReason.NOT_READY,
+                               "the relay has not received the topic's create event yet; "
+                               "retry later")
         if not replica.authorizing or replica.ordering is None:
-            raise RelayRefusal(REASON_NOT_AUTHORIZED,
+            raise RelayRefusal(RelayReason.NOT_AUTHORIZED,
                                "the topic keeps no roles or order, so it has no relayed writers")
         own = replica.role_of(replica.identity.public_key)
         if own not in (Role.INDEXER, Role.WRITER):
-            raise RelayRefusal(REASON_RELAY_CANNOT_REFERENCE,
+            raise RelayRefusal(RelayReason.RELAY_CANNOT_REFERENCE,
                                f"this relay's role in the topic is {own.value}: only a writer or "
                                "indexer can reference relayed events")
         return replica
@@ -242,7 +235,7 @@ class RelayServer:
         role = replica.role_of(author)
         if role is not Role.RELAYED:
             raise RelayRefusal(
-                REASON_NOT_RELAYED_WRITER,
+                RelayReason.NOT_RELAYED_WRITER,
                 f"{user_id(author)[:12]}… has role {role.value} in this topic; a relayed writer "
                 "needs the writing level (granted by an admin: add-writer) and its own join "
                 "with relayed=true (RelayedWriter.join)")

@@ -67,7 +67,8 @@ class RelayError(Exception):
 
 
 class RelayRefusedError(RelayError):
-    """The relay refused the request as a whole; `reason` is transport.relay's REASON_*."""
+    """The relay refused the request as a whole; `reason` is a `transport.relay.RelayReason`
+    value (a plain str: a newer relay may give one this build does not name)."""
 
     def __init__(self, reason: str, detail: str) -> None:
         super().__init__(f"relay refused ({reason}): {detail}" if detail else

@@ -57,7 +57,8 @@ from node.relay import Handled, RelayServer
 from node.state.actions import NotAuthorizedError, RoleError
 from node.state.roles import Role
 from node.state.types import RULE_INVITE, RULE_PUBLIC
-from storage.lmdb_store import LmdbStore, StoreLockedError
+from storage.lmdb_data_dir import StoreLockedError
+from storage.lmdb_store import LmdbStore
 from node.core.store import TABLE_META, Delete, Op, Put
 from transport.dissemination import (
     Announce,
@@ -72,14 +73,10 @@ from transport.libp2p_streams import Misbehaviour, StreamLimits
 from transport.messages import MAX_FRAME_BYTES
 from transport.relay import PROTOCOL_RELAY, REASON_BAD_REQUEST, Refused
 from transport.relay import encode as encode_relay
-from transport.libp2p_host import (
-    ConnectError,
-    P2PHost,
-    PeerEvent,
-    check_ports_free,
-    peer_id_of_public_key,
-    public_key_of_peer_id,
-)
+from transport.libp2p_host import ConnectError, P2PHost
+from transport.libp2p_identity import peer_id_of_public_key, public_key_of_peer_id
+from transport.libp2p_listen import check_ports_free
+from transport.libp2p_liveness import PeerEvent
 from transport.libp2p_redial import Redialer
 from node.core.peer_policy import (  # noqa: F401  (TRANSPORT_FAULTS_BEFORE_BAN: re-exported for tests)
     BOOTSTRAP_BACKOFF,

@@ -12,17 +12,17 @@ still loses nothing (the kernel holds the written pages), but an OS crash or
 power cut may lose recent batches or even corrupt the store (LMDB's own
 warning for MDB_NOSYNC). It exists for simulations and benchmarks only.
 
-Operational rules this module enforces or relies on:
+Operational rules this module enforces or relies on (the data dir's own
+rules, one process per dir and the format record, are in
+`storage.lmdb_data_dir`; range reads in `storage.lmdb_cursors`):
 
 - The map grows instead of failing: when a batch does not fit, the write is
   aborted, the map is doubled (up to MAX_MAP_SIZE_BYTES) and the batch retried.
-- A data dir is used by one process at a time: an flock on `<dir>/LOCK`, which
-  also names the holder's pid so the error says who has it.
-- The format record in TABLE_META is checked on open, so a build never reads
-  (or scribbles on) a data dir written in a format it does not understand.
-- A store has one writer: in a node, the committer (node.committer) on the
-  trio thread makes every write, one transaction per group commit, and
-  returns only once it is durable. py-lmdb binds a write transaction to the
+- A store has one writer. In a running node that is the committer
+  (`node.committer`), on the trio thread: it makes every write, one
+  `apply_writes` per step, and with `sync=True` each call returns only once
+  its batch is durable. (Opening a store also writes, once: the format
+  record of a fresh data dir.) py-lmdb binds a write transaction to the
   thread that began it, and resizing the map needs every transaction in the
   process closed; each write opens and finishes its own transaction, and an
   internal lock serialises calls, so neither can be violated even if the
@@ -42,8 +42,6 @@ Operational rules this module enforces or relies on:
 
 from __future__ import annotations
 
-import fcntl
-import mmap
 import os
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -52,25 +50,16 @@ from types import TracebackType
 
 import lmdb
 
-from storage.memory import (
-    STORE_FORMAT_KEY,
-    check_batch,
-    check_key,
-    check_scan_args,
-    check_writes,
-    encode_store_format,
+from node.core.store import MAX_KEY_BYTES, TABLES, Op, Put, StoreClosedError, StoreError
+from storage.lmdb_cursors import read_backward, read_forward
+from storage.lmdb_data_dir import (
+    check_format,
+    fsync_dir,
+    lock_data_dir,
+    open_env,
+    unlock_data_dir,
 )
-from node.core.store import (
-    MAX_KEY_BYTES,
-    STORE_FORMAT,
-    TABLE_META,
-    TABLES,
-    Op,
-    Put,
-    StoreClosedError,
-    StoreError,
-    prefix_upper_bound,
-)
+from storage.memory import check_batch, check_key, check_scan_args, check_writes
 
 # A virtual-address reservation, not disk use: the data file only grows as
 # pages are written, so starting large just means fewer growth steps.
@@ -79,16 +68,6 @@ DEFAULT_MAP_SIZE_BYTES = 1 << 30  # 1 GiB
 # automatic one (and 1 TiB of address space is still cheap on 64-bit).
 MAX_MAP_SIZE_BYTES = 1 << 40  # 1 TiB
 MAP_GROWTH_FACTOR = 2  # doubling keeps the number of resizes logarithmic
-LOCK_FILE_NAME = "LOCK"
-PID_RECORD_BYTES = 21  # a right-aligned decimal pid (up to 20 digits) and a newline
-
-
-class StoreLockedError(StoreError):
-    """The data dir is already open (in another process, or in this one)."""
-
-
-class StoreFormatError(StoreError):
-    """The data dir was written in a store format this build does not read."""
 
 
 class LmdbStore:
@@ -115,19 +94,19 @@ class LmdbStore:
             self._path.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise StoreError(f"cannot create data dir {self._path}: {exc}") from exc
-        self._lock_fd = _lock_data_dir(self._path)
+        self._lock_fd = lock_data_dir(self._path)
         try:
-            self._env = _open_env(self._path, _round_to_pages(map_size_bytes), sync)
+            self._env = open_env(self._path, map_size_bytes, sync)
         except BaseException:
-            _unlock_data_dir(self._lock_fd)
+            unlock_data_dir(self._lock_fd)
             raise
         try:
             self._dbs = self._open_tables()
             if sync:
-                _fsync_dir(self._path)  # make a fresh data dir's file entries durable too
+                fsync_dir(self._path)  # make a fresh data dir's file entries durable too
         except BaseException:
             self._env.close()
-            _unlock_data_dir(self._lock_fd)
+            unlock_data_dir(self._lock_fd)
             raise
 
     # --- the Store protocol -------------------------------------------------
@@ -171,9 +150,9 @@ class LmdbStore:
             try:
                 with self._read_txn().cursor(db=db) as cursor:
                     if reverse:
-                        pairs = _read_backward(cursor, prefix, start, limit)
+                        pairs = read_backward(cursor, prefix, start, limit)
                     else:
-                        pairs = _read_forward(cursor, prefix, start, limit)
+                        pairs = read_forward(cursor, prefix, start, limit)
             except lmdb.Error as exc:
                 self._drop_reader()
                 raise StoreError(f"read from {self._path} failed: {exc}") from exc
@@ -219,7 +198,7 @@ class LmdbStore:
             try:
                 self._env.close()
             finally:
-                _unlock_data_dir(self._lock_fd)
+                unlock_data_dir(self._lock_fd)
 
     # --- extras (not part of the protocol) ----------------------------------
 
@@ -290,26 +269,10 @@ class LmdbStore:
             dbs.clear()
             for name in TABLES:
                 dbs[name] = self._env.open_db(name.encode("ascii"), txn=txn, create=True)
-            self._check_format(txn, dbs)
+            check_format(txn, dbs, self._path)
 
         self._write(open_all)
         return dbs
-
-    def _check_format(self, txn: lmdb.Transaction, dbs: dict[str, lmdb._Database]) -> None:
-        expected = encode_store_format(STORE_FORMAT)
-        found = txn.get(STORE_FORMAT_KEY, db=dbs[TABLE_META])
-        if found == expected:
-            return
-        if found is not None:
-            raise StoreFormatError(
-                f"data dir {self._path} has store format {found!r}; this build reads "
-                f"format {expected!r} only{_format_hint(found)}"
-            )
-        if any(txn.stat(db)["entries"] for db in dbs.values()):
-            raise StoreFormatError(
-                f"data dir {self._path} holds data but no store format record"
-            )
-        txn.put(STORE_FORMAT_KEY, expected, db=dbs[TABLE_META])
 
     def _write_ops(self, txn: lmdb.Transaction, ops: Sequence[Op]) -> None:
         for op in ops:
@@ -371,147 +334,3 @@ class LmdbStore:
             self._env.set_mapsize(grown)
         except lmdb.Error as exc:
             raise StoreError(f"cannot grow the map of {self._path} to {grown}: {exc}") from exc
-
-
-def _format_hint(found: bytes) -> str:
-    """What to do about a data dir in another format (no build converts one in place)."""
-    try:
-        version = int(found)
-    except ValueError:
-        return " (the format record is garbled)"
-    if version < STORE_FORMAT:
-        return (": it was written by an older megnode. Keep the old build to read it, or "
-                "move it aside and start with an empty data dir (the node fetches its topics "
-                "again from peers; events only it held are in the old dir)")
-    return ": it was written by a newer megnode; run that build"
-
-
-def _read_forward(
-    cursor: lmdb.Cursor, prefix: bytes, start: bytes | None, limit: int | None
-) -> list[tuple[bytes, bytes]]:
-    low = prefix if start is None else max(prefix, start)
-    # LMDB rejects an empty key, and b"" sorts before every key anyway.
-    positioned = cursor.set_range(low) if low else cursor.first()
-    if not positioned:
-        return []
-    pairs: list[tuple[bytes, bytes]] = []
-    for key, value in cursor.iternext():
-        if not key.startswith(prefix) or len(pairs) == limit:
-            break
-        pairs.append((key, value))
-    return pairs
-
-
-def _read_backward(
-    cursor: lmdb.Cursor, prefix: bytes, start: bytes | None, limit: int | None
-) -> list[tuple[bytes, bytes]]:
-    if not _position_at_last_candidate(cursor, prefix, start):
-        return []
-    pairs: list[tuple[bytes, bytes]] = []
-    for key, value in cursor.iterprev():
-        # Walking down from the top of [prefix, bound), the first key without
-        # the prefix is below the range: nothing further can match.
-        if not key.startswith(prefix) or len(pairs) == limit:
-            break
-        pairs.append((key, value))
-    return pairs
-
-
-def _position_at_last_candidate(
-    cursor: lmdb.Cursor, prefix: bytes, start: bytes | None
-) -> bool:
-    """Put the cursor on the greatest key <= start (inclusive) and < the prefix bound."""
-    bound = prefix_upper_bound(prefix)
-    if start is not None and (bound is None or start < bound):
-        if not start:
-            return False  # no key is <= b""
-        if not cursor.set_range(start):
-            return cursor.last()
-        return cursor.key() == start or cursor.prev()
-    if bound is None:
-        return cursor.last()
-    if not cursor.set_range(bound):
-        return cursor.last()
-    return cursor.prev()
-
-
-def _open_env(path: Path, map_size_bytes: int, sync: bool) -> lmdb.Environment:
-    try:
-        env = lmdb.open(
-            str(path),
-            map_size=map_size_bytes,
-            subdir=True,
-            max_dbs=len(TABLES),
-            sync=sync,
-            metasync=sync,
-        )
-    except lmdb.Error as exc:
-        raise StoreError(f"cannot open LMDB environment in {path}: {exc}") from exc
-    if env.max_key_size() < MAX_KEY_BYTES:
-        # The protocol promises MAX_KEY_BYTES keys; a liblmdb built with a
-        # smaller limit would fail on valid batches, so refuse up front.
-        env.close()
-        raise StoreError(
-            f"liblmdb max key size {env.max_key_size()} < MAX_KEY_BYTES={MAX_KEY_BYTES}"
-        )
-    return env
-
-
-def _round_to_pages(size_bytes: int) -> int:
-    """LMDB wants the map size to be a whole number of OS pages."""
-    pages = -(-size_bytes // mmap.PAGESIZE)
-    return pages * mmap.PAGESIZE
-
-
-def _lock_data_dir(path: Path) -> int:
-    """Take an exclusive flock on `<path>/LOCK` and record our pid in it.
-
-    flock (unlike the POSIX fcntl locks LMDB uses internally) belongs to the
-    open file, so it also stops a second open from this very process, which
-    LMDB forbids. The kernel drops it when the process dies: no stale locks.
-    """
-    lock_path = path / LOCK_FILE_NAME
-    try:
-        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-    except OSError as exc:
-        raise StoreError(f"cannot open lock file {lock_path}: {exc}") from exc
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        holder = _read_pid(fd)
-        os.close(fd)
-        if holder == str(os.getpid()):
-            raise StoreLockedError(
-                f"data dir {path} is already open in this process (pid {holder})"
-            ) from None
-        raise StoreLockedError(
-            f"data dir {path} is in use by another process (pid {holder})"
-        ) from None
-    except OSError as exc:
-        os.close(fd)
-        raise StoreError(f"cannot lock {lock_path}: {exc}") from exc
-    # Informational only (the flock is the lock), so no fsync. Every record
-    # has the same width, so overwriting needs no (slow) truncate.
-    record = str(os.getpid()).rjust(PID_RECORD_BYTES - 1) + "\n"
-    os.pwrite(fd, record.encode("ascii"), 0)
-    return fd
-
-
-def _read_pid(fd: int) -> str:
-    """The pid recorded by the lock holder, or "unknown" if not written yet."""
-    record = os.pread(fd, PID_RECORD_BYTES, 0).decode("ascii", "replace").strip()
-    return record if record.isdigit() else "unknown"
-
-
-def _unlock_data_dir(fd: int) -> None:
-    # Leave the file in place: unlinking a lock file races with the next opener.
-    fcntl.flock(fd, fcntl.LOCK_UN)
-    os.close(fd)
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

@@ -6,10 +6,8 @@ built from the same 32-byte seed as `node.core.identity.Identity.from_seed`,
 so the peer id embeds the author key), and offers:
 
 * `connect`, `disconnect`, `peers()`, and peer up/down notifications through a
-  synchronous callback `on_peer(PeerEvent)`. A callback, not a channel: it
-  cannot fill up and block py-libp2p's connection path, and it cannot lose a
-  "down". It runs inside the library's notifee task, so it must only record
-  the event (e.g. `send_nowait` into the owner's own channel);
+  synchronous callback `on_peer(PeerEvent)` (`transport.libp2p_liveness`,
+  which also finds and drops dead connections);
 * request/response (`transport.libp2p_requests`) and one-way message streams
   (`transport.libp2p_messages`) for our own protocols, with misbehaviour
   reports (`transport.libp2p_streams`);
@@ -38,39 +36,25 @@ What we configure on py-libp2p 0.8.1 and why:
   py-libp2p lets a cancelled write leave half a Noise message on the wire,
   which silently wedges or breaks the connection.
 
-Dead connections. A peer that stops reading keeps its connection "open" for
-as long as nobody writes to it. Three things turn that into a clean "down"
-(counted in `connections_aborted`): a write the peer does not take within
-`WRITE_STALL_TIMEOUT_S` aborts the connection; `STALE_STREAM_FAILURES`
-timed-out stream opens/writes in a row abort it too; and `connect` to a peer
-we think we are connected to first checks the connection with a libp2p ping
-(`LIVENESS_PROBE_TIMEOUT_S`) and redials if it is dead. Whom to redial after
-a "down" is the owner's choice (`transport.libp2p_redial`).
+Who the host is (its key pair from the node's seed, peer id <-> author key)
+lives in `transport.libp2p_identity`; where it listens, and the check that a
+fixed port is not already taken, in `transport.libp2p_listen`.
 """
 
 from __future__ import annotations
 
-import functools
 import logging
-import os
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Sequence
 from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
-from dataclasses import dataclass, field
 from types import TracebackType
 
 import multiaddr
 import trio
 from libp2p import new_host
-from libp2p.abc import IHost, INetConn, INetStream, INetwork, INotifee
-from libp2p.crypto.ed25519 import Ed25519PublicKey, create_new_key_pair
-from libp2p.crypto.keys import KeyPair
+from libp2p.abc import IHost
 from libp2p.crypto.x25519 import create_new_key_pair as create_noise_key_pair
 from libp2p.custom_types import TProtocol
-from libp2p.host.ping import ID as PING_PROTOCOL_ID
-from libp2p.host.ping import PING_LENGTH
-from libp2p.io.utils import read_exactly
 from libp2p.network.config import ConnectionConfig
-from libp2p.peer.id import ID
 from libp2p.peer.peerinfo import info_from_p2p_addr
 from libp2p.peer.peerstore import PeerStoreError
 from libp2p.security.noise.transport import PROTOCOL_ID as NOISE_PROTOCOL_ID
@@ -80,12 +64,22 @@ from libp2p.stream_muxer.yamux.yamux import Yamux
 from libp2p.tools.anyio_service import background_trio_service
 
 from transport import libp2p_patches
-from transport.libp2p_patches import abort_session
 from transport.libp2p_gossip import GossipConfig, GossipHandler, GossipStats, GossipTopics, build_pubsub
+from transport.libp2p_identity import key_pair_from_seed, peer_id_of_key_pair
+from transport.libp2p_listen import DEFAULT_LISTEN
+from transport.libp2p_liveness import (
+    CLOSE_TIMEOUT_S,
+    LIVENESS_PROBE_TIMEOUT_S,
+    PeerCallback,
+    PeerTracker,
+    abort_peer,
+    close_connections,
+    disconnect_peer,
+    ping,
+)
 from transport.libp2p_messages import MessageStreams
 from transport.libp2p_requests import RequestProtocols
 from transport.libp2p_streams import (
-    PEER_ID_CACHE_SIZE,
     REQUEST_TIMEOUT_S,
     STREAM_ERRORS,
     MessageHandler,
@@ -93,153 +87,21 @@ from transport.libp2p_streams import (
     MisbehaviourCallback,
     RequestHandler,
     StreamLimits,
-    close_quietly,
     parse_peer_id,
 )
 
 logger = logging.getLogger(__name__)
 
-SEED_BYTES = 32
-DEFAULT_LISTEN = "/ip4/127.0.0.1/tcp/0"
 MAX_CONNECTIONS_PER_PEER = 1
 CONNECT_TIMEOUT_S = 10.0
 DIAL_TIMEOUT_S = 10.0
-HOST_CLOSE_TIMEOUT_S = 5.0  # bound on the shielded close at exit
 GOSSIP_MESH_TIMEOUT_S = 10.0
-# A live connection answers a libp2p ping well within this even when busy;
-# `connect` to a peer that does not is treated as a dead connection.
-LIVENESS_PROBE_TIMEOUT_S = 5.0
-# After aborting a connection, how long `connect` waits for py-libp2p to
-# forget it (its close path ends with a fixed 0.1 s sleep) before dialling.
-CONNECTION_GONE_TIMEOUT_S = 2.0
-CONNECTION_GONE_POLL_S = 0.05
 DEFAULT_GOSSIP = GossipConfig()
 DEFAULT_LIMITS = StreamLimits()
 
 
 class ConnectError(Exception):
     """A peer address could not be dialled; the message says why."""
-
-
-def check_ports_free(addresses: Sequence[str]) -> None:
-    """Raise OSError (EADDRINUSE) if a listen address's fixed port is already bound.
-
-    py-libp2p binds its listeners with SO_REUSEPORT (for TCP hole punching),
-    so a second node told to listen on a taken port binds it too, silently,
-    and the kernel then splits incoming dials between two different nodes.
-    A plain bind, without SO_REUSEPORT, fails on a port anyone holds; the
-    probe is closed at once and the host binds for real. Port 0 (any free
-    port) and names other than /ip4 and /ip6 are not probed.
-    """
-    import socket
-
-    for address in addresses:
-        parsed = multiaddr.Multiaddr(address)
-        names = [protocol.name for protocol in parsed.protocols()]
-        if names[:2] not in (["ip4", "tcp"], ["ip6", "tcp"]):
-            continue
-        port = int(parsed.value_for_protocol("tcp"))
-        if port == 0:
-            continue
-        family = socket.AF_INET if names[0] == "ip4" else socket.AF_INET6
-        with socket.socket(family, socket.SOCK_STREAM) as probe:
-            # A port left in TIME_WAIT by our own last run is free to reuse.
-            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            probe.bind((parsed.value_for_protocol(names[0]), port))
-
-
-@dataclass(frozen=True)
-class PeerEvent:
-    peer_id: str
-    up: bool  # True: first connection opened; False: last connection closed
-
-
-PeerCallback = Callable[[PeerEvent], None]
-
-
-def key_pair_from_seed(seed: bytes) -> KeyPair:
-    """The libp2p ed25519 key pair of `Identity.from_seed(seed)`."""
-    if len(seed) != SEED_BYTES:
-        raise ValueError(f"seed must be {SEED_BYTES} bytes")
-    return create_new_key_pair(seed)
-
-
-# Cached both ways: callers convert on every message, and base58 is pure Python.
-@functools.lru_cache(maxsize=PEER_ID_CACHE_SIZE)
-def peer_id_of_public_key(public_key: bytes) -> str:
-    """The peer id (base58) of an ed25519 author key."""
-    return ID.from_pubkey(Ed25519PublicKey.from_bytes(public_key)).to_base58()
-
-
-@functools.lru_cache(maxsize=PEER_ID_CACHE_SIZE)
-def public_key_of_peer_id(peer_id: str) -> bytes | None:
-    """The ed25519 key embedded in an ed25519 peer id; None for other key types."""
-    key = parse_peer_id(peer_id).extract_public_key()
-    if not isinstance(key, Ed25519PublicKey):
-        return None
-    return key.to_bytes()
-
-
-@dataclass
-class _PeerTracker(INotifee):
-    """Connection counts per peer, turned into up/down edges for the owner."""
-
-    on_peer: PeerCallback | None
-    on_down: Callable[[str], None]
-    connections: dict[str, int] = field(default_factory=dict)
-
-    async def connected(self, network: INetwork, conn: INetConn) -> None:
-        peer_id = conn.muxed_conn.peer_id.to_base58()
-        count = self.connections.get(peer_id, 0)
-        self.connections[peer_id] = count + 1
-        if count == 0:
-            self._emit(PeerEvent(peer_id, up=True))
-
-    async def disconnected(self, network: INetwork, conn: INetConn) -> None:
-        peer_id = conn.muxed_conn.peer_id.to_base58()
-        count = self.connections.get(peer_id, 0)
-        if count == 0:
-            return  # a connection we never counted (closed during setup)
-        if count > 1:
-            self.connections[peer_id] = count - 1
-            return
-        del self.connections[peer_id]
-        self.on_down(peer_id)
-        self._emit(PeerEvent(peer_id, up=False))
-
-    def _emit(self, event: PeerEvent) -> None:
-        if self.on_peer is None:
-            return
-        try:
-            self.on_peer(event)
-        except Exception:
-            logger.exception("peer callback failed for %s", event)
-
-    async def opened_stream(self, network: INetwork, stream: INetStream) -> None:
-        pass
-
-    async def closed_stream(self, network: INetwork, stream: INetStream) -> None:
-        pass
-
-    async def listen(self, network: INetwork, multiaddr: multiaddr.Multiaddr) -> None:
-        pass
-
-    async def listen_close(self, network: INetwork, multiaddr: multiaddr.Multiaddr) -> None:
-        pass
-
-
-async def _close_connection(connection: INetConn) -> None:
-    try:
-        await connection.close()
-        # Under an outer cancellation the library's own connection task has
-        # already begun `SwarmConn.close()` and been cancelled in it: the
-        # connection is marked closed but its socket is still open. Close the
-        # muxer (GO_AWAY, then the socket) ourselves; it is idempotent.
-        muxed = connection.muxed_conn
-        if not getattr(muxed, "is_closed", False):
-            await muxed.close()
-    except Exception:
-        logger.debug("closing a connection failed", exc_info=True)
 
 
 class P2PHost:
@@ -260,10 +122,10 @@ class P2PHost:
         self._gossip_config = gossip
         self._limits = limits
         self._on_misbehaviour = on_misbehaviour
-        self.peer_id = ID.from_pubkey(self._key_pair.public_key).to_base58()
+        self.peer_id = peer_id_of_key_pair(self._key_pair)
         self._misbehaviour_counts: dict[str, int] = {}
         self.stale_aborts = 0  # connections we aborted because they looked dead
-        self._tracker = _PeerTracker(on_peer, self._peer_went_down)
+        self._tracker = PeerTracker(on_peer, self._peer_went_down)
         self._host: IHost | None = None
         self._requests: RequestProtocols | None = None
         self._messages: MessageStreams | None = None
@@ -346,16 +208,14 @@ class P2PHost:
     async def _close_host(host: IHost) -> None:
         # Shielded: an exit under cancellation must still close the sockets,
         # else peers keep a dead connection and never see us go down.
-        with trio.CancelScope(shield=True), trio.move_on_after(HOST_CLOSE_TIMEOUT_S) as scope:
-            # Yamux's close ends with a fixed 0.1 s sleep and the swarm closes
-            # connections one after another; closing them all at once first
-            # keeps shutdown ~0.2 s whatever the number of peers.
-            async with trio.open_nursery() as closers:
-                for connection in host.get_network().get_connections():
-                    closers.start_soon(_close_connection, connection)
+        with trio.CancelScope(shield=True), trio.move_on_after(CLOSE_TIMEOUT_S) as scope:
+            # The swarm closes connections one after another, each ending in a
+            # fixed 0.1 s sleep; closing them all at once first keeps shutdown
+            # ~0.2 s whatever the number of peers.
+            await close_connections(host.get_network().get_connections())
             await host.close()
         if scope.cancelled_caught:
-            logger.warning("libp2p host close took over %s s; abandoned", HOST_CLOSE_TIMEOUT_S)
+            logger.warning("libp2p host close took over %s s; abandoned", CLOSE_TIMEOUT_S)
 
     def _running_host(self) -> IHost:
         if self._host is None:
@@ -438,64 +298,16 @@ class P2PHost:
         return info.peer_id.to_base58()
 
     async def disconnect(self, peer_id: str) -> None:
-        """Close every connection to `peer_id` (e.g. after misbehaviour).
-
-        Each connection's muxer is closed directly, bounded and shielded, so
-        the peer sees the socket go even if the library's own bookkeeping
-        (which `host.disconnect` relies on) is mid-update.
-        """
-        host = self._running_host()
-        target = parse_peer_id(peer_id)
-        with trio.CancelScope(shield=True), trio.move_on_after(HOST_CLOSE_TIMEOUT_S):
-            connections = [c for c in host.get_network().get_connections()
-                           if c.muxed_conn.peer_id == target]
-            async with trio.open_nursery() as closers:
-                for connection in connections:
-                    closers.start_soon(_close_connection, connection)
-            try:
-                await host.disconnect(target)
-            except Exception:
-                logger.debug("host.disconnect(%s) failed", peer_id, exc_info=True)
+        """Close every connection to `peer_id` (e.g. after misbehaviour), shielded and bounded."""
+        await disconnect_peer(self._running_host(), peer_id)
 
     async def is_alive(self, peer_id: str, timeout_s: float = LIVENESS_PROBE_TIMEOUT_S) -> bool:
         """True if the connection to `peer_id` answers a libp2p ping within `timeout_s`."""
-        host = self._running_host()
-        challenge = os.urandom(PING_LENGTH)
-        stream: INetStream | None = None
-        try:
-            with trio.fail_after(timeout_s):
-                stream = await host.new_stream(parse_peer_id(peer_id), [PING_PROTOCOL_ID])
-                await stream.write(challenge)
-                answer = await read_exactly(stream, PING_LENGTH)
-        except (trio.TooSlowError, *STREAM_ERRORS):
-            answer = b""
-        if stream is not None:
-            await close_quietly(stream, reset=answer != challenge)
-        return answer == challenge
+        return await ping(self._running_host(), peer_id, timeout_s)
 
     async def abort(self, peer_id: str) -> None:
-        """Drop every connection to `peer_id` at once: close the sockets, say no goodbye.
-
-        For a connection that looks dead, where a graceful close would wait on
-        writes the peer will never take. Returns once py-libp2p has forgotten
-        the connections (bounded by CONNECTION_GONE_TIMEOUT_S).
-        """
-        host = self._running_host()
-        target = parse_peer_id(peer_id)
-        with trio.CancelScope(shield=True), trio.move_on_after(HOST_CLOSE_TIMEOUT_S):
-            connections = [c for c in host.get_network().get_connections()
-                           if c.muxed_conn.peer_id == target]
-            for connection in connections:
-                secured = getattr(connection.muxed_conn, "secured_conn", None)
-                if secured is not None:
-                    await abort_session(secured)
-            async with trio.open_nursery() as closers:
-                for connection in connections:
-                    closers.start_soon(_close_connection, connection)
-            with trio.move_on_after(CONNECTION_GONE_TIMEOUT_S):
-                while any(c.muxed_conn.peer_id == target
-                          for c in host.get_network().get_connections()):
-                    await trio.sleep(CONNECTION_GONE_POLL_S)
+        """Drop every connection to `peer_id` at once, for one that looks dead (`abort_peer`)."""
+        await abort_peer(self._running_host(), peer_id)
 
     @property
     def connections_aborted(self) -> int:

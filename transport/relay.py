@@ -29,15 +29,15 @@ libp2p identity *is* its ed25519 event key (the Noise handshake proved it).
                       in all), parents first: a device signs a chain from one
                       Template (event i+1's only parent is event i).
     relay -> device   SubmitResult     [1, 4, topic, [[id|nil, status, reason], ...]]
-                      one entry per submitted event, in order. status is
-                      STATUS_ACCEPTED (applied, durable), STATUS_DUPLICATE
-                      (already here: a retry), STATUS_BUFFERED (durable but
-                      waiting for parents the relay lacks) or STATUS_REJECTED
-                      with a stable reason (a Reference Monitor reason, an
-                      auth-rule reason, or one of the REASON_* below). The id
-                      is nil when the bytes were not an event at all.
+                      one entry per submitted event, in order. status is a
+                      `SubmitStatus`: ACCEPTED (applied, durable), DUPLICATE
+                      (already here: a retry), BUFFERED (durable but waiting
+                      for parents the relay lacks) or REJECTED with a stable
+                      reason (a Reference Monitor reason, an auth-rule
+                      reason, or a `RelayReason`). The id is nil when the
+                      bytes were not an event at all.
     relay -> device   Refused          [1, 5, reason, detail]
-                      the whole request was refused (REASON_* below; detail
+                      the whole request was refused (a `RelayReason`; detail
                       is one human-readable line).
 
 Decoding is strict and bounded like `transport.messages`: anything wrong
@@ -50,6 +50,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Any, Union
 
 import msgpack
@@ -76,25 +77,40 @@ MAX_REASON_CHARS = 64
 MAX_DETAIL_CHARS = 512
 MAX_D_MAX_FIELD = 1_000  # only range-checked here; the topic's own bound is smaller
 
-# Per-event outcomes of a submit.
-STATUS_ACCEPTED = "accepted"
-STATUS_DUPLICATE = "duplicate"
-STATUS_BUFFERED = "buffered"
-STATUS_REJECTED = "rejected"
-STATUSES = (STATUS_ACCEPTED, STATUS_DUPLICATE, STATUS_BUFFERED, STATUS_REJECTED)
 
-# Reasons the relay gives (stable strings: logs, counters, client errors).
-REASON_BAD_REQUEST = "bad_request"  # the request did not decode (detail says why)
-REASON_UNKNOWN_TOPIC = "unknown_topic"  # the relay does not replicate it
-REASON_NOT_READY = "not_ready"  # the relay lacks the topic's create event
-REASON_RATE_LIMITED = "rate_limited"  # too many requests from this peer; retry later
-REASON_NOT_RELAYED_WRITER = "not_relayed_writer"  # the author lacks the relayed role
-REASON_NOT_AUTHORIZED = "not_authorized"  # the auth rules refuse the draft
-REASON_RELAY_CANNOT_REFERENCE = "relay_cannot_reference"  # the relay is no writer here
-REASON_AUTHOR_NOT_SENDER = "author_not_sender"  # event signed by another key than the peer's
-REASON_WRONG_TOPIC = "wrong_topic"  # event of another topic than the request's
-REASON_NOT_AN_EVENT = "not_an_event"  # bytes that are not one canonical event
-REASON_BATCH_TOO_LARGE = "batch_too_large"
+class SubmitStatus(StrEnum):
+    """What the relay did with one submitted event (its value is the wire string)."""
+
+    ACCEPTED = "accepted"  # applied, durable
+    DUPLICATE = "duplicate"  # already here: a retry
+    BUFFERED = "buffered"  # durable, waiting for parents the relay lacks
+    REJECTED = "rejected"  # not applied; the outcome's reason says why
+
+
+class RelayReason(StrEnum):
+    """Reasons the relay gives: stable strings in logs, counters, client errors and on the wire.
+
+    A whole request's `Refused.reason`, or a rejected outcome's reason when the
+    relay (not the Reference Monitor or the auth rules) turned the event down.
+    Decoding keeps a received reason a plain `str`: a newer relay may send one
+    this build does not know, and a client still shows it.
+    """
+
+    BAD_REQUEST = "bad_request"  # the request did not decode (detail says why)
+    UNKNOWN_TOPIC = "unknown_topic"  # the relay does not replicate it
+    NOT_READY = "not_ready"  # the relay lacks the topic's create event
+    RATE_LIMITED = "rate_limited"  # too many requests from this peer; retry later
+    NOT_RELAYED_WRITER = "not_relayed_writer"  # the author lacks the relayed role
+    NOT_AUTHORIZED = "not_authorized"  # the auth rules refuse the draft
+    RELAY_CANNOT_REFERENCE = "relay_cannot_reference"  # the relay is no writer here
+    AUTHOR_NOT_SENDER = "author_not_sender"  # event signed by another key than the peer's
+    WRONG_TOPIC = "wrong_topic"  # event of another topic than the request's
+    NOT_AN_EVENT = "not_an_event"  # bytes that are not one canonical event
+
+
+# node.runtime still names this one; it goes once the runtime says
+# RelayReason.BAD_REQUEST (the runtime is being restructured meanwhile).
+REASON_BAD_REQUEST = RelayReason.BAD_REQUEST
 
 
 class RelayMessageError(ValueError):
@@ -135,12 +151,12 @@ class Outcome:
     """What the relay did with one submitted event."""
 
     event_id: bytes | None
-    status: str
-    reason: str = ""
+    status: SubmitStatus
+    reason: str = ""  # a RelayReason, or the monitor's or auth rules' reason
 
     @property
     def ok(self) -> bool:
-        return self.status != STATUS_REJECTED
+        return self.status is not SubmitStatus.REJECTED
 
 
 @dataclass(frozen=True, slots=True)
@@ -247,9 +263,13 @@ def _outcome(value: Any) -> Outcome:
     event_id, status, reason = value
     if event_id is not None and not (isinstance(event_id, bytes) and len(event_id) == ID_BYTES):
         raise _fail("bad_field", "outcome id")
-    if status not in STATUSES:
+    if not isinstance(status, str) or status not in _SUBMIT_STATUSES:
         raise _fail("bad_field", "outcome status")
-    return Outcome(event_id, status, _text(reason, MAX_REASON_CHARS, "outcome reason"))
+    return Outcome(event_id, SubmitStatus(status),
+                   _text(reason, MAX_REASON_CHARS, "outcome reason"))
+
+
+_SUBMIT_STATUSES = frozenset(SubmitStatus)
 
 
 # Field count (after version and tag) of each message kind.

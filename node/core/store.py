@@ -1,19 +1,26 @@
 """The storage protocol every megnode store implements.
 
 The MEG core never talks to LMDB directly: it sees a small ordered key-value
-store with a fixed set of named tables and one write primitive, `apply`, that
-commits a whole batch of puts and deletes atomically and durably. Keeping the
-protocol this narrow is what lets the same core run on LMDB in a node and on
-plain dictionaries in the simulator, and lets one conformance suite
-(`tests/storage/test_conformance.py`) hold both implementations to the same
-behaviour.
+store with a fixed set of named tables, read with `get` and `scan`, and one
+write primitive in the protocol, `apply`, that commits a whole batch of puts
+and deletes atomically and durably. Both stores also offer `apply_writes`, the
+same contract for a write-set ``{table: {key: value, or None to delete}}``;
+`node.core.pending.commit_writes` uses it when a store has it (no op object
+per write) and `apply` otherwise. In a running node only the committer
+(`node.committer`) calls either: the core collects writes, the committer
+commits them. Keeping the protocol this narrow is what lets the same core run
+on LMDB in a node and on plain dictionaries in the simulator, and lets one
+conformance suite (`tests/storage/test_conformance.py`, with
+`test_apply_writes.py` for the write-set form) hold both implementations to
+the same behaviour.
 
 Keys and values are bytes. Keys within a table are ordered bytewise, so
-composite keys (`topic || parent || child`) support prefix scans. A store may
-hold many topics: the core prefixes every key with the topic id.
+composite keys (`topic || parent's position || child`) support prefix scans.
+A store may hold many topics: the core prefixes every key with the topic id.
 
-Durability contract: when `apply` returns, the batch is committed (for LMDB,
-fsynced); after a crash the store holds either all of a batch or none of it.
+Durability contract: when `apply` (or `apply_writes`) returns, the batch is
+committed (on LMDB opened with `sync=True`, as a node opens it: fsynced);
+after a crash the store holds either all of a batch or none of it.
 """
 
 from __future__ import annotations

@@ -27,15 +27,11 @@ from transport.libp2p_gossip import GossipConfig
 from transport.libp2p_host import P2PHost
 from transport.relay import (
     PROTOCOL_RELAY,
-    REASON_AUTHOR_NOT_SENDER,
-    REASON_BAD_REQUEST,
-    REASON_NOT_AUTHORIZED,
-    REASON_NOT_RELAYED_WRITER,
-    REASON_UNKNOWN_TOPIC,
-    STATUS_REJECTED,
     Refused,
+    RelayReason,
     SubmitRequest,
     SubmitResult,
+    SubmitStatus,
     Template,
     TemplateRequest,
     decode,
@@ -117,17 +113,17 @@ async def test_unauthorised_device_is_refused_with_a_reason(tmp_path: Path) -> N
             async with RelayedWriter.open(stranger, a.addresses[0], topic_a.topic_id) as writer:
                 with pytest.raises(RelayRefusedError) as refused:
                     await writer.publish(b"let me in")
-                assert refused.value.reason == REASON_NOT_RELAYED_WRITER
+                assert refused.value.reason == RelayReason.NOT_RELAYED_WRITER
                 assert "has role none" in str(refused.value)
                 with pytest.raises(RelayRefusedError) as refused:
                     await writer.join()  # invite-only, and nobody invited it
-                assert refused.value.reason == REASON_NOT_AUTHORIZED
+                assert refused.value.reason == RelayReason.NOT_AUTHORIZED
                 assert "not_invited" in str(refused.value)
             # A full writer's key is not a relayed writer either: it publishes itself.
             async with RelayedWriter.open(_b.identity, a.addresses[0], topic_a.topic_id) as writer:
                 with pytest.raises(RelayRefusedError) as refused:
                     await writer.publish(b"heads belong to replicas")
-                assert refused.value.reason == REASON_NOT_RELAYED_WRITER
+                assert refused.value.reason == RelayReason.NOT_RELAYED_WRITER
             assert topic_a.replica.graph.author_latest_seq(stranger.public_key) is None
             with pytest.raises(RelayError, match="not a topic id"):
                 async with RelayedWriter.open(stranger, a.addresses[0], "beef"):
@@ -149,9 +145,9 @@ async def test_garbage_is_refused_and_the_relay_keeps_serving(tmp_path: Path) ->
                 peer = await host.connect(a.addresses[0])
                 for garbage in (b"", b"\xc1", b"\x93\x01\x02\x03", encode(Refused("x", "y"))):
                     reply = await raw_request(host, peer, garbage)
-                    assert isinstance(reply, Refused) and reply.reason == REASON_BAD_REQUEST
+                    assert isinstance(reply, Refused) and reply.reason == RelayReason.BAD_REQUEST
                 reply = await raw_request(host, peer, encode(SubmitRequest(b"\x07" * 32, ())))
-                assert isinstance(reply, Refused) and reply.reason == REASON_UNKNOWN_TOPIC
+                assert isinstance(reply, Refused) and reply.reason == RelayReason.UNKNOWN_TOPIC
                 # The device joins with a hand-made event (as RelayedWriter.join does) ...
                 join_payload = pack_payload({"membership": "join", "relayed": True})
                 template = await raw_request(host, peer, encode(TemplateRequest(
@@ -178,9 +174,9 @@ async def test_garbage_is_refused_and_the_relay_keeps_serving(tmp_path: Path) ->
                 reply = await raw_request(host, peer, encode(SubmitRequest(
                     topic_a.topic_id, (b"junk", foreign.raw, forged))))
                 assert isinstance(reply, SubmitResult)
-                assert [o.status for o in reply.outcomes] == [STATUS_REJECTED] * 3
-                assert reply.outcomes[0].reason.startswith("not_an_event")
-                assert reply.outcomes[1].reason == REASON_AUTHOR_NOT_SENDER
+                assert [o.status for o in reply.outcomes] == [SubmitStatus.REJECTED] * 3
+                assert reply.outcomes[0].reason.startswith(RelayReason.NOT_AN_EVENT)
+                assert reply.outcomes[1].reason == RelayReason.AUTHOR_NOT_SENDER
                 assert reply.outcomes[2].reason == "bad_signature"
             # Still serving, and nothing of the garbage was stored.
             assert all(topic_a.replica.graph.get(i) is None

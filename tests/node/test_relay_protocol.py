@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import random
 
+import msgpack
 import pytest
 
 from node.core.event import KIND_MESSAGE, pack_payload
@@ -25,17 +26,13 @@ from storage.memory import MemoryStore
 from tests.helpers import authorized_topic, identity, sync
 from transport.relay import (
     MAX_SUBMIT_EVENTS,
-    REASON_BAD_REQUEST,
-    REASON_NOT_RELAYED_WRITER,
-    REASON_RATE_LIMITED,
-    REASON_RELAY_CANNOT_REFERENCE,
-    STATUS_ACCEPTED,
-    STATUS_DUPLICATE,
     Outcome,
     Refused,
     RelayMessageError,
+    RelayReason,
     SubmitRequest,
     SubmitResult,
+    SubmitStatus,
     Template,
     TemplateRequest,
     decode,
@@ -94,7 +91,7 @@ class World:
         self.alice.commit()
         outcome = self.publish(TYPE_MEMBER, DEVICE.public_key.hex(),
                                pack_payload({"membership": "join", "relayed": True}))
-        assert outcome.status == STATUS_ACCEPTED, outcome
+        assert outcome.status == SubmitStatus.ACCEPTED, outcome
 
 
 def test_relay_acks_what_it_accepted_and_only_then_is_it_ordered() -> None:
@@ -102,7 +99,7 @@ def test_relay_acks_what_it_accepted_and_only_then_is_it_ordered() -> None:
     world.join_device()
     assert world.relay.role_of(DEVICE.public_key) is Role.RELAYED
     outcome = world.publish(KIND_MESSAGE, None, b"21.5C")
-    assert outcome.status == STATUS_ACCEPTED and outcome.event_id is not None
+    assert outcome.status == SubmitStatus.ACCEPTED and outcome.event_id is not None
     order = world.relay.ordering
     assert order is not None and outcome.event_id in order.pending_relayed()
     assert outcome.event_id not in [i for _, i in order.full_slice(0, 1_000)]  # kept aside
@@ -114,7 +111,7 @@ def test_relay_acks_what_it_accepted_and_only_then_is_it_ordered() -> None:
     # A retry of the same bytes is a duplicate, not a second event.
     event = world.relay.graph.get(outcome.event_id)
     again = world.ask(SubmitRequest(world.relay.topic_id, (event.raw,)))
-    assert isinstance(again, SubmitResult) and again.outcomes[0].status == STATUS_DUPLICATE
+    assert isinstance(again, SubmitResult) and again.outcomes[0].status == SubmitStatus.DUPLICATE
 
 
 def test_template_keeps_the_device_chain_when_parents_are_scarce() -> None:
@@ -140,7 +137,7 @@ def test_template_keeps_the_device_chain_when_parents_are_scarce() -> None:
 def test_relay_that_cannot_reference_refuses_up_front() -> None:
     world = World(relay_is_writer=False)
     reply = world.ask(TemplateRequest(world.relay.topic_id, KIND_MESSAGE, None, b"x"))
-    assert isinstance(reply, Refused) and reply.reason == REASON_RELAY_CANNOT_REFERENCE
+    assert isinstance(reply, Refused) and reply.reason == RelayReason.RELAY_CANNOT_REFERENCE
 
 
 def test_another_members_state_is_not_the_devices_to_set() -> None:
@@ -149,10 +146,10 @@ def test_another_members_state_is_not_the_devices_to_set() -> None:
     reply = world.ask(TemplateRequest(world.relay.topic_id, TYPE_MEMBER,
                                       identity("alice").public_key.hex(),
                                       pack_payload({"membership": "leave"})))
-    assert isinstance(reply, Refused) and reply.reason == "not_authorized"
+    assert isinstance(reply, Refused) and reply.reason == RelayReason.NOT_AUTHORIZED
     stranger = identity("stranger")
     reply = world.ask(TemplateRequest(world.relay.topic_id, KIND_MESSAGE, None, b"x"), stranger)
-    assert isinstance(reply, Refused) and reply.reason == REASON_NOT_RELAYED_WRITER
+    assert isinstance(reply, Refused) and reply.reason == RelayReason.NOT_RELAYED_WRITER
 
 
 def test_a_flood_is_rate_limited_per_peer() -> None:
@@ -162,11 +159,11 @@ def test_a_flood_is_rate_limited_per_peer() -> None:
     request = encode(TemplateRequest(world.relay.topic_id, KIND_MESSAGE, None, b"x"))
     reasons = [decode(world.server.handle(DEVICE.public_key, request, NOW_MS).response)
                for _ in range(5)]
-    assert [getattr(r, "reason", None) for r in reasons][3:] == [REASON_RATE_LIMITED] * 2
+    assert [getattr(r, "reason", None) for r in reasons][3:] == [RelayReason.RATE_LIMITED] * 2
     other = decode(world.server.handle(identity("other").public_key, request, NOW_MS).response)
-    assert getattr(other, "reason", None) != REASON_RATE_LIMITED  # buckets are per peer
+    assert getattr(other, "reason", None) != RelayReason.RATE_LIMITED  # buckets are per peer
     later = decode(world.server.handle(DEVICE.public_key, request, NOW_MS + 100).response)
-    assert getattr(later, "reason", None) != REASON_RATE_LIMITED  # refilled at 10/s
+    assert getattr(later, "reason", None) != RelayReason.RATE_LIMITED  # refilled at 10/s
 
 
 def test_rate_limiter_forgets_the_oldest_peers_within_its_bound() -> None:
@@ -181,12 +178,33 @@ def test_rate_limiter_forgets_the_oldest_peers_within_its_bound() -> None:
     TemplateRequest(b"\x01" * 32, TYPE_MEMBER, "ab" * 32, b""),
     Template(b"\x01" * 32, 7, (b"\x02" * 32, b"\x03" * 32), (b"\x04" * 32,), 10, 123),
     SubmitRequest(b"\x01" * 32, (b"e1", b"e2")),
-    SubmitResult(b"\x01" * 32, (Outcome(b"\x05" * 32, STATUS_ACCEPTED),
-                                Outcome(None, "rejected", "not_an_event"))),
-    Refused("rate_limited", "retry later"),
+    SubmitResult(b"\x01" * 32, (Outcome(b"\x05" * 32, SubmitStatus.ACCEPTED),
+                                Outcome(None, SubmitStatus.REJECTED, RelayReason.NOT_AN_EVENT))),
+    Refused(RelayReason.RATE_LIMITED, "retry later"),
 ])
 def test_messages_round_trip(message: object) -> None:
     assert decode(encode(message)) == message  # type: ignore[arg-type]
+
+
+def test_statuses_and_reasons_are_their_wire_strings() -> None:
+    """The enums' values are the wire format (and the stats keys): they never change."""
+    assert [status.value for status in SubmitStatus] == [
+        "accepted", "duplicate", "buffered", "rejected"]
+    assert [reason.value for reason in RelayReason] == [
+        "bad_request", "unknown_topic", "not_ready", "rate_limited", "not_relayed_writer",
+        "not_authorized", "relay_cannot_reference", "author_not_sender", "wrong_topic",
+        "not_an_event"]
+    frame = encode(SubmitResult(b"\x01" * 32, (Outcome(b"\x05" * 32, SubmitStatus.BUFFERED),)))
+    assert msgpack.unpackb(frame)[3] == [[b"\x05" * 32, "buffered", ""]]
+    decoded = decode(frame)
+    assert isinstance(decoded, SubmitResult) and decoded.outcomes[0].status is SubmitStatus.BUFFERED
+    refused = decode(encode(Refused(RelayReason.RATE_LIMITED)))
+    assert isinstance(refused, Refused) and refused.reason == "rate_limited"
+    # A status outside the enum, or not a string at all, is a malformed message.
+    for status in ("maybe", 1, b"accepted"):
+        bad = msgpack.packb([1, 4, b"\x01" * 32, [[None, status, ""]]], use_bin_type=True)
+        with pytest.raises(RelayMessageError, match="outcome status"):
+            decode(bad)
 
 
 def test_encoder_refuses_what_the_peer_would_reject() -> None:
@@ -214,4 +232,4 @@ def test_garbage_request_is_refused_not_raised() -> None:
     world = World()
     for garbage in (b"", b"\xff" * 100, encode(Refused("x"))):
         reply = decode(world.server.handle(DEVICE.public_key, garbage, NOW_MS).response)
-        assert isinstance(reply, Refused) and reply.reason == REASON_BAD_REQUEST
+        assert isinstance(reply, Refused) and reply.reason == RelayReason.BAD_REQUEST

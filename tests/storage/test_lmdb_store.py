@@ -23,7 +23,8 @@ import lmdb
 import pytest
 
 from storage import lmdb_store
-from storage.lmdb_store import LmdbStore, StoreFormatError, StoreLockedError
+from storage.lmdb_data_dir import StoreFormatError, StoreLockedError
+from storage.lmdb_store import LmdbStore
 from storage.memory import STORE_FORMAT_KEY
 from node.core.store import (
     STORE_FORMAT,

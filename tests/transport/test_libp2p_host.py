@@ -20,13 +20,9 @@ from libp2p.peer.id import ID
 from node.core.identity import Identity
 from transport.framing import FrameDecoder, FrameTooLarge, MalformedFrame, encode_frame, encode_uvarint
 from transport.libp2p_gossip import GossipConfig
-from transport.libp2p_host import (
-    ConnectError,
-    P2PHost,
-    PeerEvent,
-    peer_id_of_public_key,
-    public_key_of_peer_id,
-)
+from transport.libp2p_host import ConnectError, P2PHost
+from transport.libp2p_identity import peer_id_of_public_key, public_key_of_peer_id
+from transport.libp2p_liveness import PeerEvent
 from transport.libp2p_requests import RequestError
 from transport.libp2p_streams import (
     MALFORMED_FRAME,

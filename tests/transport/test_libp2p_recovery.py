@@ -27,7 +27,8 @@ from libp2p.custom_types import TProtocol
 from transport import libp2p_patches
 from transport.framing import encode_frame
 from transport.libp2p_gossip import MAX_GOSSIP_MESSAGE_BYTES, GossipConfig, gossip_chunks
-from transport.libp2p_host import ConnectError, P2PHost, PeerEvent
+from transport.libp2p_host import ConnectError, P2PHost
+from transport.libp2p_liveness import PeerEvent
 from transport.libp2p_messages import SendError
 from transport.libp2p_redial import MAX_ADDRESSES_PER_PEER
 from transport.libp2p_streams import (
