@@ -51,16 +51,13 @@ from node.core.parents import DEFAULT_D_MAX, DepletionPolicy
 from node.replica.replica import Replica, ReplicaConfig
 from storage.memory import MemoryStore
 from transport.defaults import DEFAULT_SYNC_INTERVAL_MS
-from transport.dissemination import (
+from transport.dissemination import Disseminator
+from transport.dissemination_config import (
     DEFAULT_FORWARD_FANOUT,
     DEFAULT_PUSH_FANOUT,
-    Disconnect,
     DisseminationConfig,
-    Disseminator,
-    Effect,
-    Log,
-    Send,
 )
+from transport.effects import Disconnect, Effect, Log, Send
 
 # Named bounds of a simulation.
 LIVENESS_BOUND_MS = 120_000  # virtual time the healed cluster gets to converge

@@ -23,13 +23,9 @@ from tests.transport.pair import (
     load,
     random_fork,
 )
-from transport.dissemination import (
-    Disconnect,
-    DisseminationConfig,
-    Disseminator,
-    Log,
-    Send,
-)
+from transport.dissemination import Disseminator
+from transport.dissemination_config import DisseminationConfig
+from transport.effects import Disconnect, Log, Send
 from transport.messages import (
     MessageError,
     Push,
