@@ -56,6 +56,8 @@ MAX_PEER_STATES: Final = 65_536  # remembered (peer, topic) -> last common heads
 
 @dataclass(frozen=True, slots=True)
 class DisseminationConfig:
+    """Every knob of one engine; `__post_init__` rejects values the wire or the timers cannot honour."""
+
     push: bool = True
     announce: bool = False  # emit `Announce` for local events (an external fast path)
     push_fanout: int = DEFAULT_PUSH_FANOUT
