@@ -79,7 +79,8 @@ from node.core.event import Event
 from node.core.pending import Writes, commit_writes, merge_writes
 from node.replica.replica import Replica
 from node.core.store import Op, Put, Store
-from transport.dissemination import Disseminator, Effect
+from transport.dissemination import Disseminator
+from transport.effects import Effect
 
 logger = logging.getLogger("megnode.committer")
 

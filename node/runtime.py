@@ -60,14 +60,9 @@ from node.state.types import RULE_INVITE, RULE_PUBLIC
 from storage.lmdb_data_dir import StoreLockedError
 from storage.lmdb_store import LmdbStore
 from node.core.store import TABLE_META, Delete, Op, Put
-from transport.dissemination import (
-    Announce,
-    Disconnect,
-    DisseminationConfig,
-    Disseminator,
-    Log,
-    Send,
-)
+from transport.dissemination import Disseminator
+from transport.dissemination_config import DisseminationConfig
+from transport.effects import Announce, Disconnect, Log, Send
 from transport.libp2p_gossip import GossipConfig, gossip_chunks
 from transport.libp2p_streams import Misbehaviour, StreamLimits
 from transport.messages import MAX_FRAME_BYTES

@@ -1,6 +1,6 @@
 """Dissemination defaults a node runs with: one named value each.
 
-The engine (`transport.dissemination.DisseminationConfig`), the simulator and
+The engine (`transport.dissemination_config.DisseminationConfig`), the simulator and
 the node's settings (`node.config.NodeConfig`) all take these, so a simulated
 replica and a deployed node sync and judge peers alike. A module of its own,
 importing nothing, because `node.config` is loaded by every CLI call and must
@@ -16,6 +16,6 @@ from typing import Final
 # fast path; the jitter spreads offers so nodes do not all sync in lockstep.
 DEFAULT_SYNC_INTERVAL_MS: Final = 2_000
 DEFAULT_SYNC_JITTER_MS: Final = 500
-# Hard faults (malformed or forged events, see MISBEHAVIOUR_REASONS) from one
+# Hard faults (malformed or forged events: `transport.misbehaviour`) from one
 # peer before the engine asks to disconnect it: a correct peer never causes one.
 MISBEHAVIOUR_THRESHOLD: Final = 20

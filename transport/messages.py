@@ -4,8 +4,8 @@ Theory of operation
 -------------------
 Every message is one msgpack array, ``[WIRE_VERSION, type tag, topic, ...]``,
 so a frame names its protocol version, its kind and the topic it is about
-before anything else. Five kinds exist (see `transport.dissemination` for
-the protocol that uses them):
+before anything else. Five kinds exist (see `transport.dissemination` and
+`transport.anti_entropy` for the protocol that uses them):
 
 * `Push`   — new events, eagerly sent to neighbours (the gossip fast path).
 * `Offer`  — anti-entropy: "these are my heads; these `since` heads we had in

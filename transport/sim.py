@@ -57,16 +57,13 @@ from node.state.types import RULE_PUBLIC, TYPE_POWER_LEVELS, user_id
 from node.state.view import StateView
 from storage.memory import MemoryStore
 from transport.defaults import DEFAULT_SYNC_INTERVAL_MS
-from transport.dissemination import (
+from transport.dissemination import Disseminator
+from transport.dissemination_config import (
     DEFAULT_FORWARD_FANOUT,
     DEFAULT_PUSH_FANOUT,
-    Disconnect,
     DisseminationConfig,
-    Disseminator,
-    Effect,
-    Log,
-    Send,
 )
+from transport.effects import Disconnect, Effect, Log, Send
 from transport.messages import Push, encode
 
 # Named bounds of a simulation.

@@ -27,7 +27,9 @@ from node.replica.replica import Replica, ReplicaConfig
 from storage.lmdb_store import LmdbStore
 from storage.memory import MemoryStore
 from node.core.store import TABLE_EVENTS
-from transport.dissemination import Disseminator, DisseminationConfig, Effect, Log, Send
+from transport.dissemination import Disseminator
+from transport.dissemination_config import DisseminationConfig
+from transport.effects import Effect, Log, Send
 from transport.messages import Events, Push, Reply, decode, encode
 
 NOW_MS = 1_000_000

@@ -15,7 +15,9 @@ from node.core.identity import Identity, sign_event
 from node.core.parents import DepletionPolicy
 from node.replica.replica import Replica, ReplicaConfig
 from storage.memory import MemoryStore
-from transport.dissemination import Disseminator, DisseminationConfig, Effect, Send
+from transport.dissemination import Disseminator
+from transport.dissemination_config import DisseminationConfig
+from transport.effects import Effect, Send
 from transport.messages import decode, event_bytes
 
 PAIR_NOW_MS = 1_000_000

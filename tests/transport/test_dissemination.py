@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from collections import Counter
 from dataclasses import replace
 
 import pytest
@@ -23,12 +24,15 @@ from tests.transport.pair import (
     load,
     random_fork,
 )
-from transport.dissemination import (
-    Disconnect,
-    DisseminationConfig,
-    Disseminator,
-    Log,
-    Send,
+from transport.depletion import MAX_DEPLETION_BACKOFF_MS, DepletionTimer
+from transport.dissemination import Disseminator
+from transport.dissemination_config import DisseminationConfig
+from transport.effects import Disconnect, Log, Send
+from transport.misbehaviour import (
+    MAX_BLAMED_PEERS,
+    MISBEHAVIOUR_REASONS,
+    MisbehaviourReason,
+    count_fault,
 )
 from transport.messages import (
     MessageError,
@@ -351,6 +355,44 @@ def test_a_wide_topic_gets_one_dummy_after_a_random_backoff():
                 dummies.append(effect.record)
     assert len(dummies) == 1 and dummies[0]["width"] == 6
     assert replica.graph.width == 1 and replica.graph.pending_ops == 0
+
+
+def test_the_dummy_backoff_suppresses_doubles_and_resets_below_half_the_threshold():
+    """`DepletionTimer` (the engine's per-topic dummy timer), driven directly."""
+    rng = random.Random(1)
+    timer = DepletionTimer()
+    assert not timer.due(True, 6, 3, 0, rng, 1_000)  # arms: a random wait in [0, 1000)
+    armed_at = timer.deplete_at_ms
+    assert armed_at is not None and 0 <= armed_at < 1_000 and timer.backoff_ms == 2_000
+    assert not timer.due(True, 3, 3, 500, rng, 1_000)  # someone's dummy narrowed it: stand down
+    assert timer.deplete_at_ms is None and timer.backoff_ms == 2_000  # not below half: kept
+    assert not timer.due(True, 6, 3, 1_000, rng, 1_000)  # re-armed with the doubled wait
+    assert 1_000 <= timer.deplete_at_ms < 3_000 and timer.backoff_ms == 4_000
+    assert timer.due(True, 6, 3, 3_000, rng, 1_000) and timer.deplete_at_ms is None
+    assert not timer.due(False, 6, 3, 3_000, rng, 1_000)  # a replica not ready never depletes
+    for _ in range(20):  # the backoff saturates
+        timer.due(True, 6, 3, 0, rng, 1_000)
+        timer.deplete_at_ms = None
+    assert timer.backoff_ms == MAX_DEPLETION_BACKOFF_MS
+    assert not timer.due(True, 1, 3, 0, rng, 1_000) and timer.backoff_ms == 0  # <= half: reset
+
+
+def test_misbehaviour_reasons_are_the_cores_strings():
+    """The StrEnum matches the plain reason strings the core returns, in sets and logs."""
+    assert "bad_signature" in MISBEHAVIOUR_REASONS
+    assert MisbehaviourReason("wrong_topic") is MisbehaviourReason.WRONG_TOPIC
+    assert f"{MisbehaviourReason.NOT_CANONICAL}" == "not_canonical"
+    # Faults a correct relay can cause are not blamed.
+    assert not {"timestamp_in_future", "buffer_full", "rejected"} & MISBEHAVIOUR_REASONS
+
+
+def test_fault_counts_restart_at_the_threshold_and_stay_bounded():
+    counts: Counter[str] = Counter()
+    assert [count_fault(counts, "p", 3) for _ in range(4)] == [False, False, True, False]
+    assert counts["p"] == 1  # counting starts again after the disconnect
+    for i in range(MAX_BLAMED_PEERS + 10):
+        count_fault(counts, f"q{i}", 3)
+    assert len(counts) <= MAX_BLAMED_PEERS + 1
 
 
 def test_a_parent_we_rejected_is_not_wanted_again():

@@ -14,7 +14,9 @@ from node.core.event import Event
 from node.replica.replica import Replica, ReplicaConfig
 from storage.memory import MemoryStore
 from tests.transport.pair import PAIR_NOW_MS, identity
-from transport.dissemination import Disseminator, DisseminationConfig, Effect, Log, Send
+from transport.dissemination import Disseminator
+from transport.dissemination_config import DisseminationConfig
+from transport.effects import Effect, Log, Send
 from transport.messages import Push, decode, encode
 
 PURE_MEG = ReplicaConfig(authorization=False)

@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.transport.pair import NodePair, closure, load, random_fork, random_universe
-from transport.dissemination import judge_offer, recent_events
+from transport.reconcile import judge_offer, recent_events
 from transport.messages import BloomFilter
 
 SALT = b"\x07" * 16

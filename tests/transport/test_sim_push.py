@@ -20,7 +20,7 @@ from dataclasses import replace
 
 import pytest
 
-from transport.dissemination import DEFAULT_FORWARD_FANOUT, DEFAULT_PUSH_FANOUT, DisseminationConfig
+from transport.dissemination_config import DEFAULT_FORWARD_FANOUT, DEFAULT_PUSH_FANOUT, DisseminationConfig
 from transport.sim import Cluster
 
 NEVER_MS = 10**9

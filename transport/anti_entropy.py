@@ -1,0 +1,283 @@
+"""The anti-entropy exchanges and the want backstop of the engine (its repair half).
+
+Push (`transport.dissemination`) reaches most replicas; this is what makes
+every replica get every event. Two mechanisms:
+
+* **Anti-entropy exchanges.** Every `sync_interval_ms` (± jitter) each topic
+  offers its heads to one random idle peer (`sync_with`), and the two
+  reconcile by KH's Algorithm 2 (`transport.reconcile` judges the offer;
+  the Offer/Reply/Events exchange is drawn there). This module keeps the
+  per-exchange state (`_Session`: one open exchange per peer and topic, its
+  depth window, its fruitless rounds) and the per-peer state of Algorithm 2
+  (`since`: the heads both sides were last seen to hold, LRU-bounded).
+  Having applied a reply, the offerer holds every head of the peer and knows
+  exactly what it lacks: one filter per exchange. Answers are cut at the
+  message bounds; `more` makes the receiver offer again with its new heads —
+  the continuation, stateless on the sender. A Bloom false positive leaves
+  heads unknown, so the offerer offers again with a fresh salt, at most
+  `max_session_rounds` fruitless times.
+* **The backstop (Algorithm 1's needs-loop).** Buffered events name parents
+  nobody sent; every `want_retry_ms` the missing parents are asked for by id
+  (`Want`) — from the peer that sent the child if it is still up — and served
+  from the graph or the buffer.
+
+`AntiEntropy` is a mixin of `Disseminator`, split off so each half reads on
+its own; it owns the state `_init_anti_entropy` makes and uses the engine's
+(listed in the class body) and its `_send`, `_ingest`, `_note_news`,
+`_take_raws` and `_clean`.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import Counter, OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from node.core.event import Event
+from node.core.graph import Graph
+from node.logschema import SYNC
+from node.replica.replica import Replica
+from transport.dissemination_config import MAX_PEER_STATES, MAX_WANT_SOURCES, DisseminationConfig
+from transport.effects import Effect, PeerId, Send
+from transport.messages import (
+    BLOOM_SALT_BYTES,
+    MAX_HEADS,
+    MAX_WANT_IDS,
+    MAX_XID,
+    BloomFilter,
+    Events,
+    Message,
+    Offer,
+    Reply,
+    Want,
+)
+from transport.reconcile import filter_capacity, judge_offer, offer_floor, recent_events
+
+
+
+@dataclass
+class _Session:
+    """One anti-entropy exchange we opened with a peer on a topic."""
+
+    peer: PeerId
+    topic: bytes
+    xid: int
+    active_ms: int  # when we last offered: the timeout counts from here
+    window: int
+    rounds: int = 0  # offers that brought nothing new
+
+
+class AntiEntropy:
+    """Anti-entropy exchanges and wants; a mixin of `Disseminator` (module docstring)."""
+
+    # The engine's state this half reads (set by `Disseminator.__init__`).
+    config: DisseminationConfig
+    stats: Counter[str]
+    _rng: random.Random
+    _peers: list[PeerId]
+    _replicas: dict[bytes, Replica]
+
+    if TYPE_CHECKING:  # the engine's methods this half calls
+        def _send(self, peer: PeerId, message: Message, data: bytes | None = None) -> Send: ...
+        def _ingest(self, peer: PeerId, replica: Replica, raws: Sequence[bytes], channel: str,
+                    now_ms: int, out: list[Effect]) -> list[bytes]: ...
+        def _note_news(self, topic: bytes, peer: PeerId) -> None: ...
+        def _take_raws(self, raws: Sequence[bytes]) -> tuple[list[bytes], bool]: ...
+        def _clean(self, effects: list[Effect | None]) -> list[Effect]: ...
+
+    def _init_anti_entropy(self) -> None:
+        self._sessions: dict[tuple[PeerId, bytes], _Session] = {}
+        self._since: OrderedDict[tuple[PeerId, bytes], tuple[bytes, ...]] = OrderedDict()
+        self._want_source: OrderedDict[tuple[bytes, bytes], PeerId] = OrderedDict()
+        self._next_xid = 1
+
+    def _forget_topic(self, topic: bytes) -> None:
+        for key in [k for k in self._sessions if k[1] == topic]:
+            del self._sessions[key]
+        for key in [k for k in self._since if k[1] == topic]:
+            del self._since[key]
+        for key in [k for k in self._want_source if k[0] == topic]:
+            del self._want_source[key]
+
+    def _forget_peer(self, peer: PeerId) -> None:
+        for key in [k for k in self._sessions if k[0] == peer]:
+            del self._sessions[key]
+
+    def _expire_sessions(self, now_ms: int) -> None:
+        timeout = self.config.session_timeout_ms
+        for key in [k for k, s in self._sessions.items() if now_ms - s.active_ms > timeout]:
+            del self._sessions[key]
+            self.stats["sessions_timed_out"] += 1
+
+    def sync_with(self, peer: PeerId, topic: bytes, now_ms: int) -> list[Effect]:
+        """Open an anti-entropy exchange with `peer` on `topic` now (tick does this on a timer)."""
+        current = self._sessions.get((peer, topic))
+        if current is not None and now_ms - current.active_ms <= self.config.session_timeout_ms:
+            return []  # one exchange at a time per peer and topic
+        session = _Session(peer, topic, xid=0, active_ms=now_ms,
+                           window=self.config.initial_window_depth)
+        self._sessions[(peer, topic)] = session
+        self.stats["sessions"] += 1
+        return self._clean([self._offer(session, now_ms)])
+
+    def _on_offer(self, peer: PeerId, replica: Replica, offer: Offer, now_ms: int) -> list[Effect]:
+        graph = replica.graph
+        known_since = [s for s in offer.since if graph.has(s)]
+        limit = self.config.reply_max_events
+        if all(graph.has(h) for h in offer.heads):
+            # We hold all of the offerer's graph: what it lacks is exact, no filter needed.
+            ids = graph.not_below(list(offer.heads) + known_since, limit=limit + 1)
+            truncated = False
+            if offer.heads:
+                self._remember_since(peer, replica.topic_id, offer.heads)
+            self.stats["offers_exact"] += 1
+        else:
+            known = {h for h in offer.heads if graph.has(h)} | set(known_since)
+            judgement = judge_offer(graph, known, offer.floor, offer.bloom, offer.final)
+            ids, truncated = judgement.send, judgement.truncated
+            self.stats["offers_judged"] += 1
+            self.stats["offers_truncated"] += truncated
+        events, more = self._take(graph, ids[:limit])
+        reply = Reply(replica.topic_id, offer.xid, self._heads(graph), truncated,
+                      more or len(ids) > limit, tuple(events))
+        if events:
+            self._note_news(replica.topic_id, peer)  # the offerer lacked something
+        return [self._send(peer, reply)]
+
+    def _on_reply(self, peer: PeerId, replica: Replica, reply: Reply, now_ms: int) -> list[Effect]:
+        out: list[Effect] = []
+        fresh = self._ingest(peer, replica, reply.events, SYNC, now_ms, out)
+        session = self._sessions.get((peer, replica.topic_id))
+        if session is None or session.xid != reply.xid:
+            self.stats["stale_replies"] += 1  # the events were still worth keeping
+            return out
+        graph = replica.graph
+        if all(graph.has(h) for h in reply.heads):
+            # We now hold all of the peer's graph, so we know exactly what it lacks.
+            del self._sessions[(peer, replica.topic_id)]
+            if reply.heads:
+                self._remember_since(peer, replica.topic_id, reply.heads)
+            out += self._send_missing(peer, graph, reply.heads, reply.xid)
+            return out
+        # Only rounds that brought nothing new count against the bound: a long
+        # catch-up (`more`, one message per round trip) is progress, not a loop.
+        if not fresh:
+            session.rounds += 1
+            if session.rounds >= self.config.max_session_rounds:
+                del self._sessions[(peer, replica.topic_id)]
+                self.stats["sessions_abandoned"] += 1
+                return out
+        if reply.truncated:
+            session.window *= self.config.window_growth
+        # more: continuation; neither flag: a Bloom false positive hid something (fresh salt).
+        out.append(self._offer(session, now_ms))
+        return out
+
+    def _on_events(self, peer: PeerId, replica: Replica, message: Events, now_ms: int) -> list[Effect]:
+        out: list[Effect] = []
+        self._ingest(peer, replica, message.events, SYNC, now_ms, out)
+        if message.more:
+            # The sender had more than one message's worth: continue by offering our new heads.
+            out += self.sync_with(peer, replica.topic_id, now_ms)
+        return out
+
+    def _on_want(self, peer: PeerId, replica: Replica, want: Want, now_ms: int) -> list[Effect]:
+        graph = replica.graph
+        found: list[Event] = []
+        for event_id in want.ids:
+            event = graph.get(event_id) or graph.buffered_event(event_id)
+            if event is not None:
+                found.append(event)
+        if not found:
+            return []
+        raws, _ = self._take_raws([e.raw for e in found])  # the rest: asked again later
+        self.stats["wants_served"] += len(raws)
+        return [self._send(peer, Events(replica.topic_id, 0, False, tuple(raws)))]
+
+    def _sync_random(self, topic: bytes, now_ms: int, rng: random.Random,
+                     exclude: PeerId | None) -> list[Effect]:
+        idle = [p for p in self._peers if p != exclude and self._idle(p, topic, now_ms)]
+        return self.sync_with(rng.choice(idle), topic, now_ms) if idle else []
+
+    def _idle(self, peer: PeerId, topic: bytes, now_ms: int) -> bool:
+        session = self._sessions.get((peer, topic))
+        return session is None or now_ms - session.active_ms > self.config.session_timeout_ms
+
+    def _wants(self, topic: bytes, replica: Replica, rng: random.Random) -> list[Effect]:
+        if not self._peers or not replica.graph.buffered_count:
+            return []
+        by_peer: dict[PeerId, list[bytes]] = {}
+        graph = replica.graph
+        for parent in graph.missing_parents(MAX_WANT_IDS):
+            if graph.rejected_reason(parent) is not None:
+                # We rejected it when it came (e.g. parents not an antichain); asking
+                # again would only fetch it to reject it again, every retry, forever.
+                continue
+            source = self._want_source.get((topic, parent))
+            if source not in self._peers:
+                source = rng.choice(self._peers)
+            by_peer.setdefault(source, []).append(parent)
+        self.stats["wants_sent"] += sum(len(v) for v in by_peer.values())
+        if not by_peer:
+            return []
+        return [self._send(peer, Want(topic, tuple(ids))) for peer, ids in sorted(by_peer.items())]
+
+    def _heads(self, graph: Graph) -> tuple[bytes, ...]:
+        # A wider graph offers a subset: the peer then sends a little more than needed.
+        return tuple(graph.extremities()[:MAX_HEADS])
+
+    def _remember_since(self, peer: PeerId, topic: bytes, heads: Sequence[bytes]) -> None:
+        if not self.config.use_peer_state:
+            return
+        key = (peer, topic)
+        self._since[key] = tuple(heads[:MAX_HEADS])
+        self._since.move_to_end(key)
+        while len(self._since) > MAX_PEER_STATES:
+            self._since.popitem(last=False)
+
+    def _offer(self, session: _Session, now_ms: int) -> Send:
+        graph = self._replicas[session.topic].graph
+        since = self._since.get((session.peer, session.topic), ())
+        floor = offer_floor(graph, since, session.window)
+        cap = filter_capacity(self.config.max_bloom_items, self.config.bloom_bits_per_item)
+        ids, covered = recent_events(graph, since, floor, cap)
+        bloom = BloomFilter.build(ids, self._rng.randbytes(BLOOM_SALT_BYTES),
+                                  self.config.bloom_bits_per_item, self.config.bloom_hashes)
+        session.xid = self._new_xid()
+        session.active_ms = now_ms
+        self.stats["offers_sent"] += 1
+        return self._send(session.peer, Offer(
+            session.topic, session.xid, self._heads(graph), since, covered,
+            covered > floor, bloom))
+
+    def _new_xid(self) -> int:
+        xid = self._next_xid
+        self._next_xid = 1 if xid >= MAX_XID else xid + 1
+        return xid
+
+    def _send_missing(self, peer: PeerId, graph: Graph, heads: Sequence[bytes], xid: int) -> list[Effect]:
+        limit = self.config.reply_max_events
+        ids = graph.not_below(heads, limit=limit + 1)
+        if not ids:
+            return []
+        events, more = self._take(graph, ids[:limit])
+        self._note_news(graph.topic_id, peer)  # the peer lacked something
+        return [self._send(peer, Events(graph.topic_id, xid, more or len(ids) > limit,
+                                        tuple(events)))]
+
+    def _take(self, graph: Graph, ids: Sequence[bytes]) -> tuple[list[bytes], bool]:
+        raws = []
+        for event_id in ids:
+            event = graph.get(event_id)
+            if event is not None:
+                raws.append(event.raw)
+        return self._take_raws(raws)
+
+    def _note_want_source(self, topic: bytes, parent: bytes, peer: PeerId) -> None:
+        self._want_source[(topic, parent)] = peer
+        self._want_source.move_to_end((topic, parent))
+        while len(self._want_source) > MAX_WANT_SOURCES:
+            self._want_source.popitem(last=False)
+

@@ -1,0 +1,103 @@
+"""How the dissemination engine behaves: `DisseminationConfig` and its named limits.
+
+One frozen value per engine, checked when built, so a bad setting fails at
+start-up rather than as a stuck exchange. The defaults a deployed node shares
+with the simulator (sync interval, misbehaviour threshold) live in
+`transport.defaults`; the reconciliation's own knobs (depth window, Bloom
+filter) in `transport.reconcile`; the dummy backoff in `transport.depletion`.
+What is left here are the push fan-outs, the timers and the memory bounds of
+the engine (`transport.dissemination`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Final
+
+from transport.defaults import (
+    DEFAULT_SYNC_INTERVAL_MS,
+    DEFAULT_SYNC_JITTER_MS,
+    MISBEHAVIOUR_THRESHOLD,
+)
+from transport.depletion import DEFAULT_DEPLETION_BACKOFF_MS
+from transport.messages import (
+    FRAME_HEADROOM_BYTES,
+    MAX_BLOOM_HASHES,
+    MAX_EVENTS_PER_MESSAGE,
+    MAX_FRAME_BYTES,
+)
+from transport.reconcile import (
+    BLOOM_BITS_PER_ITEM,
+    BLOOM_HASHES,
+    INITIAL_WINDOW_DEPTH,
+    MAX_BLOOM_ITEMS,
+    WINDOW_GROWTH,
+)
+
+DEFAULT_PUSH_FANOUT: Final = 6  # GossipSub's D: copies of each new event its author sends
+# Copies a relay sends of an event it accepted first by push (once per event).
+# Infect-and-die with fanout k reaches the fraction z = 1 - exp(-k z) of a
+# large mesh by push alone (k=3: ~94%, plus the author's wider first hop);
+# each replica then receives about k copies of each event, so duplicates per
+# event grow as n·(k-1) instead of n·(push_fanout-1). docs/anti-entropy.md
+# has the simulator's figures for 5..50 replicas.
+DEFAULT_FORWARD_FANOUT: Final = 3
+DEFAULT_WANT_RETRY_MS: Final = 500  # > a few one-way latencies: gives push a chance first
+# An exchange with no answer for this long counts as lost and the peer may be
+# offered to again (a late answer's events are still used). Far above a
+# round trip, but short enough that lost replies do not idle a node's peers.
+DEFAULT_SESSION_TIMEOUT_MS: Final = 2_000
+DEFAULT_MAX_SESSION_ROUNDS: Final = 16  # fruitless offers in one exchange (window growth, FP retries)
+DEFAULT_WIDTH_SAMPLE_MS: Final = 1_000
+REPLY_MAX_BYTES: Final = MAX_FRAME_BYTES - FRAME_HEADROOM_BYTES  # event bytes in one answer
+MAX_WANT_SOURCES: Final = 65_536  # remembered "who sent the child of this missing parent"
+MAX_PEER_STATES: Final = 65_536  # remembered (peer, topic) -> last common heads
+
+
+@dataclass(frozen=True, slots=True)
+class DisseminationConfig:
+    """Every knob of one engine; `__post_init__` rejects values the wire or the timers cannot honour."""
+
+    push: bool = True
+    announce: bool = False  # emit `Announce` for local events (an external fast path)
+    push_fanout: int = DEFAULT_PUSH_FANOUT
+    forward_pushed: bool = True  # relay events first received by push
+    forward_fanout: int = DEFAULT_FORWARD_FANOUT  # peers a relay forwards such an event to
+    sync_interval_ms: int = DEFAULT_SYNC_INTERVAL_MS
+    sync_jitter_ms: int = DEFAULT_SYNC_JITTER_MS
+    sync_on_connect: bool = True
+    sync_on_news: bool = True  # an exchange that brought events triggers one more (rumor mongering)
+    want_retry_ms: int = DEFAULT_WANT_RETRY_MS
+    session_timeout_ms: int = DEFAULT_SESSION_TIMEOUT_MS
+    max_session_rounds: int = DEFAULT_MAX_SESSION_ROUNDS
+    initial_window_depth: int = INITIAL_WINDOW_DEPTH
+    window_growth: int = WINDOW_GROWTH
+    use_peer_state: bool = True  # KH Algorithm 2's per-peer common heads
+    bloom_bits_per_item: int = BLOOM_BITS_PER_ITEM
+    bloom_hashes: int = BLOOM_HASHES
+    max_bloom_items: int = MAX_BLOOM_ITEMS
+    reply_max_events: int = MAX_EVENTS_PER_MESSAGE
+    reply_max_bytes: int = REPLY_MAX_BYTES
+    depletion: bool = True  # emit dummy events when the width is over the replica's threshold
+    depletion_backoff_ms: int = DEFAULT_DEPLETION_BACKOFF_MS
+    width_sample_ms: int = DEFAULT_WIDTH_SAMPLE_MS
+    misbehaviour_threshold: int = MISBEHAVIOUR_THRESHOLD
+    log: bool = True  # build Log effects (the simulator turns this off when nobody reads them)
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.reply_max_events <= MAX_EVENTS_PER_MESSAGE:
+            raise ValueError("reply_max_events must be in [1, MAX_EVENTS_PER_MESSAGE]")
+        if not 0 < self.reply_max_bytes <= REPLY_MAX_BYTES:
+            raise ValueError("reply_max_bytes must be in (0, REPLY_MAX_BYTES]")
+        if not 1 <= self.bloom_hashes <= MAX_BLOOM_HASHES or self.bloom_bits_per_item < 1:
+            raise ValueError("Bloom filter needs >= 1 bit per item and 1..MAX_BLOOM_HASHES hashes")
+        if self.max_bloom_items < 1:
+            raise ValueError("max_bloom_items must be >= 1")
+        if self.window_growth < 2 or self.initial_window_depth < 1:
+            raise ValueError("the depth window must start >= 1 and grow by >= 2")
+        if self.sync_jitter_ms < 0 or self.sync_jitter_ms >= self.sync_interval_ms:
+            raise ValueError("sync_jitter_ms must be in [0, sync_interval_ms)")
+        if self.depletion_backoff_ms < 1:
+            raise ValueError("depletion_backoff_ms must be >= 1")
+        if self.push_fanout < 0 or self.forward_fanout < 0:
+            raise ValueError("push_fanout and forward_fanout must be >= 0")
