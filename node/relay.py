@@ -38,6 +38,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from node.core.event import Event, EventFormatError, decode_event
+from node.core.outcomes import AddStatus
 from node.replica.replica import NotReadyError, PublishError, Replica
 from node.state.actions import NotAuthorizedError
 from node.state.roles import Role
@@ -208,13 +209,13 @@ class RelayServer:
         received = replica.receive(raw, now_ms)
         unauthorized = dict(received.unauthorized)
         made = [e for e in received.applied if e.id not in unauthorized]
-        if received.status == "rejected":
+        if received.status is AddStatus.REJECTED:
             return Outcome(event.id, STATUS_REJECTED, received.reason or "rejected"), made
         if event.id in unauthorized:
             return Outcome(event.id, STATUS_REJECTED, unauthorized[event.id]), made
-        if received.status == "buffered":
+        if received.status is AddStatus.BUFFERED:
             return Outcome(event.id, STATUS_BUFFERED), made
-        if received.status == "duplicate":
+        if received.status is AddStatus.DUPLICATE:
             return Outcome(event.id, STATUS_DUPLICATE), made
         return Outcome(event.id, STATUS_ACCEPTED), made
 
