@@ -112,6 +112,12 @@ _NodeInfo = tuple[int, tuple[bytes, ...], bytes]
 
 _UNCACHED = object()  # "not in the cache" (None is a cached "no events yet")
 
+# The statuses `add` gives, bound once: on Python 3.11 every enum member lookup
+# (`AddStatus.APPLIED`) goes through EnumType.__getattr__ and costs ~0.1 µs,
+# which `add` would pay for every event.
+_APPLIED = AddStatus.APPLIED
+_DUPLICATE = AddStatus.DUPLICATE
+
 _META_DELIVERED = b"delivered"
 _META_EQUIVOCATIONS = b"equivocations"
 
@@ -451,7 +457,7 @@ class Graph:
         buffer = self._buffer
         if ((not fresh and self.has(event_id))
                 or (buffer.count and buffer.holds(event_id))):
-            return AddResult(AddStatus.DUPLICATE, event_id)
+            return AddResult(_DUPLICATE, event_id)
         rejected = self._rejections.entries
         if rejected and event_id in rejected:
             return self._reject_only(event_id, rejected[event_id][1])
@@ -479,7 +485,7 @@ class Graph:
         cascade = _Cascade()
         self._apply_cascade(event, cascade)
         if not cascade.rejected:  # the common case, built without keywords or empty copies
-            return AddResult(AddStatus.APPLIED, event_id, tuple(cascade.applied), (), (), (),
+            return AddResult(_APPLIED, event_id, tuple(cascade.applied), (), (), (),
                              tuple(cascade.equivocations) if cascade.equivocations else ())
         if any(r.event_id == event_id for r in cascade.rejected):
             status = AddStatus.REJECTED

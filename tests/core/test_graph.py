@@ -62,7 +62,8 @@ def test_any_permutation_with_duplicates_gives_identical_state(seed, order_seed,
     rng.shuffle(shuffled)
     replica = Replica(MemoryStore(), topic_id, identity("other"))
     for n, event in enumerate(shuffled):
-        assert replica.receive(event.raw, NOW_MS).status in {AddStatus.APPLIED, AddStatus.BUFFERED, AddStatus.DUPLICATE}
+        outcome = replica.receive(event.raw, NOW_MS)
+        assert outcome.status in {AddStatus.APPLIED, AddStatus.BUFFERED, AddStatus.DUPLICATE}
         if n % commit_every == 0:
             replica.commit()
     replica.commit()

@@ -76,7 +76,8 @@ def assert_rejected(world, raw, reason, expected_id=None, remembered=False):
 
 def test_valid_crafted_event_is_accepted(world):
     receiver = world[0]
-    assert receiver.receive(craft_raw(fields_of(world), identity("mallory")), NOW_MS).status is AddStatus.APPLIED
+    outcome = receiver.receive(craft_raw(fields_of(world), identity("mallory")), NOW_MS)
+    assert outcome.status is AddStatus.APPLIED
 
 
 def test_not_msgpack(world):
@@ -160,7 +161,8 @@ def test_timestamp_in_future(world):
 def test_timestamp_just_within_skew_is_accepted(world):
     receiver = world[0]
     fields = fields_of(world, ts=NOW_MS + MAX_FUTURE_SKEW_MS)
-    assert receiver.receive(craft_raw(fields, identity("mallory")), NOW_MS).status is AddStatus.APPLIED
+    outcome = receiver.receive(craft_raw(fields, identity("mallory")), NOW_MS)
+    assert outcome.status is AddStatus.APPLIED
 
 
 def test_wrong_topic(world):
@@ -188,8 +190,8 @@ def test_parents_not_an_antichain(world):
     # second's parent is first: naming both makes one parent an ancestor of the other.
     _, _, first, second = world
     fields = fields_of(world, parents=sorted([first.id, second.id]))
-    assert_rejected(world, craft_raw(fields, identity("mallory")), RejectReason.PARENTS_NOT_ANTICHAIN,
-                    remembered=True)
+    assert_rejected(world, craft_raw(fields, identity("mallory")),
+                    RejectReason.PARENTS_NOT_ANTICHAIN, remembered=True)
 
 
 ANTICHAIN_TEST_BUDGET = 10  # visits: scaled down from ANTICHAIN_SEARCH_VISITS
@@ -300,6 +302,6 @@ def test_mutated_valid_events_never_raise(world, position, value, cut):
         raw[index] = value
     assert_no_unexpected_rejection(receiver, bytes(raw))
     outcome = receiver.receive(bytes(raw), NOW_MS)
-    assert outcome.status in {AddStatus.REJECTED, AddStatus.APPLIED, AddStatus.BUFFERED, AddStatus.DUPLICATE}
+    assert outcome.status in set(AddStatus)
     if outcome.status is AddStatus.REJECTED:
         assert outcome.reason

@@ -64,7 +64,8 @@ def test_buffered_descendants_are_dropped_when_their_parent_is_rejected():
 
     outcome = replica.receive(world.bad.raw, NOW_MS)
 
-    assert outcome.status is AddStatus.REJECTED and outcome.reason is RejectReason.PARENTS_NOT_ANTICHAIN
+    assert outcome.status is AddStatus.REJECTED
+    assert outcome.reason is RejectReason.PARENTS_NOT_ANTICHAIN
     # breadth first, children in id order: the same list on every replica
     assert outcome.rejected_ids[0] == (world.bad.id, RejectReason.PARENTS_NOT_ANTICHAIN)
     assert set(outcome.rejected_ids[1:]) == {(world.kid.id, RejectReason.PARENT_REJECTED),
@@ -97,12 +98,12 @@ def test_every_arrival_order_ends_in_the_same_state():
         reference.receive(event.raw, NOW_MS)
     expected = (graph_state(reference), remembered(reference, world.doomed))
     assert expected[0]["buffered"] == 0
-    assert set(expected[1].values()) == {RejectReason.PARENTS_NOT_ANTICHAIN, RejectReason.PARENT_REJECTED}
+    assert set(expected[1].values()) == {RejectReason.PARENTS_NOT_ANTICHAIN,
+                                         RejectReason.PARENT_REJECTED}
     for order in itertools.permutations(world.doomed + [world.good]):
         replica = world.replica()
         for n, event in enumerate(order + order[:2]):  # with duplicates
-            assert replica.receive(event.raw, NOW_MS).status in {AddStatus.APPLIED, AddStatus.BUFFERED,
-                                                                 AddStatus.REJECTED, AddStatus.DUPLICATE}
+            assert replica.receive(event.raw, NOW_MS).status in set(AddStatus)
             if n % 2:
                 replica.commit()
         assert (graph_state(replica), remembered(replica, world.doomed)) == expected

@@ -371,7 +371,8 @@ def test_a_parent_we_rejected_is_not_wanted_again():
     assert graph.rejected_reason(bad.id) is RejectReason.PARENTS_NOT_ANTICHAIN
     # The core no longer lists it, and the buffered child went with it (tests/core/test_rejections.py).
     assert graph.missing_parents() == []
-    assert graph.rejected_reason(child.id) is RejectReason.PARENT_REJECTED and graph.buffered_count == 0
+    assert graph.rejected_reason(child.id) is RejectReason.PARENT_REJECTED
+    assert graph.buffered_count == 0
     wants = [decode(s.data) for s in sends(engine.tick(PAIR_NOW_MS + 10_000))
              if isinstance(decode(s.data), Want)]
     assert wants == []
