@@ -38,6 +38,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from node.core.event import Event, EventFormatError, decode_event
+from node.core.outcomes import AddStatus
 from node.replica.replica import NotReadyError, PublishError, Replica
 from node.state.actions import NotAuthorizedError
 from node.state.roles import Role
@@ -199,13 +200,13 @@ class RelayServer:
         received = replica.receive(raw, now_ms)
         unauthorized = dict(received.unauthorized)
         made = [e for e in received.applied if e.id not in unauthorized]
-        if received.status == "rejected":
+        if received.status is AddStatus.REJECTED:
             return Outcome(event.id, SubmitStatus.REJECTED, received.reason or "rejected"), made
         if event.id in unauthorized:
             return Outcome(event.id, SubmitStatus.REJECTED, unauthorized[event.id]), made
-        if received.status == "buffered":
+        if received.status is AddStatus.BUFFERED:
             return Outcome(event.id, SubmitStatus.BUFFERED), made
-        if received.status == "duplicate":
+        if received.status is AddStatus.DUPLICATE:
             return Outcome(event.id, SubmitStatus.DUPLICATE), made
         return Outcome(event.id, SubmitStatus.ACCEPTED), made
 

@@ -61,6 +61,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from node.core.event import Event, event_id_of
+from node.core.outcomes import AddStatus
 from node.logschema import GOSSIP, SCHEMA_VERSION, SYNC
 from node.replica.replica import Replica
 from transport.anti_entropy import AntiEntropy
@@ -400,19 +401,19 @@ class Disseminator(AntiEntropy):
                                          channel=channel))
                 continue
             outcome = replica.receive(raw, now_ms)
-            if outcome.status == "rejected":
+            if outcome.status is AddStatus.REJECTED:
                 reason = outcome.reason or "rejected"
                 out.append(self._log("rejected", now_ms, topic, event_id=event_id, reason=reason))
                 if reason in MISBEHAVIOUR_REASONS:
                     out += self._blame(peer, now_ms, topic, reason, log=False)
                 continue
-            if outcome.status == "duplicate":
+            if outcome.status is AddStatus.DUPLICATE:
                 self.stats["duplicates"] += 1
                 continue
             fresh.append(raw)
             self.stats[f"received_{channel}"] += 1
             out.append(self._log("received", now_ms, topic, event_id=event_id, channel=channel))
-            if outcome.status == "buffered":
+            if outcome.status is AddStatus.BUFFERED:
                 out.append(self._log("buffered", now_ms, topic, event_id=event_id))
                 for parent in outcome.missing:
                     self._note_want_source(topic, parent, peer)

@@ -34,6 +34,7 @@ from typing import Any
 import msgpack
 
 from node.core.fastinit import fast_init
+from node.core.outcomes import RejectReason
 
 EVENT_VERSION = 1
 SIGNING_DOMAIN = b"megnode/event/v1\x00"
@@ -69,8 +70,8 @@ KIND_DUMMY = "dummy"
 class EventFormatError(ValueError):
     """Bytes that are not one canonical megnode event; `reason` names what is wrong."""
 
-    def __init__(self, reason: str, detail: str = "") -> None:
-        super().__init__(f"{reason}: {detail}" if detail else reason)
+    def __init__(self, reason: RejectReason, detail: str = "") -> None:
+        super().__init__(f"{reason}: {detail}" if detail else str(reason))
         self.reason = reason
         self.detail = detail
 
@@ -206,7 +207,7 @@ def _unpack_strict(raw: bytes) -> Any:
     )
 
 
-def _expect(condition: bool, reason: str, detail: str = "") -> None:
+def _expect(condition: bool, reason: RejectReason, detail: str = "") -> None:
     if not condition:
         raise EventFormatError(reason, detail)
 
@@ -277,21 +278,21 @@ def decode_event(raw: bytes) -> Event:
     # `if ...: raise` rather than `_expect`: its detail strings would be built
     # for every valid event too.
     if type(raw) is not bytes:
-        _expect(isinstance(raw, (bytes, bytearray)), "not_bytes")
+        _expect(isinstance(raw, (bytes, bytearray)), RejectReason.NOT_BYTES)
         raw = bytes(raw)
     if len(raw) > MAX_EVENT_BYTES:
-        raise EventFormatError("too_large", f"{len(raw)} > {MAX_EVENT_BYTES} bytes")
+        raise EventFormatError(RejectReason.TOO_LARGE, f"{len(raw)} > {MAX_EVENT_BYTES} bytes")
     try:
         fields = _unpack_strict(raw)
     except Exception as exc:  # msgpack raises many types for malformed input
-        raise EventFormatError("not_msgpack", type(exc).__name__) from None
+        raise EventFormatError(RejectReason.NOT_MSGPACK, type(exc).__name__) from None
     if type(fields) is not list or len(fields) != FIELD_COUNT:
-        raise EventFormatError("bad_shape", f"expected an array of {FIELD_COUNT} fields")
+        raise EventFormatError(RejectReason.BAD_SHAPE, f"expected an array of {FIELD_COUNT} fields")
     if not _plainly_valid(*fields):
         _check_fields(*fields)
     # One encoding per event: re-encoding what we decoded must give the same bytes.
     if pack(fields) != raw:
-        raise EventFormatError("not_canonical", "re-encoding differs")
+        raise EventFormatError(RejectReason.NOT_CANONICAL, "re-encoding differs")
     (version, topic, author, seq, parents, auth, timestamp_ms, kind, state_key, payload,
      signature) = fields
     return make_event(
@@ -337,37 +338,43 @@ def _check_fields(
     timestamp_ms: Any, kind: Any, state_key: Any, payload: Any, signature: Any,
 ) -> None:
     """Every structural rule, one at a time; raises EventFormatError naming the first broken."""
-    _expect(type(version) is int, "bad_field", "version")
-    _expect(version == EVENT_VERSION, "unknown_version", str(version))
-    _expect(isinstance(topic, bytes) and len(topic) in (0, ID_BYTES), "bad_field", "topic")
-    _expect(isinstance(author, bytes) and len(author) == KEY_BYTES, "bad_field", "author")
-    _expect(type(seq) is int and 0 <= seq <= MAX_SEQ, "bad_field", "seq")
-    _expect(isinstance(parents, list) and all(_is_id(p) for p in parents), "bad_field", "parents")
-    _expect(isinstance(auth, list) and all(_is_id(a) for a in auth), "bad_field", "auth")
-    _expect(type(timestamp_ms) is int and 0 <= timestamp_ms <= MAX_TIMESTAMP_MS, "bad_field",
-            "timestamp_ms")
-    _expect(isinstance(kind, str) and 0 < len(kind.encode()) <= MAX_KIND_BYTES, "bad_field",
-            "kind")
-    _expect(state_key is None or isinstance(state_key, str), "bad_field", "state_key")
-    _expect(isinstance(payload, bytes), "bad_field", "payload")
-    _expect(isinstance(signature, bytes) and len(signature) == SIGNATURE_BYTES, "bad_field",
-            "signature")
+    _expect(type(version) is int, RejectReason.BAD_FIELD, "version")
+    _expect(version == EVENT_VERSION, RejectReason.UNKNOWN_VERSION, str(version))
+    _expect(isinstance(topic, bytes) and len(topic) in (0, ID_BYTES),
+            RejectReason.BAD_FIELD, "topic")
+    _expect(isinstance(author, bytes) and len(author) == KEY_BYTES,
+            RejectReason.BAD_FIELD, "author")
+    _expect(type(seq) is int and 0 <= seq <= MAX_SEQ, RejectReason.BAD_FIELD, "seq")
+    _expect(isinstance(parents, list) and all(_is_id(p) for p in parents),
+            RejectReason.BAD_FIELD, "parents")
+    _expect(isinstance(auth, list) and all(_is_id(a) for a in auth), RejectReason.BAD_FIELD, "auth")
+    _expect(type(timestamp_ms) is int and 0 <= timestamp_ms <= MAX_TIMESTAMP_MS,
+            RejectReason.BAD_FIELD, "timestamp_ms")
+    _expect(isinstance(kind, str) and 0 < len(kind.encode()) <= MAX_KIND_BYTES,
+            RejectReason.BAD_FIELD, "kind")
+    _expect(state_key is None or isinstance(state_key, str), RejectReason.BAD_FIELD, "state_key")
+    _expect(isinstance(payload, bytes), RejectReason.BAD_FIELD, "payload")
+    _expect(isinstance(signature, bytes) and len(signature) == SIGNATURE_BYTES,
+            RejectReason.BAD_FIELD, "signature")
     if state_key is not None:
-        _expect(len(state_key.encode()) <= MAX_STATE_KEY_BYTES, "state_key_too_long",
+        _expect(len(state_key.encode()) <= MAX_STATE_KEY_BYTES, RejectReason.STATE_KEY_TOO_LONG,
                 f"{len(state_key.encode())} > {MAX_STATE_KEY_BYTES} bytes")
-    _expect(len(parents) <= MAX_PARENTS, "too_many_parents", f"{len(parents)} > {MAX_PARENTS}")
-    _expect(len(auth) <= MAX_AUTH_REFS, "too_many_auth_refs", f"{len(auth)} > {MAX_AUTH_REFS}")
-    _expect(len(set(parents)) == len(parents), "duplicate_parents")
-    _expect(parents == sorted(parents), "not_canonical", "parents must be sorted")
-    _expect(len(set(auth)) == len(auth), "duplicate_auth_refs")
-    _expect(auth == sorted(auth), "not_canonical", "auth refs must be sorted")
+    _expect(len(parents) <= MAX_PARENTS,
+            RejectReason.TOO_MANY_PARENTS, f"{len(parents)} > {MAX_PARENTS}")
+    _expect(len(auth) <= MAX_AUTH_REFS,
+            RejectReason.TOO_MANY_AUTH_REFS, f"{len(auth)} > {MAX_AUTH_REFS}")
+    _expect(len(set(parents)) == len(parents), RejectReason.DUPLICATE_PARENTS)
+    _expect(parents == sorted(parents), RejectReason.NOT_CANONICAL, "parents must be sorted")
+    _expect(len(set(auth)) == len(auth), RejectReason.DUPLICATE_AUTH_REFS)
+    _expect(auth == sorted(auth), RejectReason.NOT_CANONICAL, "auth refs must be sorted")
     is_create = kind == KIND_CREATE and not parents
     if is_create:
-        _expect(topic == b"", "bad_field", "a create event carries no topic")
-        _expect(not auth, "bad_field", "a create event has no auth refs")
+        _expect(topic == b"", RejectReason.BAD_FIELD, "a create event carries no topic")
+        _expect(not auth, RejectReason.BAD_FIELD, "a create event has no auth refs")
     else:
-        _expect(len(parents) > 0, "no_parents", "only the create event may have no parents")
-        _expect(len(topic) == ID_BYTES, "bad_field", "topic")
+        _expect(len(parents) > 0,
+                RejectReason.NO_PARENTS, "only the create event may have no parents")
+        _expect(len(topic) == ID_BYTES, RejectReason.BAD_FIELD, "topic")
 
 
 def trusted_event(raw: bytes) -> Event:
@@ -395,11 +402,14 @@ def check_local_event(
                  or (state_key.isascii() and len(state_key) <= MAX_STATE_KEY_BYTES))
             and (len(parents) < 2 or len(set(parents)) == len(parents))):
         return  # the common case in one test; the checks below name what is wrong
-    _expect(len(raw) <= MAX_EVENT_BYTES, "too_large", f"{len(raw)} > {MAX_EVENT_BYTES} bytes")
-    _expect(len(parents) <= MAX_PARENTS, "too_many_parents", f"{len(parents)} > {MAX_PARENTS}")
-    _expect(len(set(parents)) == len(parents), "duplicate_parents")
-    _expect(len(auth) <= MAX_AUTH_REFS, "too_many_auth_refs", f"{len(auth)} > {MAX_AUTH_REFS}")
-    _expect(0 < len(kind.encode()) <= MAX_KIND_BYTES, "bad_field", "kind")
+    _expect(len(raw) <= MAX_EVENT_BYTES,
+            RejectReason.TOO_LARGE, f"{len(raw)} > {MAX_EVENT_BYTES} bytes")
+    _expect(len(parents) <= MAX_PARENTS,
+            RejectReason.TOO_MANY_PARENTS, f"{len(parents)} > {MAX_PARENTS}")
+    _expect(len(set(parents)) == len(parents), RejectReason.DUPLICATE_PARENTS)
+    _expect(len(auth) <= MAX_AUTH_REFS,
+            RejectReason.TOO_MANY_AUTH_REFS, f"{len(auth)} > {MAX_AUTH_REFS}")
+    _expect(0 < len(kind.encode()) <= MAX_KIND_BYTES, RejectReason.BAD_FIELD, "kind")
     if state_key is not None:
-        _expect(len(state_key.encode()) <= MAX_STATE_KEY_BYTES, "state_key_too_long",
+        _expect(len(state_key.encode()) <= MAX_STATE_KEY_BYTES, RejectReason.STATE_KEY_TOO_LONG,
                 f"{len(state_key.encode())} > {MAX_STATE_KEY_BYTES} bytes")

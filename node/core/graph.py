@@ -5,28 +5,21 @@ Theory of operation
 The state is a rooted DAG of events (paper, Listing 1). `add(event)` is the
 effector: if every parent is present (the delivery precondition), the event
 becomes a vertex, its parents stop being forward extremities and it becomes
-one; otherwise it waits in the *buffer* until its parents arrive, and the
-moment the last one does, it is applied, which may release more buffered
-events (a cascade). `add` is idempotent (a known or buffered id is a
-duplicate) and commutative (the set of applied events, and so the edges and
+one; otherwise it waits in the *buffer* (`node.core.buffer`: persistent,
+capped per author and in total) until its parents arrive, and the moment
+the last one does, it is applied, which may release more buffered events
+(a cascade). `add` is idempotent (a known or buffered id is a duplicate)
+and commutative (the set of applied events, and so the edges and
 extremities, does not depend on arrival order) — the property tests check
 both.
 
 Validation that needs the parents happens at application time, identically
 on every correct replica because it looks only at the event's ancestry:
-parents must form an antichain (no parent is an ancestor of another). The
-search visits only ancestors deep enough to be a parent, in an order fixed by
-the ancestry, and at most ANTICHAIN_SEARCH_VISITS of them; a search that
-runs out of that budget without finding a violation *accepts* the event.
-Rejecting instead would refuse honest merges: once a topic holds more
-events than the budget, a device back from a long absence publishes on an
-old head, and every merge of that head with a deep one — every later local
-publish names all the extremities — would be refused for good. Accepting
-is just as deterministic (the budget is a protocol constant, not a node
-setting: nodes with different budgets would decide differently and their
-graphs diverge), and a non-antichain accepted that way only adds a
-redundant edge: depths, extremities and delivery stay well defined.
-Exhausted searches are counted (`antichain_searches_exhausted`).
+parents must form an antichain (`node.core.antichain`, a bounded search
+that accepts when its budget runs out; exhausted searches are counted in
+`antichain_searches_exhausted`). An event rejected there, and everything
+built on it, is remembered (`node.core.rejections`) so that it is never
+fetched again and its descendants are rejected in either arrival order.
 Stateless validation (encoding, signature, topic, clock) is the Reference
 Monitor's job and happens before `add`.
 
@@ -34,22 +27,6 @@ Depth is computed locally (create = 0, else 1 + max parent depth) and never
 taken from the wire. The delivery table records the order in which events
 were applied: a topological order (never an event before its parents) that
 subscribers resume from a cursor.
-
-The buffer is persistent and bounded per author and in total; beyond a cap
-the oldest buffered events are dropped (they can be fetched again: whoever
-sent a child still has its ancestry). This bounds the forged-parent DoS of
-the paper's Theorem 3 proof.
-
-An event rejected at application time can never become a vertex on any
-correct replica (the verdict depends on its ancestry alone), and neither
-can anything built on it. So the graph remembers such rejections
-(persistently, the newest `GraphLimits.rejected_remembered`), rejects a
-descendant with reason `parent_rejected` — at once when it arrives after
-the rejection, and by dropping it from the buffer when it was waiting
-there — and never lists a rejected id in `missing_parents()` (fetching it
-would only reject it again, forever). Both arrival orders end in the same
-state. A rejection forgotten beyond the bound only costs one re-fetch:
-the parent is rejected again and its waiting children with it.
 
 Writes collect in a PendingWrites set and reads always see them. They
 become durable in one store transaction (group commit): `commit()` hands
@@ -61,19 +38,16 @@ returned; after a failed one, `discard_pending()` forgets the batch and
 reloads what the store holds. The graph starts no thread and never waits on
 a clock: the store does the I/O.
 
-Key layout (every key starts with the 32-byte topic id T)::
+Key layout of the graph's own tables (every key starts with the 32-byte
+topic id T; the buffer's and the rejections' keys are in their modules)::
 
     delivery      T|position                -> msgpack [depth, raw]  (the events themselves)
     events        T|id                      -> position (8 bytes)    (the id index)
     children      T|parent position|child   -> b""
     extremities   T|id                      -> b""
-    buffer        T|id                      -> msgpack [arrival, raw]
-    buffer_index  T|"w"|missing parent|id   -> b""   (who waits on a parent)
-                  T|"a"|author|arrival|id   -> b""   (per-author age order)
-                  T|"o"|arrival|id          -> b""   (global age order)
-                  T|"r"|id                  -> ordinal (8 bytes) + reason (rejected ids)
     authors       T|author|seq|id           -> b""   (per-author sequence index)
-    meta          T|name[|...]              -> counters (8-byte big-endian)
+    meta          T|"delivered"             -> applied events (8-byte big-endian)
+                  T|"equivocations"         -> applied events reusing an (author, seq)
 
 Why events live under their delivery position: a group commit writes its
 events at the end of the log and its children entries next to their
@@ -94,11 +68,9 @@ delivery table is read by position for them: `_locate`, `_at`).
 The counters read on every `add` (delivered, buffered) and the remembered
 rejections are mirrored in memory; `discard_pending` reloads them.
 
-Layers built on the graph (topic state, the linearizer) keep their records in
-the tables the graph does not own (`EXTENSION_TABLES`) through `table(name)`:
-a topic-prefixed view over the same PendingWrites, so their writes commit in
-the same transaction as the events they describe and can never disagree with
-the graph after a crash.
+Layers built on the graph (topic state, the linearizer) keep their records
+through `table(name)` (`node.core.topic_table`), in the same transactions
+as the events they describe.
 """
 
 from __future__ import annotations
@@ -109,42 +81,30 @@ from dataclasses import dataclass
 
 import msgpack
 
-from node.core import walks
+from node.core import antichain, walks
+from node.core.buffer import MAX_BUFFERED_PER_AUTHOR, MAX_BUFFERED_TOTAL, DeliveryBuffer
 from node.core.event import ID_BYTES, Event, event_id_of, pack, trusted_event
 from node.core.fastinit import fast_init
+from node.core.outcomes import AddStatus, RejectReason, Rejection
 from node.core.pending import PendingWrites, Writes, commit_writes
+from node.core.rejections import MAX_REJECTED_REMEMBERED, RememberedRejections
 from node.core.store import (
     TABLE_AUTHORS,
-    TABLE_BUFFER,
-    TABLE_BUFFER_INDEX,
     TABLE_CHILDREN,
     TABLE_DELIVERY,
     TABLE_EVENTS,
     TABLE_EXTREMITIES,
     TABLE_META,
-    TABLE_ORDER,
-    TABLE_STATE,
     Store,
 )
-
-# Tables the graph itself never writes: layers above it own them (`Graph.table`).
-EXTENSION_TABLES = frozenset({TABLE_STATE, TABLE_ORDER})
+from node.core.topic_table import TopicTable
 
 # Limits. Each is a named bound on memory, time or disk that a peer could
-# otherwise push without end.
-MAX_BUFFERED_PER_AUTHOR = 1_024
-MAX_BUFFERED_TOTAL = 16_384
-# A protocol constant, not a per-node limit: every replica of a topic must use
-# the same value, because it decides which events are accepted (module docstring).
-ANTICHAIN_SEARCH_VISITS = 65_536
+# otherwise push without end (the buffer's and the rejections' are in their modules).
 MAX_WALK = 100_000  # default bound for ancestor/descendant walks
 NODE_CACHE_SIZE = 65_536  # (depth, parents) of recently used events
 EVENT_CACHE_SIZE = 4_096  # decoded events
-MAX_REJECTED_REMEMBERED = 4_096  # application-time rejections kept (persistently) per topic
 LATEST_SEQ_CACHE_SIZE = 4_096  # authors whose latest sequence number is cached
-
-# The reason given to a descendant of an event rejected at application time.
-PARENT_REJECTED = "parent_rejected"
 
 # What the node cache holds per event: (depth, parents, delivery position as
 # its 8-byte key part). The walks read the first two.
@@ -152,14 +112,12 @@ _NodeInfo = tuple[int, tuple[bytes, ...], bytes]
 
 _UNCACHED = object()  # "not in the cache" (None is a cached "no events yet")
 
-_WAIT = b"w"
-_BY_AUTHOR = b"a"
-_BY_AGE = b"o"
-_REJECTED = b"r"
-_META_REJECTIONS = b"rejections"  # ordinal of the next remembered rejection
-_META_BUFFER_TOTAL = b"buffer_total"
-_META_BUFFER_AUTHOR = b"buffer_author"
-_META_ARRIVALS = b"arrivals"
+# The statuses `add` gives, bound once: on Python 3.11 every enum member lookup
+# (`AddStatus.APPLIED`) goes through EnumType.__getattr__ and costs ~0.1 µs,
+# which `add` would pay for every event.
+_APPLIED = AddStatus.APPLIED
+_DUPLICATE = AddStatus.DUPLICATE
+
 _META_DELIVERED = b"delivered"
 _META_EQUIVOCATIONS = b"equivocations"
 
@@ -178,8 +136,9 @@ class GraphLimits:
 
     Nothing here changes which events a graph accepts, only how much it keeps
     waiting or remembers (the antichain search bound, which does, is the
-    protocol constant ANTICHAIN_SEARCH_VISITS). Keyword-only: a field was
-    removed, and positional arguments would silently shift onto the next.
+    protocol constant `node.core.antichain.ANTICHAIN_SEARCH_VISITS`).
+    Keyword-only: a field was removed, and positional arguments would
+    silently shift onto the next.
     """
 
     buffered_per_author: int = MAX_BUFFERED_PER_AUTHOR
@@ -189,26 +148,18 @@ class GraphLimits:
 
 @fast_init
 @dataclass(frozen=True, slots=True)
-class Rejection:
-    event_id: bytes
-    reason: str
-
-
-@fast_init
-@dataclass(frozen=True, slots=True)
 class AddResult:
     """What one `add` did.
 
-    `status` is about the event passed in: "applied", "buffered", "duplicate"
-    or "rejected". `applied` lists every event that became part of the graph
-    (the event itself and any buffered descendants it released), in
-    application order; `rejected` the ones that failed application checks.
-    `missing` are parents the caller should fetch; `dropped` buffered events
-    evicted by the caps; `equivocations` applied events whose (author, seq)
-    was already taken by another event.
+    `status` is about the event passed in. `applied` lists every event that
+    became part of the graph (the event itself and any buffered descendants
+    it released), in application order; `rejected` the ones that failed
+    application checks. `missing` are parents the caller should fetch;
+    `dropped` buffered events evicted by the caps; `equivocations` applied
+    events whose (author, seq) was already taken by another event.
     """
 
-    status: str
+    status: AddStatus
     event_id: bytes
     applied: tuple[Event, ...] = ()
     rejected: tuple[Rejection, ...] = ()
@@ -217,40 +168,11 @@ class AddResult:
     equivocations: tuple[Event, ...] = ()
 
     @property
-    def reason(self) -> str | None:
+    def reason(self) -> RejectReason | None:
         for rejection in self.rejected:
             if rejection.event_id == self.event_id:
                 return rejection.reason
         return None
-
-
-class TopicTable:
-    """One extension table of one topic, read and written through the graph's write-set.
-
-    Keys are given without the topic prefix; writes are pending until
-    `Graph.commit()`, reads see them at once (as for the graph's own tables).
-    """
-
-    def __init__(self, writes: PendingWrites, table: str, topic_id: bytes) -> None:
-        self._w = writes
-        self._table = table
-        self._t = topic_id
-
-    def get(self, key: bytes) -> bytes | None:
-        return self._w.get(self._table, self._t + key)
-
-    def put(self, key: bytes, value: bytes) -> None:
-        self._w.put(self._table, self._t + key, value)
-
-    def delete(self, key: bytes) -> None:
-        self._w.delete(self._table, self._t + key)
-
-    def scan(self, prefix: bytes, *, reverse: bool = False,
-             limit: int | None = None) -> list[tuple[bytes, bytes]]:
-        """(key without the topic prefix, value) pairs under `prefix`, in key order."""
-        cut = len(self._t)
-        pairs = self._w.scan(self._table, self._t + prefix, reverse=reverse, limit=limit)
-        return [(key[cut:], value) for key, value in pairs]
 
 
 class _Cascade:
@@ -286,9 +208,9 @@ class Graph:
         self._delivered: int | None = None
         # The delivered count last handed to the store (None: not known here).
         self._delivered_saved: int | None = None
-        self._buffered: int | None = None
-        # id -> (ordinal, reason), oldest first: the whole (bounded) persistent memory.
-        self._rejected: OrderedDict[bytes, tuple[int, str]] = self._load_rejections()
+        self._buffer = DeliveryBuffer(self._w, topic_id, limits.buffered_per_author,
+                                      limits.buffered_total)
+        self._rejections = RememberedRejections(self._w, topic_id, limits.rejected_remembered)
         self._memo = walks.NotBelowMemo()
         # Antichain searches that ran out of budget and accepted (since this
         # object was made; a statistic, not state: it is not persisted).
@@ -308,8 +230,6 @@ class Graph:
 
     def table(self, name: str) -> TopicTable:
         """This topic's slice of an extension table, written in the graph's transactions."""
-        if name not in EXTENSION_TABLES:
-            raise ValueError(f"{name!r} is not an extension table ({sorted(EXTENSION_TABLES)})")
         return TopicTable(self._w, name, self._t)
 
     def on_discard(self, listener: Callable[[], None]) -> None:
@@ -373,9 +293,7 @@ class Graph:
         return [key[len(prefix):] for key, _ in self._w.scan(TABLE_CHILDREN, prefix)]
 
     def is_buffered(self, event_id: bytes) -> bool:
-        if not self.buffered_count:
-            return False
-        return self._w.get(TABLE_BUFFER, self._t + event_id) is not None
+        return self._buffer.holds(event_id)
 
     def knows(self, event_id: bytes) -> bool:
         """True if `event_id` is applied or buffered here: receiving it again changes nothing.
@@ -386,48 +304,33 @@ class Graph:
         return self.has(event_id) or self.is_buffered(event_id)
 
     def buffered_event(self, event_id: bytes) -> Event | None:
-        record = self._w.get(TABLE_BUFFER, self._t + event_id)
-        return None if record is None else trusted_event(msgpack.unpackb(record)[1])
+        return self._buffer.event(event_id)
 
     @property
     def buffered_count(self) -> int:
-        if self._buffered is None:
-            self._buffered = _from_u64(self._w.get(TABLE_META, self._t + _META_BUFFER_TOTAL))
-        return self._buffered
+        return self._buffer.count
 
     def buffered_ids(self) -> list[bytes]:
-        prefix = self._t + _BY_AGE
-        return [key[len(prefix) + 8:] for key, _ in self._w.scan(TABLE_BUFFER_INDEX, prefix)]
+        """Buffered ids, oldest arrival first."""
+        return self._buffer.ids()
 
     def missing_parents(self, limit: int = 1_024) -> list[bytes]:
         """Parents that buffered events wait for: not here, not buffered, not rejected."""
-        prefix = self._t + _WAIT
-        wanted: list[bytes] = []
-        last = None
-        rejected = self._rejected
-        for key, _ in self._w.scan(TABLE_BUFFER_INDEX, prefix):
-            parent = key[len(prefix):len(prefix) + ID_BYTES]
-            if parent == last:
-                continue
-            last = parent
-            if parent not in rejected and not self.has(parent) and not self.is_buffered(parent):
-                wanted.append(parent)
-                if len(wanted) >= limit:
-                    break
-        return wanted
+        rejected = self._rejections.entries
+        return self._buffer.missing_parents(
+            limit, lambda parent: parent in rejected or self.has(parent))
 
-    def rejected_reason(self, event_id: bytes) -> str | None:
+    def rejected_reason(self, event_id: bytes) -> RejectReason | str | None:
         """Why this replica rejected `event_id` at application time, if it still remembers.
 
         Remembered across restarts, the newest `limits.rejected_remembered`.
         """
-        entry = self._rejected.get(event_id)
-        return None if entry is None else entry[1]
+        return self._rejections.reason(event_id)
 
     @property
     def rejected_count(self) -> int:
         """How many application-time rejections are remembered now (bounded)."""
-        return len(self._rejected)
+        return len(self._rejections)
 
     @property
     def delivered_count(self) -> int:
@@ -551,43 +454,43 @@ class Graph:
         still checked: buffered events are not in the per-author index.
         """
         event_id = event.id
-        buffered = self._buffered  # `is_buffered`, inline: this runs for every event
-        if buffered is None:
-            buffered = self.buffered_count
+        buffer = self._buffer
         if ((not fresh and self.has(event_id))
-                or (buffered and self._w.get(TABLE_BUFFER, self._t + event_id) is not None)):
-            return AddResult("duplicate", event_id)
-        rejected = self._rejected
+                or (buffer.count and buffer.holds(event_id))):
+            return AddResult(_DUPLICATE, event_id)
+        rejected = self._rejections.entries
         if rejected and event_id in rejected:
             return self._reject_only(event_id, rejected[event_id][1])
         if event.is_create:
             if event_id != self.topic_id:
-                return self._reject_only(event_id, "wrong_topic")
+                return self._reject_only(event_id, RejectReason.WRONG_TOPIC)
         elif event.topic != self.topic_id:
-            return self._reject_only(event_id, "wrong_topic")
+            return self._reject_only(event_id, RejectReason.WRONG_TOPIC)
         parents = event.parents
         if rejected and any(p in rejected for p in parents):
             cascade = _Cascade()
-            self._reject(event_id, PARENT_REJECTED, cascade)
-            return AddResult("rejected", event_id, rejected=tuple(cascade.rejected))
+            self._rejections.reject(event_id, RejectReason.PARENT_REJECTED, buffer,
+                                    cascade.rejected)
+            return AddResult(AddStatus.REJECTED, event_id, rejected=tuple(cascade.rejected))
         nodes = self._nodes
         missing = [p for p in parents if p not in nodes and not self.has(p)]
         if missing:
-            dropped = self._buffer(event, missing)
+            dropped = buffer.add(event, missing)
             if event_id in dropped:
-                return AddResult("rejected", event_id, rejected=(Rejection(event_id, "buffer_full"),),
+                return AddResult(AddStatus.REJECTED, event_id,
+                                 rejected=(Rejection(event_id, RejectReason.BUFFER_FULL),),
                                  dropped=tuple(d for d in dropped if d != event_id))
-            wanted = tuple(p for p in missing if not self.is_buffered(p))
-            return AddResult("buffered", event_id, missing=wanted, dropped=tuple(dropped))
+            wanted = tuple(p for p in missing if not buffer.holds(p))
+            return AddResult(AddStatus.BUFFERED, event_id, missing=wanted, dropped=tuple(dropped))
         cascade = _Cascade()
         self._apply_cascade(event, cascade)
         if not cascade.rejected:  # the common case, built without keywords or empty copies
-            return AddResult("applied", event_id, tuple(cascade.applied), (), (), (),
+            return AddResult(_APPLIED, event_id, tuple(cascade.applied), (), (), (),
                              tuple(cascade.equivocations) if cascade.equivocations else ())
         if any(r.event_id == event_id for r in cascade.rejected):
-            status = "rejected"
+            status = AddStatus.REJECTED
         else:
-            status = "applied"
+            status = AddStatus.APPLIED
         return AddResult(status, event_id, applied=tuple(cascade.applied),
                          rejected=tuple(cascade.rejected),
                          equivocations=tuple(cascade.equivocations))
@@ -638,8 +541,8 @@ class Graph:
         self._latest_seq.clear()
         self._delivered = None
         self._delivered_saved = None
-        self._buffered = None
-        self._rejected = self._load_rejections()
+        self._buffer.reload()
+        self._rejections.reload()
         self._memo.clear()
         self._absent = None
         self._root_seen = False
@@ -652,51 +555,8 @@ class Graph:
 
     # ----------------------------------------------------------------- internals
 
-    def _reject_only(self, event_id: bytes, reason: str) -> AddResult:
-        return AddResult("rejected", event_id, rejected=(Rejection(event_id, reason),))
-
-    def _load_rejections(self) -> OrderedDict[bytes, tuple[int, str]]:
-        prefix = self._t + _REJECTED
-        entries = []
-        for key, value in self._w.scan(TABLE_BUFFER_INDEX, prefix):
-            entries.append((int.from_bytes(value[:8], "big"), key[len(prefix):],
-                            value[8:].decode("utf-8", "replace")))
-        entries.sort()
-        return OrderedDict((event_id, (ordinal, reason)) for ordinal, event_id, reason in entries)
-
-    def _remember_rejection(self, event_id: bytes, reason: str) -> None:
-        """Persist an application-time rejection; forget the oldest beyond the bound."""
-        if event_id in self._rejected:
-            return
-        t = self._t
-        ordinal = _from_u64(self._w.get(TABLE_META, t + _META_REJECTIONS))
-        self._w.put(TABLE_META, t + _META_REJECTIONS, _u64(ordinal + 1))
-        self._w.put(TABLE_BUFFER_INDEX, t + _REJECTED + event_id, _u64(ordinal) + reason.encode())
-        self._rejected[event_id] = (ordinal, reason)
-        while len(self._rejected) > self.limits.rejected_remembered:
-            forgotten, _ = self._rejected.popitem(last=False)
-            self._w.delete(TABLE_BUFFER_INDEX, t + _REJECTED + forgotten)
-
-    def _reject(self, event_id: bytes, reason: str, cascade: _Cascade) -> None:
-        """Reject `event_id` at application time, with every buffered event built on it.
-
-        Breadth first, children in id order: the same rejections, in the same
-        order, on every replica holding the same buffer.
-        """
-        t = self._t
-        queue = [(event_id, reason)]
-        for current, why in queue:  # the list grows while it is walked
-            cascade.rejected.append(Rejection(current, why))
-            self._remember_rejection(current, why)
-            if not self.buffered_count:
-                continue
-            for waiting_id in self._waiting_on(current):
-                waiting = self.buffered_event(waiting_id)
-                if waiting is None:  # a stale index entry: nothing waits any more
-                    self._w.delete(TABLE_BUFFER_INDEX, t + _WAIT + current + waiting_id)
-                    continue
-                self._unbuffer(waiting)
-                queue.append((waiting_id, PARENT_REJECTED))
+    def _reject_only(self, event_id: bytes, reason: RejectReason | str) -> AddResult:
+        return AddResult(AddStatus.REJECTED, event_id, rejected=(Rejection(event_id, reason),))
 
     @staticmethod
     def _remember(cache: OrderedDict, key, value, size: int) -> None:
@@ -727,61 +587,23 @@ class Graph:
         self._remember(self._nodes, event_id, info, NODE_CACHE_SIZE)
         return info
 
-    def _antichain_violation(self, parents: tuple[bytes, ...]) -> str | None:
-        """None if no parent is found to be an ancestor of another, else the rejection reason.
-
-        Only ancestors deeper than the shallowest parent can lead to a parent,
-        so the walk goes no lower. Its order (parents in event order, then
-        depth first) and so the ancestors it visits within the budget
-        ANTICHAIN_SEARCH_VISITS are fixed by the ancestry alone: every replica
-        reaches the same verdict. Out of budget with no violation found, the
-        parents are accepted as an antichain (module docstring: rejecting
-        would refuse honest merges of an old head with a deep one).
-        """
-        if len(parents) < 2:
-            return None
-        parent_set = set(parents)
-        depths = {p: self._node(p)[0] for p in parents}  # type: ignore[index]
-        floor = min(depths.values())
-        stack = [p for p in parents if depths[p] > floor]
-        seen: set[bytes] = set()
-        budget = ANTICHAIN_SEARCH_VISITS  # read per call: tests scale it down
-        while stack:
-            current = stack.pop()
-            for ancestor in self._node(current)[1]:  # type: ignore[index]
-                if ancestor in seen:
-                    continue
-                if ancestor in parent_set:
-                    return "parents_not_antichain"
-                seen.add(ancestor)
-                if len(seen) > budget:
-                    self.antichain_searches_exhausted += 1
-                    return None
-                depth = self._node(ancestor)[0]  # type: ignore[index]
-                if depth > floor:
-                    stack.append(ancestor)
-        return None
-
     def _apply_cascade(self, first: Event, cascade: _Cascade) -> None:
-        if not self._apply_one(first, cascade) or not self.buffered_count:
+        buffer = self._buffer
+        if not self._apply_one(first, cascade) or not buffer.count:
             return  # nothing can be waiting: the hot path ends here
         ready = [first]
         while ready:
             event = ready.pop()
             if event is not first and not self._apply_one(event, cascade):
                 continue
-            if not self.buffered_count:
+            if not buffer.count:
                 continue  # nothing can be waiting: skip the index scan
-            for waiting_id in self._waiting_on(event.id):
-                self._w.delete(TABLE_BUFFER_INDEX, self._t + _WAIT + event.id + waiting_id)
-                waiting = self.buffered_event(waiting_id)
+            for waiting_id in buffer.waiting_on(event.id):
+                buffer.stop_waiting(event.id, waiting_id)
+                waiting = buffer.event(waiting_id)
                 if waiting is not None and all(self.has(p) for p in waiting.parents):
-                    self._unbuffer(waiting)
+                    buffer.remove(waiting)
                     ready.append(waiting)
-
-    def _waiting_on(self, parent_id: bytes) -> list[bytes]:
-        prefix = self._t + _WAIT + parent_id
-        return [key[len(prefix):] for key, _ in self._w.scan(TABLE_BUFFER_INDEX, prefix)]
 
     def _apply_one(self, event: Event, cascade: _Cascade) -> bool:
         # Callers guarantee the event is new: `add` checked, and a buffered event
@@ -789,10 +611,13 @@ class Graph:
         # are used inline rather than through their helpers (a call each).
         parents = event.parents
         if len(parents) > 1:
-            reason = self._antichain_violation(parents)
-            if reason is not None:
-                self._reject(event.id, reason, cascade)
+            verdict = antichain.check(parents, self._node)
+            if verdict is antichain.Verdict.NOT_ANTICHAIN:
+                self._rejections.reject(event.id, RejectReason.PARENTS_NOT_ANTICHAIN,
+                                        self._buffer, cascade.rejected)
                 return False
+            if verdict is antichain.Verdict.SEARCH_EXHAUSTED:
+                self.antichain_searches_exhausted += 1
         nodes = self._nodes
         depth = 0
         infos = [nodes.get(parent) or self._node(parent) for parent in parents]
@@ -845,57 +670,3 @@ class Graph:
             self._memo.note_applied(depth, event_id)
         cascade.applied.append(event)
         return True
-
-    def _buffer(self, event: Event, missing: list[bytes]) -> list[bytes]:
-        """Put `event` in the buffer; returns ids evicted to respect the caps."""
-        t = self._t
-        arrival = _from_u64(self._w.get(TABLE_META, t + _META_ARRIVALS))
-        self._w.put(TABLE_META, t + _META_ARRIVALS, _u64(arrival + 1))
-        self._w.put(TABLE_BUFFER, t + event.id, pack([arrival, event.raw]))
-        for parent in missing:
-            self._w.put(TABLE_BUFFER_INDEX, t + _WAIT + parent + event.id, b"")
-        self._w.put(TABLE_BUFFER_INDEX, t + _BY_AUTHOR + event.author + _u64(arrival) + event.id, b"")
-        self._w.put(TABLE_BUFFER_INDEX, t + _BY_AGE + _u64(arrival) + event.id, b"")
-        self._bump_buffer_counts(event.author, +1)
-        dropped: list[bytes] = []
-        author_prefix = t + _BY_AUTHOR + event.author
-        while self._author_buffered(event.author) > self.limits.buffered_per_author:
-            oldest = self._w.scan(TABLE_BUFFER_INDEX, author_prefix, limit=1)[0][0]
-            dropped.append(self._evict(oldest[len(author_prefix) + 8:]))
-        age_prefix = t + _BY_AGE
-        while self.buffered_count > self.limits.buffered_total:
-            oldest = self._w.scan(TABLE_BUFFER_INDEX, age_prefix, limit=1)[0][0]
-            dropped.append(self._evict(oldest[len(age_prefix) + 8:]))
-        return dropped
-
-    def _author_buffered(self, author: bytes) -> int:
-        return _from_u64(self._w.get(TABLE_META, self._t + _META_BUFFER_AUTHOR + author))
-
-    def _bump_buffer_counts(self, author: bytes, delta: int) -> None:
-        t = self._t
-        total = self.buffered_count + delta
-        self._buffered = total
-        self._w.put(TABLE_META, t + _META_BUFFER_TOTAL, _u64(total))
-        per_author = self._author_buffered(author) + delta
-        if per_author:
-            self._w.put(TABLE_META, t + _META_BUFFER_AUTHOR + author, _u64(per_author))
-        else:
-            self._w.delete(TABLE_META, t + _META_BUFFER_AUTHOR + author)
-
-    def _evict(self, event_id: bytes) -> bytes:
-        event = self.buffered_event(event_id)
-        assert event is not None
-        self._unbuffer(event)
-        return event_id
-
-    def _unbuffer(self, event: Event) -> None:
-        t = self._t
-        record = self._w.get(TABLE_BUFFER, t + event.id)
-        assert record is not None
-        arrival = msgpack.unpackb(record)[0]
-        self._w.delete(TABLE_BUFFER, t + event.id)
-        for parent in event.parents:
-            self._w.delete(TABLE_BUFFER_INDEX, t + _WAIT + parent + event.id)
-        self._w.delete(TABLE_BUFFER_INDEX, t + _BY_AUTHOR + event.author + _u64(arrival) + event.id)
-        self._w.delete(TABLE_BUFFER_INDEX, t + _BY_AGE + _u64(arrival) + event.id)
-        self._bump_buffer_counts(event.author, -1)

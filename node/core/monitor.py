@@ -8,16 +8,11 @@ an antichain) run when the graph applies the event, because only then are
 the parents known; checks that need topic state (authorization) run in the
 state layer.
 
-Reasons (stable strings; tests, logs and metrics use them). Given here:
-    not_bytes, too_large, not_msgpack, bad_shape, bad_field, unknown_version,
-    not_canonical, too_many_parents, duplicate_parents, no_parents,
-    too_many_auth_refs, duplicate_auth_refs, state_key_too_long,
-    bad_signature, id_mismatch, wrong_topic, timestamp_in_future
-Given by the graph when it applies or buffers the event (`node.core.graph`):
-    parents_not_antichain (a parent is found to be an ancestor of another;
-    a search out of budget accepts instead), parent_rejected (built on an
-    event rejected there), buffer_full (evicted at once by the buffer caps),
-    wrong_topic
+Reasons are `node.core.outcomes.RejectReason` members (stable strings; tests,
+logs and metrics use them): the decoder's, this monitor's (bad_signature,
+id_mismatch, wrong_topic, timestamp_in_future) and the graph's, given when
+it applies or buffers the event (parents_not_antichain, parent_rejected,
+buffer_full, wrong_topic).
 A "bad_shape" whose detail starts with "unexpected" is no deliberate
 verdict but a decoder bug caught here; the fuzz tests require there are none.
 """
@@ -30,6 +25,7 @@ from dataclasses import dataclass
 
 from node.core.event import Event, EventFormatError, decode_event
 from node.core.identity import verify_signature
+from node.core.outcomes import RejectReason
 
 # An author's clock may run ahead of ours by this much before we refuse its
 # events; Matrix servers use minutes too. Events from the future would
@@ -39,7 +35,7 @@ MAX_FUTURE_SKEW_MS = 5 * 60 * 1000
 
 @dataclass(frozen=True, slots=True)
 class Rejected:
-    reason: str
+    reason: RejectReason
     detail: str = ""
 
     def __str__(self) -> str:
@@ -76,16 +72,16 @@ class ReferenceMonitor:
         except EventFormatError as error:
             return Rejected(error.reason, error.detail)
         except Exception as error:  # defence in depth: a decoder bug must not crash the node
-            return Rejected("bad_shape", f"unexpected {type(error).__name__}")
+            return Rejected(RejectReason.BAD_SHAPE, f"unexpected {type(error).__name__}")
         if expected_id is not None and event.id != expected_id:
-            return Rejected("id_mismatch", f"asked for {expected_id.hex()[:16]}")
+            return Rejected(RejectReason.ID_MISMATCH, f"asked for {expected_id.hex()[:16]}")
         if known is not None and known(event.id):
             return event  # a duplicate: verified when it first came
         if event.topic_id() != self.topic_id:
-            return Rejected("wrong_topic", event.topic_id().hex()[:16])
+            return Rejected(RejectReason.WRONG_TOPIC, event.topic_id().hex()[:16])
         if event.timestamp_ms > now_ms + self.max_future_skew_ms:
-            return Rejected("timestamp_in_future",
+            return Rejected(RejectReason.TIMESTAMP_IN_FUTURE,
                             f"{event.timestamp_ms - now_ms} ms ahead (limit {self.max_future_skew_ms})")
         if not verify_signature(event):
-            return Rejected("bad_signature")
+            return Rejected(RejectReason.BAD_SIGNATURE)
         return event

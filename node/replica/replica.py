@@ -76,6 +76,7 @@ from node.core.graph import AddResult, Graph, GraphLimits
 from node.core.identity import Identity, sign_event
 from node.core.monitor import MAX_FUTURE_SKEW_MS, ReferenceMonitor, Rejected
 from node.core.order import OrderUpdate
+from node.core.outcomes import AddStatus
 from node.core.parents import (
     DEFAULT_D_MAX,
     MAX_D_MAX,
@@ -183,7 +184,7 @@ class TopicParams:
 class Received:
     """The outcome of `Replica.receive` for one incoming byte string."""
 
-    status: str  # "applied" | "buffered" | "duplicate" | "rejected"
+    status: AddStatus
     event_id: bytes | None
     reason: str | None = None
     applied: tuple[Event, ...] = ()
@@ -258,7 +259,7 @@ class Replica:
         )
         replica = cls(store, create.id, identity, config)
         result = replica.graph.add(create)
-        assert result.status == "applied", result
+        assert result.status is AddStatus.APPLIED, result
         if authorization:
             replica.tracker.apply(result.applied)
             # One extremity at each step: the parent choice draws nothing from this rng.
@@ -385,7 +386,7 @@ class Replica:
         verdict = self.monitor.check(raw, now_ms, expected_id, known=self.graph.knows)
         if isinstance(verdict, Rejected):
             self.counters[f"rejected.{verdict.reason}"] += 1
-            return Received("rejected", None, reason=verdict.reason)
+            return Received(AddStatus.REJECTED, None, reason=verdict.reason)
         return self._outcome(self.graph.add(verdict))
 
     def _outcome(self, result: AddResult) -> Received:
@@ -446,7 +447,7 @@ class Replica:
         )
         # fresh: seq is above the author's latest here, so the id cannot be applied yet.
         outcome = self._outcome(self.graph.add(event, fresh=True))
-        if outcome.status != "applied":
+        if outcome.status is not AddStatus.APPLIED:
             raise PublishError(f"local event not applied: {outcome.status} {outcome.reason}")
         if outcome.unauthorized:  # the check above passed: only a bug gets here
             raise PublishError(f"local event rejected: {outcome.unauthorized[0][1]}")

@@ -75,6 +75,7 @@ from node.core.event import (
 )
 from node.core.graph import Graph
 from node.core.identity import Identity
+from node.core.outcomes import AddStatus
 from node.core.parents import DepletionPolicy, ParentPolicy, select_parents
 from node.replica.replica import Replica, ReplicaConfig
 from node.state.types import RULE_PUBLIC
@@ -227,7 +228,7 @@ def _new_topic(d: int, rng: random.Random) -> Replica:
 def _add_all(graph: Graph, events: Sequence[Event]) -> None:
     for event in events:
         result = graph.add(event)
-        if result.status != "applied":
+        if result.status is not AddStatus.APPLIED:
             raise CoreWidthError(f"{event!r} not applied: {result.status} {result.reason}")
 
 
@@ -325,7 +326,7 @@ def _deliver(replicas: Sequence[Replica], events: Sequence[Event], made_by: Sequ
             if author_index == index:
                 continue
             outcome = replica.receive(event.raw, TIMESTAMP_MS, expected_id=event.id)
-            if outcome.status != "applied" or outcome.unauthorized:
+            if outcome.status is not AddStatus.APPLIED or outcome.unauthorized:
                 raise CoreWidthError(f"{event!r} not applied at replica {index}: "
                                      f"{outcome.status} {outcome.reason} {outcome.unauthorized}")
         replica.commit()

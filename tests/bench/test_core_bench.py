@@ -28,6 +28,7 @@ import nacl.signing
 
 from node.core.event import KIND_MESSAGE, SIGNING_DOMAIN, body_of_signed
 from node.core.identity import sign_event
+from node.core.outcomes import AddStatus
 from node.replica.replica import Replica
 from storage.lmdb_store import LmdbStore
 from tests.helpers import identity
@@ -128,7 +129,7 @@ def append_and_ingest(tmp_path: Path) -> tuple[Run, Run]:
     receiver.commit()
 
     def receive(n: int) -> None:
-        assert receiver.receive(events[n], FAR_FUTURE_MS).status == "applied"
+        assert receiver.receive(events[n], FAR_FUTURE_MS).status is AddStatus.APPLIED
 
     ingested = Run()
     batched(receiver, ingested, raw_verifies, receive)

@@ -35,6 +35,7 @@ import pytest
 
 from node.core.event import KIND_CREATE, KIND_MESSAGE, Event, pack_payload
 from node.core.identity import Identity, sign_event
+from node.core.outcomes import AddStatus
 from node.replica.replica import Replica, ReplicaConfig
 from node.state import EventFields, Role, check_auth, resolve, select_auth_refs
 from node.state.store import MAX_DELTA_CHAIN, StateGroups
@@ -265,7 +266,7 @@ def sign_on(origin: Replica, who: Identity, kind: str, key: str | None,
         auth=select_auth_refs(EventFields(kind, who.public_key, key, content), state),
     )
     outcome = origin.receive(event.raw, FAR_FUTURE_MS)
-    assert outcome.status == "applied" and not outcome.unauthorized, outcome
+    assert outcome.status is AddStatus.APPLIED and not outcome.unauthorized, outcome
     return event
 
 

@@ -12,6 +12,7 @@ from node.core.event import (
     trusted_event,
 )
 from node.core.identity import sign_event, verify_signature
+from node.core.outcomes import RejectReason
 from tests.helpers import child, craft_raw, identity, new_topic, valid_fields
 
 
@@ -60,7 +61,7 @@ def test_non_canonical_integer_encoding_is_rejected():
     assert _encode_with_seq_bytes(fields, signature, b"\x01") == raw  # the canonical form
     with pytest.raises(EventFormatError) as info:
         decode_event(_encode_with_seq_bytes(fields, signature, b"\xcd\x00\x01"))  # uint16 for 1
-    assert info.value.reason == "not_canonical"
+    assert info.value.reason is RejectReason.NOT_CANONICAL
 
 
 def test_payload_maps_are_packed_canonically():
@@ -70,4 +71,4 @@ def test_payload_maps_are_packed_canonically():
 def test_oversized_event_is_rejected_before_parsing():
     with pytest.raises(EventFormatError) as info:
         decode_event(b"\x00" * (MAX_EVENT_BYTES + 1))
-    assert info.value.reason == "too_large"
+    assert info.value.reason is RejectReason.TOO_LARGE

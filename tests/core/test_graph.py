@@ -8,6 +8,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from node.core.graph import GraphLimits
+from node.core.outcomes import AddStatus
 from node.replica.replica import Replica, ReplicaConfig
 from storage.memory import MemoryStore
 from node.core.store import TABLE_AUTHORS
@@ -55,13 +56,14 @@ def test_any_permutation_with_duplicates_gives_identical_state(seed, order_seed,
     topic_id, events = make_world(seed)
     reference = Replica(MemoryStore(), topic_id, identity("ref"))
     for event in events:
-        assert reference.receive(event.raw, NOW_MS).status == "applied"
+        assert reference.receive(event.raw, NOW_MS).status is AddStatus.APPLIED
     rng = random.Random(order_seed)
     shuffled = events + [rng.choice(events) for _ in range(duplicates)]
     rng.shuffle(shuffled)
     replica = Replica(MemoryStore(), topic_id, identity("other"))
     for n, event in enumerate(shuffled):
-        assert replica.receive(event.raw, NOW_MS).status in {"applied", "buffered", "duplicate"}
+        outcome = replica.receive(event.raw, NOW_MS)
+        assert outcome.status in {AddStatus.APPLIED, AddStatus.BUFFERED, AddStatus.DUPLICATE}
         if n % commit_every == 0:
             replica.commit()
     replica.commit()
@@ -97,10 +99,10 @@ def test_buffered_event_applies_with_a_cascade_when_the_gap_fills():
     replica = Replica(MemoryStore(), topic_id, identity("x"))
     for event in reversed(events[1:]):
         outcome = replica.receive(event.raw, NOW_MS)
-        assert outcome.status == "buffered"
+        assert outcome.status is AddStatus.BUFFERED
     assert replica.graph.missing_parents() == [topic_id]
     outcome = replica.receive(events[0].raw, NOW_MS)
-    assert outcome.status == "applied"
+    assert outcome.status is AddStatus.APPLIED
     assert len(outcome.applied) == len(events)
     assert replica.graph.buffered_count == 0
     assert replica.graph.missing_parents() == []
@@ -144,7 +146,7 @@ def test_buffer_caps_drop_the_oldest_per_author_and_in_total():
     assert dropped[2] == bobs[2].id  # globally oldest goes first once the total is reached
     # a dropped event is not remembered: it can be received (fetched) again later
     assert not replica.graph.is_buffered(bobs[0].id)
-    assert replica.receive(bobs[0].raw, NOW_MS).status in {"buffered", "rejected"}
+    assert replica.receive(bobs[0].raw, NOW_MS).status in {AddStatus.BUFFERED, AddStatus.REJECTED}
 
 
 def test_buffer_survives_restart(store_factory):
@@ -157,7 +159,7 @@ def test_buffer_survives_restart(store_factory):
     store = store_factory("s")
     replica = Replica(store, origin.topic_id, identity("x"))
     replica.receive(origin.graph.get(origin.topic_id).raw, NOW_MS)
-    assert replica.receive(second.raw, NOW_MS).status == "buffered"
+    assert replica.receive(second.raw, NOW_MS).status is AddStatus.BUFFERED
     replica.commit()
     store.close()
     replica = Replica(store_factory("s"), origin.topic_id, identity("x"))
@@ -193,7 +195,7 @@ def test_not_below_is_exactly_what_a_peer_with_those_heads_lacks(seed, pick):
     have = {e.id for e in prefix}
     assert set(lacking) == {e.id for e in events} - have
     for event_id in lacking:  # parents first: applying in this order never buffers
-        assert partial.receive(full.graph.get(event_id).raw, NOW_MS).status == "applied"
+        assert partial.receive(full.graph.get(event_id).raw, NOW_MS).status is AddStatus.APPLIED
     assert partial.graph.extremities() == full.graph.extremities()
     # ancestors agrees with a brute-force walk
     some = [rng.choice(events).id]
@@ -248,7 +250,7 @@ def test_detecting_an_equivocation_reads_one_index_entry_however_often_a_seq_rep
     copies = 30
     for n in range(copies):
         twin = child(bob, origin.topic_id, [origin.topic_id], seq=1, payload=b"story %d" % n)
-        assert origin.graph.add(twin).status == "applied"
+        assert origin.graph.add(twin).status is AddStatus.APPLIED
         origin.commit()  # in the store, where the scan reads them
     assert origin.graph.equivocation_count == copies - 1
     assert max(store.author_reads) <= 1

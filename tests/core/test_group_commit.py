@@ -14,6 +14,7 @@ synchronous path.)
 
 import random
 
+from node.core.outcomes import AddStatus
 from node.core.pending import commit_writes, merge_writes
 from node.replica.replica import Replica
 from storage.memory import MemoryStore
@@ -35,7 +36,7 @@ def test_out_of_order_ingest_with_group_commits_matches_one_at_a_time(store_fact
     store = store_factory("batched")
     replica = Replica(store, topic_id, identity("x"))
     for n, event in enumerate(shuffled, 1):
-        assert replica.receive(event.raw, NOW_MS).status in {"applied", "buffered"}
+        assert replica.receive(event.raw, NOW_MS).status in {AddStatus.APPLIED, AddStatus.BUFFERED}
         assert replica.graph.knows(event.id)  # committed or pending, it reads as present
         if n % COMMIT_EVERY == 0:
             replica.commit()

@@ -25,7 +25,8 @@ from node.core.event import (
     make_event,
 )
 from node.core.fastinit import fast_init
-from node.core.graph import AddResult, Rejection
+from node.core.graph import AddResult
+from node.core.outcomes import AddStatus, RejectReason, Rejection
 from node.replica.replica import Received, Replica, ReplicaConfig
 from storage.memory import MemoryStore
 from node.core.store import TABLE_STATE
@@ -58,12 +59,12 @@ def test_a_known_event_is_not_verified_again(verify_calls):
         replica.receive(event.raw, NOW_MS)
     assert len(verify_calls) == 3
     for event in (root, first, orphan):  # applied or buffered: both known
-        assert replica.receive(event.raw, NOW_MS).status == "duplicate"
+        assert replica.receive(event.raw, NOW_MS).status is AddStatus.DUPLICATE
     assert len(verify_calls) == 3
     assert replica.counters["duplicate"] == 3
     # asking for another id still fails, known bytes or not
     wrong = replica.receive(first.raw, NOW_MS, expected_id=b"\x01" * 32)
-    assert (wrong.status, wrong.reason) == ("rejected", "id_mismatch")
+    assert (wrong.status, wrong.reason) == (AddStatus.REJECTED, RejectReason.ID_MISMATCH)
 
 
 def test_an_unknown_event_with_a_known_looking_body_is_still_verified(verify_calls):
@@ -74,7 +75,7 @@ def test_an_unknown_event_with_a_known_looking_body_is_still_verified(verify_cal
     replica.receive(first.raw, NOW_MS)
     forged = first.raw[:-1] + bytes([first.raw[-1] ^ 1])  # another signature: another id
     outcome = replica.receive(forged, NOW_MS)
-    assert (outcome.status, outcome.reason) == ("rejected", "bad_signature")
+    assert (outcome.status, outcome.reason) == (AddStatus.REJECTED, RejectReason.BAD_SIGNATURE)
     assert len(verify_calls) == 3
 
 
@@ -126,17 +127,19 @@ def test_decode_agrees_with_the_detailed_checks(seq, kind, state_key, payload):
 
 
 def test_fast_init_records_are_still_frozen_dataclasses():
-    rejection = Rejection(b"x", reason="r")
-    assert rejection == Rejection(b"x", "r") and hash(rejection) == hash(Rejection(b"x", "r"))
+    rejection = Rejection(b"x", reason=RejectReason.BUFFER_FULL)
+    assert rejection == Rejection(b"x", RejectReason.BUFFER_FULL)
+    assert hash(rejection) == hash(Rejection(b"x", RejectReason.BUFFER_FULL))
     with pytest.raises(dataclasses.FrozenInstanceError):
-        rejection.reason = "other"  # type: ignore[misc]
-    result = AddResult("applied", b"id")
+        rejection.reason = RejectReason.WRONG_TOPIC  # type: ignore[misc]
+    result = AddResult(AddStatus.APPLIED, b"id")
     assert result.applied == () and result.reason is None
-    assert dataclasses.replace(result, status="duplicate").status == "duplicate"
-    received = Received("duplicate", None)
+    duplicate = dataclasses.replace(result, status=AddStatus.DUPLICATE)
+    assert duplicate.status is AddStatus.DUPLICATE
+    received = Received(AddStatus.DUPLICATE, None)
     assert received.unauthorized == () and received.order is None
     with pytest.raises(TypeError):
-        AddResult("applied")  # type: ignore[call-arg]
+        AddResult(AddStatus.APPLIED)  # type: ignore[call-arg]
     event = child(identity("bob"), b"t" * 32, [b"p" * 32], seq=1)
     assert make_event(*(getattr(event, f.name) for f in dataclasses.fields(event))) == event
 

@@ -8,8 +8,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from node.core.event import MAX_AUTH_REFS, MAX_EVENT_BYTES, MAX_PARENTS, MAX_STATE_KEY_BYTES
-from node.core import graph as graph_module
+from node.core import antichain as antichain_module
 from node.core.monitor import MAX_FUTURE_SKEW_MS, Rejected
+from node.core.outcomes import AddStatus, RejectReason
 from node.replica.replica import Replica
 from storage.memory import MemoryStore
 from node.core.store import TABLES
@@ -32,7 +33,7 @@ def world():
     store = MemoryStore()
     receiver = Replica(store, origin.topic_id, identity("carol"))
     for event in (origin.graph.get(origin.topic_id), first, second):
-        assert receiver.receive(event.raw, NOW_MS).status == "applied"
+        assert receiver.receive(event.raw, NOW_MS).status is AddStatus.APPLIED
     receiver.commit()
     return receiver, store, first, second
 
@@ -57,16 +58,16 @@ def without_rejection_memory(dumped: dict, topic_id: bytes) -> dict:
 
 def assert_rejected(world, raw, reason, expected_id=None, remembered=False):
     """Rejected for `reason`, store untouched — except, for a rejection at application
-    time (`remembered`), the graph's bounded memory of it (see node.core.graph)."""
+    time (`remembered`), the graph's bounded memory of it (see node.core.rejections)."""
     receiver, store, _, _ = world
     before = dump(store)
     outcome = receiver.receive(raw, NOW_MS, expected_id=expected_id)
     receiver.commit()
-    assert outcome.status == "rejected", outcome
-    assert outcome.reason == reason
+    assert outcome.status is AddStatus.REJECTED, outcome
+    assert outcome.reason is RejectReason(reason)
     after = dump(store)
     if remembered:
-        assert receiver.graph.rejected_reason(outcome.event_id) == reason
+        assert receiver.graph.rejected_reason(outcome.event_id) is RejectReason(reason)
         assert after != before
         after = without_rejection_memory(after, receiver.topic_id)
     assert after == before, "a rejection must not touch the store"
@@ -75,7 +76,8 @@ def assert_rejected(world, raw, reason, expected_id=None, remembered=False):
 
 def test_valid_crafted_event_is_accepted(world):
     receiver = world[0]
-    assert receiver.receive(craft_raw(fields_of(world), identity("mallory")), NOW_MS).status == "applied"
+    outcome = receiver.receive(craft_raw(fields_of(world), identity("mallory")), NOW_MS)
+    assert outcome.status is AddStatus.APPLIED
 
 
 def test_not_msgpack(world):
@@ -159,7 +161,8 @@ def test_timestamp_in_future(world):
 def test_timestamp_just_within_skew_is_accepted(world):
     receiver = world[0]
     fields = fields_of(world, ts=NOW_MS + MAX_FUTURE_SKEW_MS)
-    assert receiver.receive(craft_raw(fields, identity("mallory")), NOW_MS).status == "applied"
+    outcome = receiver.receive(craft_raw(fields, identity("mallory")), NOW_MS)
+    assert outcome.status is AddStatus.APPLIED
 
 
 def test_wrong_topic(world):
@@ -187,8 +190,8 @@ def test_parents_not_an_antichain(world):
     # second's parent is first: naming both makes one parent an ancestor of the other.
     _, _, first, second = world
     fields = fields_of(world, parents=sorted([first.id, second.id]))
-    assert_rejected(world, craft_raw(fields, identity("mallory")), "parents_not_antichain",
-                    remembered=True)
+    assert_rejected(world, craft_raw(fields, identity("mallory")),
+                    RejectReason.PARENTS_NOT_ANTICHAIN, remembered=True)
 
 
 ANTICHAIN_TEST_BUDGET = 10  # visits: scaled down from ANTICHAIN_SEARCH_VISITS
@@ -201,7 +204,7 @@ def long_chain(length: int):
     chain = [origin.topic_id]
     for seq in range(1, length + 1):
         event = child(bob, origin.topic_id, [chain[-1]], seq=seq)
-        assert origin.receive(event.raw, NOW_MS).status == "applied"
+        assert origin.receive(event.raw, NOW_MS).status is AddStatus.APPLIED
         chain.append(event.id)
     return origin, chain
 
@@ -209,13 +212,13 @@ def long_chain(length: int):
 def copy_of(origin: Replica, name: str) -> Replica:
     replica = Replica(MemoryStore(), origin.topic_id, identity(name))
     for _, event in origin.graph.deliveries(limit=10_000):
-        assert replica.receive(event.raw, NOW_MS).status == "applied"
+        assert replica.receive(event.raw, NOW_MS).status is AddStatus.APPLIED
     return replica
 
 
 def test_an_exhausted_antichain_search_accepts_on_every_replica(monkeypatch):
     # Regression: running out of budget used to reject ("antichain_search_exhausted").
-    monkeypatch.setattr(graph_module, "ANTICHAIN_SEARCH_VISITS", ANTICHAIN_TEST_BUDGET)
+    monkeypatch.setattr(antichain_module, "ANTICHAIN_SEARCH_VISITS", ANTICHAIN_TEST_BUDGET)
     origin, chain = long_chain(40)
     side = child(identity("carol"), origin.topic_id, [origin.topic_id], seq=1)
     origin.receive(side.raw, NOW_MS)
@@ -233,30 +236,30 @@ def test_an_exhausted_antichain_search_accepts_on_every_replica(monkeypatch):
         verdicts.append([replica.receive(raw, NOW_MS).reason for raw in (honest, deep, near)])
         assert replica.graph.antichain_searches_exhausted == 2  # honest and deep
     # The same verdicts everywhere: the budget is a protocol constant.
-    assert verdicts == [[None, None, "parents_not_antichain"]] * 2
+    assert verdicts == [[None, None, RejectReason.PARENTS_NOT_ANTICHAIN]] * 2
     # Within the budget, the deep violation is found.
-    monkeypatch.setattr(graph_module, "ANTICHAIN_SEARCH_VISITS", 1_000)
-    assert copy_of(origin, "z").receive(deep, NOW_MS).reason == "parents_not_antichain"
+    monkeypatch.setattr(antichain_module, "ANTICHAIN_SEARCH_VISITS", 1_000)
+    assert copy_of(origin, "z").receive(deep, NOW_MS).reason is RejectReason.PARENTS_NOT_ANTICHAIN
 
 
 def test_an_old_head_merged_with_a_deep_one_never_blocks_publishing(monkeypatch):
     # Regression: a device offline since a shallow depth publishes on its old
     # head; every later publish here names that head and the deep one, and
     # each was refused ("local event not applied: rejected antichain_search_exhausted").
-    monkeypatch.setattr(graph_module, "ANTICHAIN_SEARCH_VISITS", ANTICHAIN_TEST_BUDGET)
+    monkeypatch.setattr(antichain_module, "ANTICHAIN_SEARCH_VISITS", ANTICHAIN_TEST_BUDGET)
     origin, chain = long_chain(30)
     late = child(identity("dave"), origin.topic_id, [chain[2]], seq=1)
-    assert origin.receive(late.raw, NOW_MS).status == "applied"
+    assert origin.receive(late.raw, NOW_MS).status is AddStatus.APPLIED
     assert origin.graph.extremities() == sorted([chain[-1], late.id])
     rng = random.Random(1)
     for n in range(3):
         event, outcome = origin.publish(b"after %d" % n, NOW_MS, rng)
-        assert outcome.status == "applied"
+        assert outcome.status is AddStatus.APPLIED
     assert origin.graph.width == 1  # the first publish merged both heads
     # A replica receiving the merge reaches the same verdict.
     replica = Replica(MemoryStore(), origin.topic_id, identity("x"))
     statuses = {replica.receive(e.raw, NOW_MS).status for _, e in origin.graph.deliveries()}
-    assert statuses == {"applied"}
+    assert statuses == {AddStatus.APPLIED}
 
 
 def test_equivocation_is_accepted_and_recorded(world):
@@ -264,7 +267,7 @@ def test_equivocation_is_accepted_and_recorded(world):
     bob = identity("bob")
     twin = child(bob, receiver.topic_id, [first.id], seq=2, payload=b"the other story")
     outcome = receiver.receive(twin.raw, NOW_MS)
-    assert outcome.status == "applied"
+    assert outcome.status is AddStatus.APPLIED
     assert [e.id for e in outcome.equivocations] == [twin.id]
     assert receiver.graph.equivocation_count == 1
     assert sorted(receiver.graph.events_by(bob.public_key, 2)) == sorted([second.id, twin.id])
@@ -283,7 +286,7 @@ def assert_no_unexpected_rejection(receiver: Replica, raw: bytes) -> None:
 def test_random_bytes_only_ever_give_named_rejections(world, data):
     assert_no_unexpected_rejection(world[0], data)
     outcome = world[0].receive(data, NOW_MS)
-    assert outcome.status == "rejected" and outcome.reason
+    assert outcome.status is AddStatus.REJECTED and outcome.reason
 
 
 @settings(max_examples=300, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -299,6 +302,6 @@ def test_mutated_valid_events_never_raise(world, position, value, cut):
         raw[index] = value
     assert_no_unexpected_rejection(receiver, bytes(raw))
     outcome = receiver.receive(bytes(raw), NOW_MS)
-    assert outcome.status in {"rejected", "applied", "buffered", "duplicate"}
-    if outcome.status == "rejected":
+    assert outcome.status in set(AddStatus)
+    if outcome.status is AddStatus.REJECTED:
         assert outcome.reason

@@ -10,7 +10,8 @@ import itertools
 
 import pytest
 
-from node.core.graph import PARENT_REJECTED, GraphLimits
+from node.core.graph import GraphLimits
+from node.core.outcomes import AddStatus, RejectReason
 from node.replica.replica import Replica, ReplicaConfig
 from storage.memory import MemoryStore
 from node.core.store import TABLE_BUFFER_INDEX
@@ -46,7 +47,7 @@ class World:
         replica = Replica(store or MemoryStore(), self.origin.topic_id, identity("x"),
                           ReplicaConfig(limits=limits))
         for event in (self.root, self.first, self.second):
-            assert replica.receive(event.raw, NOW_MS).status == "applied"
+            assert replica.receive(event.raw, NOW_MS).status is AddStatus.APPLIED
         return replica
 
 
@@ -58,34 +59,36 @@ def test_buffered_descendants_are_dropped_when_their_parent_is_rejected():
     world = World()
     replica = world.replica()
     for event in (world.grandkid, world.kid, world.orphan):
-        assert replica.receive(event.raw, NOW_MS).status == "buffered"
+        assert replica.receive(event.raw, NOW_MS).status is AddStatus.BUFFERED
     assert set(replica.graph.missing_parents()) == {world.bad.id, b"\x77" * 32}
 
     outcome = replica.receive(world.bad.raw, NOW_MS)
 
-    assert outcome.status == "rejected" and outcome.reason == "parents_not_antichain"
+    assert outcome.status is AddStatus.REJECTED
+    assert outcome.reason is RejectReason.PARENTS_NOT_ANTICHAIN
     # breadth first, children in id order: the same list on every replica
-    assert outcome.rejected_ids[0] == (world.bad.id, "parents_not_antichain")
-    assert set(outcome.rejected_ids[1:]) == {(world.kid.id, PARENT_REJECTED),
-                                             (world.orphan.id, PARENT_REJECTED),
-                                             (world.grandkid.id, PARENT_REJECTED)}
-    assert outcome.rejected_ids.index((world.grandkid.id, PARENT_REJECTED)) == 3
+    assert outcome.rejected_ids[0] == (world.bad.id, RejectReason.PARENTS_NOT_ANTICHAIN)
+    assert set(outcome.rejected_ids[1:]) == {(world.kid.id, RejectReason.PARENT_REJECTED),
+                                             (world.orphan.id, RejectReason.PARENT_REJECTED),
+                                             (world.grandkid.id, RejectReason.PARENT_REJECTED)}
+    assert outcome.rejected_ids.index((world.grandkid.id, RejectReason.PARENT_REJECTED)) == 3
     assert replica.graph.buffered_count == 0 and replica.graph.buffered_ids() == []
     assert replica.graph.missing_parents() == []  # neither bad nor the orphan's ghost parent
-    assert replica.counters[f"rejected.{PARENT_REJECTED}"] == 3
+    assert replica.counters[f"rejected.{RejectReason.PARENT_REJECTED}"] == 3
 
 
 def test_a_descendant_arriving_after_the_rejection_is_rejected_at_once():
     world = World()
     replica = world.replica()
-    assert replica.receive(world.bad.raw, NOW_MS).reason == "parents_not_antichain"
+    assert replica.receive(world.bad.raw, NOW_MS).reason is RejectReason.PARENTS_NOT_ANTICHAIN
     for event in (world.kid, world.grandkid, world.orphan):
         outcome = replica.receive(event.raw, NOW_MS)
-        assert (outcome.status, outcome.reason) == ("rejected", PARENT_REJECTED)
+        assert outcome.status is AddStatus.REJECTED
+        assert outcome.reason is RejectReason.PARENT_REJECTED
     assert replica.graph.buffered_count == 0 and replica.graph.missing_parents() == []
     # again: the memory answers, the verdict is the same
-    assert replica.receive(world.bad.raw, NOW_MS).reason == "parents_not_antichain"
-    assert replica.receive(world.kid.raw, NOW_MS).reason == PARENT_REJECTED
+    assert replica.receive(world.bad.raw, NOW_MS).reason is RejectReason.PARENTS_NOT_ANTICHAIN
+    assert replica.receive(world.kid.raw, NOW_MS).reason is RejectReason.PARENT_REJECTED
 
 
 def test_every_arrival_order_ends_in_the_same_state():
@@ -95,12 +98,12 @@ def test_every_arrival_order_ends_in_the_same_state():
         reference.receive(event.raw, NOW_MS)
     expected = (graph_state(reference), remembered(reference, world.doomed))
     assert expected[0]["buffered"] == 0
-    assert set(expected[1].values()) == {"parents_not_antichain", PARENT_REJECTED}
+    assert set(expected[1].values()) == {RejectReason.PARENTS_NOT_ANTICHAIN,
+                                         RejectReason.PARENT_REJECTED}
     for order in itertools.permutations(world.doomed + [world.good]):
         replica = world.replica()
         for n, event in enumerate(order + order[:2]):  # with duplicates
-            assert replica.receive(event.raw, NOW_MS).status in {"applied", "buffered",
-                                                                 "rejected", "duplicate"}
+            assert replica.receive(event.raw, NOW_MS).status in set(AddStatus)
             if n % 2:
                 replica.commit()
         assert (graph_state(replica), remembered(replica, world.doomed)) == expected
@@ -117,8 +120,8 @@ def test_rejections_survive_a_restart(store_factory):
         store.close()
         store = store_factory("s")
     again = Replica(store, world.origin.topic_id, identity("x"))
-    assert again.graph.rejected_reason(world.bad.id) == "parents_not_antichain"
-    assert again.receive(world.kid.raw, NOW_MS).reason == PARENT_REJECTED
+    assert again.graph.rejected_reason(world.bad.id) is RejectReason.PARENTS_NOT_ANTICHAIN
+    assert again.receive(world.kid.raw, NOW_MS).reason is RejectReason.PARENT_REJECTED
     assert again.graph.buffered_count == 0
 
 
@@ -146,19 +149,19 @@ def test_the_memory_is_bounded_and_a_forgotten_rejection_costs_one_refetch(store
     bads = [child(identity(f"m{i}"), topic, sorted([world.first.id, world.second.id]), seq=1)
             for i in range(3)]
     for bad in bads:
-        assert replica.receive(bad.raw, NOW_MS).reason == "parents_not_antichain"
+        assert replica.receive(bad.raw, NOW_MS).reason is RejectReason.PARENTS_NOT_ANTICHAIN
     replica.commit()
     assert replica.graph.rejected_count == 2
     assert replica.graph.rejected_reason(bads[0].id) is None  # the oldest went first
     assert len(rejection_records(store, topic)) == 2
     # A child of the forgotten one waits, and its parent is wanted again ...
     kid = child(identity("m0"), topic, [bads[0].id], seq=2)
-    assert replica.receive(kid.raw, NOW_MS).status == "buffered"
+    assert replica.receive(kid.raw, NOW_MS).status is AddStatus.BUFFERED
     assert replica.graph.missing_parents() == [bads[0].id]
     # ... which, fetched, is rejected again and takes the child with it.
     outcome = replica.receive(bads[0].raw, NOW_MS)
-    assert outcome.rejected_ids == ((bads[0].id, "parents_not_antichain"),
-                                    (kid.id, PARENT_REJECTED))
+    assert outcome.rejected_ids == ((bads[0].id, RejectReason.PARENTS_NOT_ANTICHAIN),
+                                    (kid.id, RejectReason.PARENT_REJECTED))
     replica.commit()
     assert replica.graph.rejected_count == 2 and len(rejection_records(store, topic)) == 2
     assert replica.graph.buffered_count == 0 and replica.graph.missing_parents() == []

@@ -18,6 +18,7 @@ from node.core import walks
 from node.core.event import KIND_MESSAGE
 from node.core.graph import Graph
 from node.core.identity import sign_event
+from node.core.outcomes import AddStatus
 from node.replica.replica import Replica
 from node.core.walks import MAX_MEMO_EXTRA
 from storage.memory import MemoryStore
@@ -65,7 +66,7 @@ def test_continuations_always_give_the_full_walks_answer(seed, page, start, chao
         assert answer == brute_not_below(full.graph, query, page)
         for event_id in answer:  # parents first: nothing waits (a subset of heads gets extra)
             status = peer.receive(full.graph.get(event_id).raw, NOW_MS).status
-            assert status in {"applied", "duplicate"}
+            assert status in {AddStatus.APPLIED, AddStatus.DUPLICATE}
         roll = rng.random()
         if roll < 0.2 and known < len(events):  # the graph grows meanwhile
             for event in events[known: known + rng.randint(1, 5)]:
@@ -90,7 +91,7 @@ def chain(length: int):
     for seq in range(1, length + 1):
         event = sign_event(writer, topic=origin.topic_id, seq=seq, parents=[parent],
                            timestamp_ms=2_000, kind=KIND_MESSAGE, auth=(origin.topic_id,))
-        assert graph.add(event).status == "applied"
+        assert graph.add(event).status is AddStatus.APPLIED
         parent = event.id
     return origin
 
@@ -197,7 +198,7 @@ def test_a_peer_lagging_beyond_the_walk_bound_gets_pages_it_can_apply(monkeypatc
     peer = Replica(MemoryStore(), origin.topic_id, identity("peer"))
     peer.receive(origin.graph.get(origin.topic_id).raw, NOW_MS)
     statuses = catch_up(origin, peer, page=10)
-    assert statuses == ["applied"] * 120
+    assert statuses == [AddStatus.APPLIED] * 120
     assert peer.graph.extremities() == origin.graph.extremities()
     assert origin.graph._memo.paged > 0  # the delivery-order pages were used ...
     assert origin.graph._memo.misses >= 1  # ... until the lag fit a walk again
@@ -233,11 +234,11 @@ def test_a_peer_back_from_a_partition_catches_up_in_pages(monkeypatch):
     for seq in range(1, 9):
         own = sign_event(identity("peer"), topic=origin.topic_id, seq=seq, parents=[parent],
                          timestamp_ms=2_000, kind=KIND_MESSAGE, auth=(origin.topic_id,))
-        assert peer.graph.add(own).status == "applied"
-        assert origin.receive(own.raw, NOW_MS).status == "applied"
+        assert peer.graph.add(own).status is AddStatus.APPLIED
+        assert origin.receive(own.raw, NOW_MS).status is AddStatus.APPLIED
         parent = own.id
     statuses = catch_up(origin, peer, page=10)
-    assert statuses == ["applied"] * 115
+    assert statuses == [AddStatus.APPLIED] * 115
     assert peer.graph.extremities() == origin.graph.extremities()
     assert origin.graph._memo.paged > 0
 
@@ -261,10 +262,10 @@ def check_pages_apply(seed: int, page: int, keep: float, pick: int) -> None:
         full.receive(event.raw, NOW_MS)
     peer = Replica(MemoryStore(), topic_id, identity("peer"))
     for event in down_closed_subset(events, random.Random(pick), keep):
-        assert peer.receive(event.raw, NOW_MS).status == "applied"
+        assert peer.receive(event.raw, NOW_MS).status is AddStatus.APPLIED
     statuses = catch_up(full, peer, page)
     # Only what it lacked, each applicable when it came: nothing waits, nothing twice.
-    assert statuses == ["applied"] * len(statuses)
+    assert statuses == [AddStatus.APPLIED] * len(statuses)
 
 
 def test_delivery_order_pages_are_valid_for_any_heads():

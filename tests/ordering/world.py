@@ -29,6 +29,7 @@ from collections.abc import Callable
 
 from node.core.event import Event
 from node.core.order import OrderUpdate
+from node.core.outcomes import AddStatus
 from node.core.parents import DEFAULT_D_MAX
 from node.replica.replica import Received, Replica, ReplicaConfig
 from node.replica.ordering import KIND_ACK, OrderConfig, TopicOrder
@@ -139,7 +140,7 @@ class Net:
 
     def receive(self, name: str, raw: bytes) -> Received:
         received = self.replicas[name].receive(raw, self.now_ms)
-        if received.status == "applied":
+        if received.status is AddStatus.APPLIED:
             self.observe(name, received)
         return received
 

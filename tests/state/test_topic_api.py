@@ -13,6 +13,7 @@ import pytest
 
 from node.core.event import KIND_DUMMY
 from node.core.identity import sign_event
+from node.core.outcomes import AddStatus
 from node.core.parents import DepletionPolicy
 from node.replica.replica import (
     NotAuthorizedError,
@@ -173,7 +174,7 @@ def test_ban_gets_the_banned_members_next_event_rejected(world: World) -> None:
                         timestamp_ms=world.tick(), kind="message", payload=b"still here",
                         auth=select_auth_refs(EventFields("message", BOB.public_key), state))
     outcome = alice.receive(forged.raw, world.tick())
-    assert outcome.status == "applied"
+    assert outcome.status is AddStatus.APPLIED
     assert outcome.unauthorized == ((forged.id, "sender_not_joined"),)
     assert alice.counters["rejected.sender_not_joined"] == 1
     assert alice.is_rejected(forged.id) and alice.rejected_events() == [forged.id]

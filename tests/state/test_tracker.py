@@ -17,6 +17,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from node.core.outcomes import AddStatus
 import node.state.tracker as tracker_module
 from node.core.event import Event, pack_payload
 from node.core.graph import Graph as CoreGraph
@@ -70,7 +71,7 @@ def replica_of(graph: Graph, order: Order, seed: int = 0, strict: bool = True) -
     events = [e for e in graph.events.values() if e.parents or e.is_create]  # no orphan END
     for n, event in enumerate(order(events, random.Random(seed))):
         outcome = replica.receive(event.raw, NOW_MS)
-        assert not strict or outcome.status in ("applied", "buffered"), outcome
+        assert not strict or outcome.status in (AddStatus.APPLIED, AddStatus.BUFFERED), outcome
         if n % 5 == 4:
             replica.commit()
     replica.commit()
@@ -178,7 +179,7 @@ def test_unauthorized_events_are_reported_by_receive(topic_builder: BuildTopic) 
     replica = replica_of(graph, parents_first)
     again = Replica(MemoryStore(), graph.topic_id, identity("again"))
     outcomes = {n: again.receive(e.raw, NOW_MS) for n, e in graph.events.items()}
-    assert outcomes["B2"].status == "applied"  # a vertex of the graph, gossiped on
+    assert outcomes["B2"].status is AddStatus.APPLIED  # a vertex of the graph, gossiped on
     assert outcomes["B2"].unauthorized == ((graph.id("B2"), "sender_not_joined"),)
     assert all(not o.unauthorized for n, o in outcomes.items() if n != "B2")
     assert again.state() == replica.state()
@@ -218,7 +219,7 @@ def test_control_events_without_map_content_are_rejected_vertices() -> None:
                          auth=select_auth_refs(EventFields("m.room.power_levels",
                                                            alice.public_key, ""), state))
     outcome = origin.receive(garbled.raw, NOW_MS)
-    assert outcome.status == "applied"
+    assert outcome.status is AddStatus.APPLIED
     assert outcome.unauthorized == ((garbled.id, "bad_content"),)
     assert origin.state()[("m.room.power_levels", "")] == levels
     # The verdict of a non-state join rules event reads its content: not cached
@@ -312,7 +313,7 @@ def test_state_groups_survive_a_restart_without_recomputation(
     assert replica.state() == at_fork
     # END merges the same two states: the memo answers, on disk since the last run.
     outcome = replica.receive(graph.events["END"].raw, NOW_MS)
-    assert outcome.status == "applied" and not outcome.unauthorized
+    assert outcome.status is AddStatus.APPLIED and not outcome.unauthorized
     assert winners(replica, graph, [graph.key(n) for n in expected]) == {
         graph.key(n): n for n in expected}
     assert calls == [] and replica.tracker.stats["resolutions"] == 0

@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from node.core.identity import sign_event
+from node.core.outcomes import RejectReason
 from node.core.parents import DepletionPolicy
 from node.replica.replica import Replica, ReplicaConfig
 from storage.memory import MemoryStore
@@ -409,10 +410,11 @@ def test_a_parent_we_rejected_is_not_wanted_again():
     engine = pair.engines["b"]
     engine.on_message("a", encode(Push(root, (child.raw, bad.raw))), PAIR_NOW_MS)
     graph = pair.replicas["b"].graph
-    assert graph.rejected_reason(bad.id) == "parents_not_antichain"
+    assert graph.rejected_reason(bad.id) is RejectReason.PARENTS_NOT_ANTICHAIN
     # The core no longer lists it, and the buffered child went with it (tests/core/test_rejections.py).
     assert graph.missing_parents() == []
-    assert graph.rejected_reason(child.id) == "parent_rejected" and graph.buffered_count == 0
+    assert graph.rejected_reason(child.id) is RejectReason.PARENT_REJECTED
+    assert graph.buffered_count == 0
     wants = [decode(s.data) for s in sends(engine.tick(PAIR_NOW_MS + 10_000))
              if isinstance(decode(s.data), Want)]
     assert wants == []
