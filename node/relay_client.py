@@ -33,7 +33,7 @@ import trio
 from node.core.event import KIND_MESSAGE, Event, pack_payload
 from node.core.identity import Identity, sign_event
 from node.keyfile import KeyFileError, load_identity
-from node.runtime import PROTOCOL_DISSEMINATION
+from node.effects import PROTOCOL_DISSEMINATION
 from node.state.types import JOIN, TYPE_MEMBER, user_id
 from node.state.roles import RELAYED_FLAG
 from transport.libp2p_gossip import GossipConfig

@@ -17,11 +17,19 @@ and no lock is needed. Every write to the store — received frames, publishes,
 state actions, acks, joins, relayed submits, topic creation and the node's
 own topic records — goes through the committer (node.committer), the only
 writer: one queue, applied in order, one commit per step, and the caller
-wakes (or the effects go out) only once it is durable. Its effects are carried out here: `Send` goes to
-the peer's own bounded outbound queue without waiting (a stalled peer never
-holds up the core or the other peers; when its queue is full the frame is
-dropped and anti-entropy repairs the gap), `Log` goes to the JSON-lines dissemination log, and
-`Disconnect` drops a misbehaving peer.
+wakes (or the effects go out) only once it is durable.
+
+This module wires the parts and owns the lifecycle and the table of joined
+topics; each part is its own module:
+
+    node.topic_handle    `Topic`: publish, state actions, subscriptions, status
+    node.authoring       what the node authors inside committer steps (publishes,
+                         state actions, acks, membership joins)
+    node.effects         the engine's effects on the network and the log
+    node.peer_executor   the pure peer policy's inputs and effects (bans, redials)
+    node.dialer          `connect`, bootstrap dialling, mDNS discovery
+    node.topic_records   the durable list of the topics this node replicates
+    node.errors          `NodeError`
 
 Data dir layout::
 
@@ -35,326 +43,69 @@ from __future__ import annotations
 
 import logging
 import random
-import time
 from collections.abc import AsyncIterator, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import trio
 
-from node.logschema import JsonLinesLogWriter
+from node.authoring import Authoring
 from node.committer import Act, CommitError, Committer, Create, Records, Tick
 from node.config import NodeConfig
 from node.core.event import Event
 from node.core.identity import Identity
+from node.core.peer_policy import TRANSPORT_FAULTS_BEFORE_BAN, PeerPolicy
+from node.core.store import Op
+from node.dialer import Dialer
+from node.effects import GOSSIP_TOPIC_PREFIX, PROTOCOL_DISSEMINATION, EffectRunner, gossip_topic
+from node.errors import NodeError, sole_exception
 from node.keyfile import KeyFileError, load_identity, save_identity
-from node.replica.replica import Replica, ReplicaConfig, StateDisabledError
-from node.replica.ordering import KIND_ACK, OrderConfig, Rewind
+from node.logschema import JsonLinesLogWriter
 from node.metrics import MetricsExporter, close_listeners, open_metrics_listeners
+from node.peer_executor import PeerExecutor
+from node.peer_ids import node_id_of, now_ms
 from node.relay import Handled, RelayServer
-from node.state.actions import NotAuthorizedError, RoleError
-from node.state.roles import Role
+from node.replica.ordering import OrderConfig
+from node.replica.replica import Replica, ReplicaConfig
 from node.state.types import RULE_INVITE, RULE_PUBLIC
+from node.topic_handle import Delivered, Topic
+from node.topic_records import WANTS_MEMBERSHIP, forget_topic, stored_topics, topic_record
 from storage.lmdb_data_dir import StoreLockedError
 from storage.lmdb_store import LmdbStore
-from node.core.store import TABLE_META, Delete, Op, Put
 from transport.dissemination import Disseminator
 from transport.dissemination_config import DisseminationConfig
-from transport.effects import Announce, Disconnect, Log, Send
-from transport.libp2p_gossip import GossipConfig, gossip_chunks
-from transport.libp2p_streams import Misbehaviour, StreamLimits
-from transport.messages import MAX_FRAME_BYTES
-from transport.relay import PROTOCOL_RELAY, REASON_BAD_REQUEST, Refused
-from transport.relay import encode as encode_relay
-from transport.libp2p_host import ConnectError, P2PHost
-from transport.libp2p_identity import peer_id_of_public_key, public_key_of_peer_id
+from transport.libp2p_gossip import GossipConfig
+from transport.libp2p_host import P2PHost
 from transport.libp2p_listen import check_ports_free
 from transport.libp2p_liveness import PeerEvent
 from transport.libp2p_redial import Redialer
-from node.core.peer_policy import (  # noqa: F401  (TRANSPORT_FAULTS_BEFORE_BAN: re-exported for tests)
-    BOOTSTRAP_BACKOFF,
-    TRANSPORT_FAULTS_BEFORE_BAN,
-    Abort,
-    Count,
-    Dial,
-    Note,
-    PeerPolicy,
-    Redial,
-)
+from transport.libp2p_streams import Misbehaviour, StreamLimits
+from transport.messages import MAX_FRAME_BYTES
+from transport.relay import PROTOCOL_RELAY, Refused, RelayReason
+from transport.relay import encode as encode_relay
+
+# The names callers import from here (the CLI, the control socket, the relay
+# client, tests, the README), some re-exported from the modules that own them.
+__all__ = [
+    "ACCESS_INVITE", "ACCESS_MODES", "ACCESS_OPEN", "CONTROL_SOCKET", "Delivered",
+    "GOSSIP_TOPIC_PREFIX", "KEY_FILE", "MAX_TOPICS", "Node", "NodeError",
+    "PROTOCOL_DISSEMINATION", "STORE_DIR", "TRANSPORT_FAULTS_BEFORE_BAN", "Topic",
+    "load_or_create_identity", "now_ms", "parse_topic_id", "sole_exception",
+]
 
 logger = logging.getLogger("megnode")
 
-PROTOCOL_DISSEMINATION = "/megnode/dissemination/1.0.0"
-GOSSIP_TOPIC_PREFIX = "megnode/topic/"
 KEY_FILE = "node.key"
 STORE_DIR = "store"
 CONTROL_SOCKET = "control.sock"
 
 TICK_INTERVAL_S = 0.05  # how often the protocol timer runs; its own intervals are longer
 PEER_EVENT_CAPACITY = 1_024
-SUBSCRIBE_BATCH = 256  # deliveries read from the store per wake-up
 MAX_TOPICS = 1_024
-JOIN_RETRY_MS = 1_000
 ACCESS_OPEN = "open"
 ACCESS_INVITE = "invite"
 ACCESS_MODES = (ACCESS_OPEN, ACCESS_INVITE)
-_TOPIC_META_PREFIX = b"megnode/topic/"
-_WANTS_MEMBERSHIP = b"join"
-
-
-def sole_exception(group: BaseExceptionGroup) -> BaseException | None:
-    """The one exception inside `group` (through nested groups), or None if there are more."""
-    leaves: list[BaseException] = []
-
-    def collect(error: BaseException) -> None:
-        if isinstance(error, BaseExceptionGroup):
-            for inner in error.exceptions:
-                collect(inner)
-        else:
-            leaves.append(error)
-
-    collect(group)
-    return leaves[0] if len(leaves) == 1 else None
-
-
-class NodeError(Exception):
-    """The node cannot do what was asked; the message says why (for users, not tracebacks)."""
-
-
-def now_ms() -> int:
-    return time.time_ns() // 1_000_000
-
-
-@dataclass(frozen=True, slots=True)
-class Delivered:
-    """One event handed to a subscriber: its position in the topic's delivery order."""
-
-    position: int
-    event: Event
-
-
-class _Changes:
-    """Wakes subscribers when a topic's delivery count grows; ends them when it is left."""
-
-    def __init__(self) -> None:
-        self._event = trio.Event()
-        self._closed = False
-
-    def notify(self) -> None:
-        self._event.set()
-        self._event = trio.Event()
-
-    def close(self) -> None:
-        """The topic was left: every waiter (now or later) gets NodeError."""
-        self._closed = True
-        self.notify()
-
-    async def wait(self) -> None:
-        if not self._closed:
-            await self._event.wait()
-        if self._closed:
-            raise NodeError("this topic was left")
-
-
-class Topic:
-    """A handle on one joined topic of a running node."""
-
-    def __init__(self, node: "Node", replica: Replica) -> None:
-        self._node = node
-        self.replica = replica
-        self.topic_id = replica.topic_id
-        self._changes = _Changes()
-        self.wants_membership = False  # join as soon as the topic's state allows
-        self._acks_counted_to = 0  # delivery position up to which acks were counted
-        self._acks = 0
-        self.last_join_attempt_ms = -JOIN_RETRY_MS
-
-    def membership(self) -> str | None:
-        """This node's membership in the topic state ("join", "invite", ...), if any."""
-        if not self.replica.ready or not self.replica.authorizing:
-            return None
-        member = self.replica.state().get(("m.room.member", self._node.node_id))
-        if member is None:
-            return None
-        content = member.content()
-        return content.get("membership") if isinstance(content, dict) else None
-
-    def state(self) -> dict[str, dict[str, Any]]:
-        """The current resolved topic state as {"type|state_key": {sender, content}}."""
-        out: dict[str, dict[str, Any]] = {}
-        for (kind, key), event in sorted(self.replica.state().items()):
-            try:
-                content = event.content()
-            except Exception:
-                content = None
-            out[f"{kind}|{key}"] = {"event": event.id.hex(), "sender": event.author.hex(),
-                                    "content": content}
-        return out
-
-    def _order_status(self) -> dict[str, Any] | None:
-        if not self.replica.ready or not self.replica.authorizing:
-            return None
-        status = self.replica.order_status()
-        return None if status is None else status.as_dict()
-
-    async def set_state(self, kind: str, state_key: str, content: dict[str, Any]) -> bytes:
-        return (await self._node._state_action(
-            self, lambda r, n, g: [r.set_state(kind, state_key, content, n, g)]))[-1]
-
-    async def invite(self, key: bytes) -> bytes:
-        return (await self._node._state_action(self, lambda r, n, g: [r.invite(key, n, g)]))[-1]
-
-    async def add_writer(self, key: bytes) -> bytes | None:
-        """Make `key` a writer; the id of the last event that did, or None if it already was."""
-        made = await self._node._state_action(self, lambda r, n, g: list(r.add_writer(key, n, g)))
-        return made[-1] if made else None
-
-    async def set_role(self, key: bytes, role: str) -> bytes | None:
-        """Give `key` a role; the id of the last event that did, or None if it had it already."""
-        try:
-            parsed = Role(role)
-        except ValueError:
-            raise NodeError(f"role must be one of {', '.join(r.value for r in Role)}") from None
-        made = await self._node._state_action(
-            self, lambda r, n, g: list(r.set_role(key, parsed, n, g)))
-        return made[-1] if made else None
-
-    async def ban(self, key: bytes, reason: str | None = None) -> bytes:
-        return (await self._node._state_action(
-            self, lambda r, n, g: [r.ban(key, n, g, reason=reason)]))[-1]
-
-    @property
-    def id_hex(self) -> str:
-        return self.topic_id.hex()
-
-    @property
-    def ready(self) -> bool:
-        """True once the topic's create event is here (publishing needs it)."""
-        return self.replica.ready
-
-    async def publish(self, payload: bytes, kind: str = "message") -> bytes:
-        """Author an event; returns its id once it is durable (LMDB commit) and sent on."""
-        return await self._node._publish(self, payload, kind)
-
-    async def publish_many(self, payloads: Sequence[bytes], kind: str = "message") -> list[bytes]:
-        """Author several events in one group commit; their ids once all are durable."""
-        return await self._node._publish_many(self, payloads, kind)
-
-    async def wait_ready(self, timeout_s: float) -> None:
-        with trio.fail_after(timeout_s):
-            while not self.ready:
-                await self._changes.wait()
-
-    async def wait_delivered(self, count: int, timeout_s: float) -> None:
-        """Wait until at least `count` events (create event included) are delivered here."""
-        with trio.fail_after(timeout_s):
-            while self.replica.graph.delivered_count < count:
-                await self._changes.wait()
-
-    async def subscribe(self, since: int = 0,
-                        order: str = "causal") -> AsyncIterator[Delivered | Rewind]:
-        """Events from position `since` on, waiting for more.
-
-        order="causal": every delivered event, never before its parents (default).
-        order="confirmed": the quorum-confirmed total order; positions never change.
-        order="tentative": the full order (confirmed prefix, then the tentative
-        tail), which may reorder: a `Rewind(to_length)` item says to drop every
-        entry from position `to_length` on; the `Delivered` items after it replay
-        from there. Each `Delivered` position is the subscriber's current length
-        (positions from `since` on are watched). Only these yield `Rewind`.
-        """
-        if order not in ("causal", "confirmed", "tentative"):
-            raise NodeError('subscribe order must be "causal", "confirmed" or "tentative"')
-        if order != "causal":
-            view = self._subscribe_confirmed if order == "confirmed" else self._subscribe_tentative
-            async for item in view(since):
-                yield item
-            return
-        position = since
-        while True:
-            batch = self.replica.deliveries(since=position, limit=SUBSCRIBE_BATCH)
-            if not batch:
-                if position < self.replica.graph.delivered_count:
-                    position = self.replica.graph.delivered_count  # only rejected events there
-                    continue
-                await self._changes.wait()
-                continue
-            for pos, event in batch:
-                yield Delivered(pos, event)
-                position = pos + 1
-
-    async def _subscribe_confirmed(self, since: int) -> AsyncIterator[Delivered]:
-        position = since
-        while True:
-            batch = (self.replica.ordered("confirmed", since=position, limit=SUBSCRIBE_BATCH)
-                     if self.replica.ready and self.replica.authorizing else [])
-            if not batch:
-                await self._changes.wait()
-                continue
-            for pos, event in batch:
-                yield Delivered(pos, event)
-                position = pos + 1
-
-    async def _subscribe_tentative(self, since: int) -> AsyncIterator[Delivered | Rewind]:
-        position = since  # the subscriber's length
-        stable = since  # entries sent below this were confirmed: they never change
-        sent: list[bytes] = []  # ids sent at positions stable .. position - 1
-        while True:
-            order = self.replica.ordering if self.replica.ready and self.replica.authorizing else None
-            if order is None:
-                await self._changes.wait()
-                continue
-            # The order may have changed while the consumer held an item: compare
-            # what was sent with the current view; only unconfirmed entries can differ.
-            current = order.full_slice(stable, len(sent))
-            keep = next((i for i, (_, now) in enumerate(current) if sent[i] != now), len(current))
-            if keep < len(sent):
-                del sent[keep:]
-                position = stable + keep
-                yield Rewind(position)
-            settled = min(order.confirmed_length, position) - stable
-            if settled > 0:
-                del sent[:settled]
-                stable += settled
-            batch = self.replica.ordered("tentative", since=position, limit=SUBSCRIBE_BATCH)
-            if not batch:
-                await self._changes.wait()
-                continue
-            for pos, event in batch:
-                yield Delivered(pos, event)
-                sent.append(event.id)
-                position = pos + 1
-
-    def _count_acks(self) -> int:
-        """Acknowledgements among delivered events (counted incrementally, bounded per call)."""
-        graph = self.replica.graph
-        end = graph.delivered_count
-        while self._acks_counted_to < end:
-            page = graph.deliveries(self._acks_counted_to, limit=SUBSCRIBE_BATCH * 4)
-            self._acks += sum(1 for _, event in page if event.kind == KIND_ACK)
-            self._acks_counted_to = page[-1][0] + 1
-        return self._acks
-
-    def status(self) -> dict[str, Any]:
-        graph = self.replica.graph
-        return {
-            "topic": self.id_hex,
-            "name": self.replica.params.name,
-            "ready": self.ready,
-            "delivered": graph.delivered_count,
-            "acks": self._count_acks(),  # empty acknowledgements among the delivered
-            "extremities": graph.width,
-            "buffered": graph.buffered_count,
-            "equivocations": graph.equivocation_count,
-            "membership": self.membership(),
-            "indexers": sorted(k.hex() for k in self.replica.indexers())
-            if self.replica.ready and self.replica.authorizing else [],
-            "order": self._order_status(),
-            "rejected": {k.split(".", 1)[1]: v for k, v in self.replica.counters.items()
-                         if k.startswith("rejected.")},
-        }
 
 
 class Node:
@@ -371,8 +122,6 @@ class Node:
         self.config = config
         self.host = host
         self._nursery = nursery
-        self._log_writer = log_writer
-        self._rng = rng
         self.node_id = identity.public_key.hex()
         fast_path = config.fast_path
         self.disseminator = Disseminator(
@@ -392,23 +141,30 @@ class Node:
             commits=False,  # the committer is the node's only writer
         )
         self._topics: dict[bytes, Topic] = {}
-        # Bans, transport-fault windows and redial backoff are decided by the pure
-        # peer policy (node.core.peer_policy); this runtime feeds it events and carries
-        # out its effects (`_run_policy`).
-        self.peer_policy = PeerPolicy(rng)
-        self._dropping: set[str] = set()  # banned node ids whose connections are being aborted
-        self._peer_receive = peer_events
-        self._misbehaviour_receive = misbehaviour
         self.stats: dict[str, int] = {"outbox_dropped": 0, "send_failed": 0, "log_failed": 0,
                                       "redials": 0}
         self.metrics: MetricsExporter | None = None  # set by open() when metrics_port > 0
+        self._peer_receive = peer_events
+        self._misbehaviour_receive = misbehaviour
+        # Peers whose connection dies (stalled, stale, restarted) are redialled
+        # when the peer policy says (`Redial` effects); the Redialer knows addresses.
+        redialer = Redialer(host)
+        # Bans, transport-fault windows and redial backoff are decided by the pure
+        # peer policy (node.core.peer_policy); the executor feeds it events and
+        # carries out its effects (node.peer_executor).
+        self.peer_policy = PeerPolicy(rng)
+        self._peers = PeerExecutor(self.peer_policy, host, redialer, self.disseminator,
+                                   nursery, self.stats, self._run)
+        self._effects = EffectRunner(host, nursery, self._topics, self.stats, log_writer,
+                                     on_misbehaving=self._peers.misbehaved)
+        self._dialer = Dialer(host, redialer, nursery)
         # The node's only writer: frames, local authoring, ticks and the node's
         # own records are applied in its steps, one commit each (node.committer).
         self.committer = Committer(self.disseminator, self._run, now_ms, store,
                                    window_ms=config.commit_interval_ms)
+        self._authoring = Authoring(self.committer, self._topics, rng)
         # Relayed writers' requests (node.relay); their peers are devices, not replicas.
         self.relay = RelayServer(self._relay_replica, rng)
-        self._relay_clients: set[str] = set()  # node ids of connected relay clients
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -493,7 +249,7 @@ class Node:
                 node = cls(data_dir, identity, store, config, host, nursery, log_writer,
                            random.Random(seed), peer_receive, misbehaviour_receive)
                 if metrics_listeners:
-                    node.metrics = MetricsExporter(node, metrics_listeners)
+                    node._attach_metrics(MetricsExporter(node, metrics_listeners))
                 await node._start()
                 try:
                     yield node
@@ -513,6 +269,10 @@ class Node:
                 log_writer.close()
             store.close()
 
+    def _attach_metrics(self, exporter: MetricsExporter) -> None:
+        self.metrics = exporter
+        self._effects.log_observer = exporter.on_log  # the latency histogram reads `Log`s
+
     async def _start(self) -> None:
         host = self.host
         host.set_message_handler(PROTOCOL_DISSEMINATION, self._on_frame)
@@ -520,21 +280,18 @@ class Node:
         if host.gossip_enabled:
             host.set_gossip_handler(self._on_gossip)
         self._nursery.start_soon(self.committer.run)  # first: opening topics writes through it
-        for topic_id, wants_membership in self._stored_topics():
+        for topic_id, wants_membership in stored_topics(self.store):
             topic = await self._open_topic(topic_id)
             topic.wants_membership = wants_membership
-        self._nursery.start_soon(self._peer_events)
-        self._nursery.start_soon(self._transport_misbehaviour)
+        self._nursery.start_soon(self._peers.watch_peers, self._peer_receive)
+        self._nursery.start_soon(self._peers.watch_transport, self._misbehaviour_receive)
         self._nursery.start_soon(self._ticker)
         if self.metrics is not None:
             self._nursery.start_soon(self.metrics.serve)
-        # Peers whose connection dies (stalled, stale, restarted) are redialled
-        # when the peer policy says (`Redial` effects); the Redialer knows addresses.
-        self._redialer = Redialer(self.host)
         for address in self.config.bootstrap:
-            self._nursery.start_soon(self._dial_with_retry, address)
+            self._nursery.start_soon(self._dialer.dial_with_retry, address)
         if self.config.mdns:
-            self._nursery.start_soon(self._discover_on_lan)
+            self._nursery.start_soon(self._dialer.discover_on_lan)
 
     # ------------------------------------------------------------------ topics
 
@@ -569,7 +326,7 @@ class Node:
 
         try:
             # The topic and the record that this node replicates it: one transaction.
-            replica = await self.committer.submit(Create(make, self._topic_record))
+            replica = await self.committer.submit(Create(make, topic_record))
         except ValueError as exc:
             raise NodeError(str(exc)) from None
         except CommitError as exc:
@@ -589,7 +346,7 @@ class Node:
             return self._topics[topic_id]
         topic = await self._open_topic(topic_id)
         topic.wants_membership = True
-        await self._write_records(self._topic_record(topic_id, _WANTS_MEMBERSHIP))
+        await self._write_records(topic_record(topic_id, WANTS_MEMBERSHIP))
         for peer in self.disseminator.peers:
             self._run(self.disseminator.sync_with(peer, topic_id, now_ms()))
         return topic
@@ -601,10 +358,10 @@ class Node:
         if topic is None:
             raise NodeError(f"not a member of topic {topic_id.hex()}")
         self.disseminator.remove_topic(topic_id)
-        topic._changes.close()  # its subscribers end (NodeError) instead of waiting for ever
-        await self._write_records([Delete(TABLE_META, _TOPIC_META_PREFIX + topic_id)])
+        topic.end_subscriptions()  # they end (NodeError) instead of waiting for ever
+        await self._write_records(forget_topic(topic_id))
         if self.host.gossip_enabled:
-            await self.host.leave(GOSSIP_TOPIC_PREFIX + topic_id.hex())
+            await self.host.leave(gossip_topic(topic_id))
 
     def _replica_config(self) -> ReplicaConfig:
         interval = self.config.ack_interval_ms
@@ -618,23 +375,18 @@ class Node:
     async def _register(self, replica: Replica, record: bytes | None = b"") -> Topic:
         """Replicate `replica` here; `record` (unless None: written already) marks it stored."""
         self._check_room()
-        topic = Topic(self, replica)
+        topic = Topic(self.node_id, replica, self._authoring)
         self._topics[replica.topic_id] = topic
         self.disseminator.add_topic(replica)
         if record is not None:
-            await self._write_records(self._topic_record(replica.topic_id, record))
+            await self._write_records(topic_record(replica.topic_id, record))
         if self.host.gossip_enabled:
-            await self.host.join(GOSSIP_TOPIC_PREFIX + replica.topic_id.hex())
+            await self.host.join(gossip_topic(replica.topic_id))
         return topic
 
     def _check_room(self) -> None:
         if len(self._topics) >= MAX_TOPICS:
             raise NodeError(f"this node already replicates MAX_TOPICS={MAX_TOPICS} topics")
-
-    @staticmethod
-    def _topic_record(topic_id: bytes, value: bytes = b"") -> list[Op]:
-        """The node's record that it replicates `topic_id` (b"join": and wants membership)."""
-        return [Put(TABLE_META, _TOPIC_META_PREFIX + topic_id, value)]
 
     async def _write_records(self, ops: Sequence[Op]) -> None:
         """Write the node's own records through the committer (the only writer)."""
@@ -642,123 +394,6 @@ class Node:
             await self.committer.submit(Records(tuple(ops)))
         except CommitError as exc:
             raise NodeError(f"not stored: {exc}") from None
-
-    def _stored_topics(self) -> list[tuple[bytes, bool]]:
-        prefix = _TOPIC_META_PREFIX
-        return [(key[len(prefix):], value == _WANTS_MEMBERSHIP)
-                for key, value in self.store.scan(TABLE_META, prefix)]
-
-    def _tick_duties(self, now: int) -> list[tuple[bytes, Event]]:
-        """The ticker's authoring, run inside the committer's step after the engine's tick."""
-        return self._pursue_memberships(now) + self._acknowledge(now)
-
-    def _acknowledge(self, now: int) -> list[tuple[bytes, Event]]:
-        """Indexers append empty acks so confirmation does not stall when writers go quiet
-        (rate-limited inside the replica; see Replica.maybe_ack). Runs inside a committer
-        step; returns the acks, which the committer announces once durable."""
-        made_here: list[tuple[bytes, Event]] = []
-        for topic in self._topics.values():
-            replica = topic.replica
-            if not replica.ready or not replica.authorizing:
-                continue
-            try:
-                made = replica.maybe_ack(now, self._rng)
-            except Exception as exc:  # no power to ack, ordering off: nothing to do
-                logger.debug("no ack on %s: %s", topic.id_hex, exc)
-                continue
-            if made is not None:
-                made_here.append((topic.topic_id, made[0]))
-        return made_here
-
-    def _pursue_memberships(self, now: int) -> list[tuple[bytes, Event]]:
-        """Join topics we asked to join, once their state says we may (rate-limited).
-        Runs inside a committer step; returns the joins to announce once durable."""
-        joins: list[tuple[bytes, Event]] = []
-        for topic in self._topics.values():
-            if not topic.wants_membership or now - topic.last_join_attempt_ms < JOIN_RETRY_MS:
-                continue
-            replica = topic.replica
-            if not replica.ready or not replica.authorizing:
-                continue
-            if topic.membership() == "join":
-                topic.wants_membership = False
-                continue
-            topic.last_join_attempt_ms = now
-            try:
-                event, _ = replica.join(now, self._rng)
-            except NotAuthorizedError as exc:
-                logger.info("cannot join %s yet: %s", topic.id_hex, exc)
-                continue
-            joins.append((topic.topic_id, event))
-        return joins
-
-    # ------------------------------------------------------------------ publishing
-
-    async def _publish(self, topic: Topic, payload: bytes, kind: str) -> bytes:
-        return (await self._publish_many(topic, [payload], kind))[0]
-
-    async def _publish_many(self, topic: Topic, payloads: Sequence[bytes],
-                            kind: str) -> list[bytes]:
-        """Author the events in the committer's next batch (one group commit with whatever
-        else arrived); their ids once that commit returned and they were sent on."""
-        if not payloads:
-            return []
-        self._check_publishable(topic)
-        replica = topic.replica
-
-        def make(now: int) -> list[Event]:  # runs inside the batch step
-            events: list[Event] = []
-            try:
-                for payload in payloads:
-                    events.append(replica.publish(payload, now, self._rng, kind=kind)[0])
-            except NotAuthorizedError as exc:
-                if events:
-                    replica.graph.discard_pending()  # all or nothing
-                raise NodeError(f"not allowed to publish: {exc}") from None
-            return events
-
-        try:
-            events = await self.committer.author(topic.topic_id, make)
-        except CommitError as exc:
-            raise NodeError(f"publish not stored: {exc}") from None
-        return [e.id for e in events]
-
-    async def _state_action(self, topic: Topic, action) -> list[bytes]:
-        """Run a state-changing replica action in the committer's next step; the ids of
-        its events once that commit returned and they were sent on."""
-        self._check_publishable(topic)
-        replica = topic.replica
-
-        def make(now: int) -> list[Event]:  # runs inside the committer's step
-            try:
-                made = action(replica, now, self._rng)
-            except (NotAuthorizedError, RoleError, StateDisabledError) as exc:
-                raise NodeError(str(exc)) from None
-            return [event for event, _ in made]
-
-        try:
-            events = await self.committer.author(topic.topic_id, make)
-        except CommitError as exc:
-            raise NodeError(f"state change not stored: {exc}") from None
-        return [e.id for e in events]
-
-    def _check_publishable(self, topic: Topic) -> None:
-        if topic.topic_id not in self._topics:
-            raise NodeError("this topic was left")
-        if not topic.ready:
-            raise NodeError("the topic's create event has not arrived yet; wait for sync "
-                            "(Topic.wait_ready) before publishing")
-
-    async def _gossip_publish(self, topic_id: bytes, raws: Sequence[bytes]) -> None:
-        """Gossip a batch of new events: one Push per chunk that fits a gossip message."""
-        from transport.messages import Push, encode  # the same frame the push path uses
-
-        name = GOSSIP_TOPIC_PREFIX + topic_id.hex()
-        for chunk in gossip_chunks(list(raws)):
-            try:
-                await self.host.publish(name, encode(Push(topic_id, tuple(chunk))))
-            except Exception as exc:  # gossip is best effort: anti-entropy repairs
-                logger.debug("gossip publish failed: %s", exc)
 
     # ------------------------------------------------------------------ relayed writers
 
@@ -769,13 +404,10 @@ class Node:
     async def _on_relay_request(self, peer: str, data: bytes) -> bytes:
         """A relayed device's request (node.relay, transport.relay). A submit is answered
         only after what it added is durable, disseminated, and an ack is asked for."""
-        node_id = self._node_id_of(peer)
+        node_id = node_id_of(peer)
         if node_id is None:
-            return encode_relay(Refused(REASON_BAD_REQUEST, "not an ed25519 peer id"))
-        if node_id not in self._relay_clients:
-            # A device, not a replica: keep it out of push fan-out and anti-entropy.
-            self._relay_clients.add(node_id)
-            self._run(self.disseminator.on_peer_down(node_id, now_ms()))
+            return encode_relay(Refused(RelayReason.BAD_REQUEST, "not an ed25519 peer id"))
+        self._peers.add_relay_client(node_id)  # a device: no push fan-out, no anti-entropy
         device = bytes.fromhex(node_id)
         handled: list[Handled] = []
 
@@ -786,7 +418,7 @@ class Node:
         await self.committer.submit(Act(run))  # committed, pushed on as its entry point
         if handled[0].wrote and handled[0].topic in self._topics:
             # The relay duty: reference them (rate-limited in the replica).
-            await self.committer.submit(Act(self._acknowledge))
+            await self.committer.submit(Act(self._authoring.acknowledge))
         return handled[0].response
 
     def _relayed_accepted(self, handled: Handled) -> list[tuple[bytes, Event]]:
@@ -795,178 +427,24 @@ class Node:
             return []
         return [(handled.topic, event) for event in handled.applied]
 
-    # ------------------------------------------------------------------ effects
-
-    def _run(self, effects: Sequence[object]) -> None:
-        """Carry out the core's effects, then wake subscribers of topics that moved.
-
-        Announcements (events authored here, for GossipSub) of one call are
-        gossiped together per topic: one gossip message per chunk, not per event.
-        """
-        announced: dict[bytes, list[bytes]] = {}
-        for effect in effects:
-            if isinstance(effect, Announce):
-                announced.setdefault(effect.topic, []).extend(effect.raws)
-            elif isinstance(effect, Send):
-                self._send_now(effect.peer, effect.data)
-            elif isinstance(effect, Log):
-                self._write_log(effect.record)
-                if self.metrics is not None:
-                    self.metrics.on_log(effect.record)
-            elif isinstance(effect, Disconnect):
-                self._run_policy(self.peer_policy.misbehaviour(effect.peer, effect.reason,
-                                                               now_ms()))
-        if announced and self.host.gossip_enabled:
-            for topic_id, raws in announced.items():
-                self._nursery.start_soon(self._gossip_publish, topic_id, raws)
-        for topic in self._topics.values():
-            topic._changes.notify()
-
-    def _write_log(self, record: dict[str, Any]) -> None:
-        if self._log_writer is None:
-            return
-        try:
-            self._log_writer.write(record)
-        except (OSError, ValueError) as exc:
-            self.stats["log_failed"] += 1
-            logger.debug("log record dropped: %s", exc)
-
-    async def _disconnect(self, peer: str) -> None:
-        """Drop a banned peer's connections at once (`abort`: no goodbye it could stall)."""
-        if peer in self._dropping:
-            return  # an abort is under way; `_enforce_bans` looks again next tick
-        self._dropping.add(peer)
-        try:
-            await self.host.abort(self._peer_id_of(peer))
-        except Exception as exc:
-            logger.debug("disconnect of %s failed: %s", peer, exc)
-        finally:
-            self._dropping.discard(peer)
-
-    def _enforce_bans(self, now: int) -> None:
-        """The policy's tick: forget expired bans, drop connections of banned peers.
-
-        The "up" event alone is not enough: it fires when a peer's first
-        connection opens, and a banned peer that dials again while its old
-        connection is still being torn down gets no new "up". So every tick
-        looks at who is connected.
-        """
-        connected = [n for n in map(self._node_id_of, self.host.peers()) if n is not None]
-        self._run_policy(self.peer_policy.tick(now, connected))
-
-    def _run_policy(self, effects: Sequence[object]) -> None:
-        """Carry out the peer policy's effects (node.core.peer_policy)."""
-        for effect in effects:
-            if isinstance(effect, Abort):
-                self._nursery.start_soon(self._disconnect, effect.peer)
-            elif isinstance(effect, Count):
-                self.stats[effect.name] = self.stats.get(effect.name, 0) + effect.by
-            elif isinstance(effect, Note):
-                (logger.warning if effect.warning else logger.info)("%s", effect.message)
-            elif isinstance(effect, Redial):
-                self._nursery.start_soon(self._redial_at, effect.peer, effect.at_ms)
-            elif isinstance(effect, Dial):
-                self._nursery.start_soon(self._redial, effect.peer)
-            # Banned (recorded in the policy) and GaveUp (noted) need nothing more here.
-
-    async def _redial_at(self, node_id: str, at_ms: int) -> None:
-        await trio.sleep(max(0, at_ms - now_ms()) / 1_000)
-        peer_id = self._peer_id_of(node_id)
-        self._run_policy(self.peer_policy.redial_due(
-            node_id, now_ms(), connected=peer_id in self.host.peers(),
-            wanted=node_id not in self._relay_clients))
-
-    async def _redial(self, node_id: str) -> None:
-        """One redial attempt (every known address once); the policy decides what next."""
-        if await self._redialer.dial(self._peer_id_of(node_id)):
-            self._run_policy(self.peer_policy.dial_succeeded(node_id))
-        else:
-            self._run_policy(self.peer_policy.dial_failed(node_id, now_ms()))
-
     # ------------------------------------------------------------------ background tasks
 
-    # The core names peers by their node id (hex of the ed25519 key, the id the
-    # logs use); libp2p by peer id. An ed25519 peer id embeds the key, so the two
-    # convert both ways without a table that could go stale.
-
-    @staticmethod
-    def _node_id_of(peer_id: str) -> str | None:
-        try:
-            key = public_key_of_peer_id(peer_id)
-        except Exception:
-            return None
-        return None if key is None else key.hex()
-
-    @staticmethod
-    def _peer_id_of(node_id: str) -> str:
-        return peer_id_of_public_key(bytes.fromhex(node_id))
-
-    def _send_now(self, peer: str, data: bytes) -> None:
-        """Queue a frame on the peer's own stream; a full queue drops it (anti-entropy repairs).
-
-        Never waits: one stalled peer must not hold up frames to the others.
-        """
-        try:
-            if not self.host.send_nowait(self._peer_id_of(peer), PROTOCOL_DISSEMINATION, data):
-                self.stats["outbox_dropped"] += 1
-        except Exception as exc:  # the peer went away or its stream failed
-            self.stats["send_failed"] += 1
-            logger.debug("send to %s failed: %s", peer, exc)
+    def _run(self, effects: Sequence[object]) -> None:
+        """Carry out the engine's effects (node.effects) and wake the topics' subscribers."""
+        self._effects.run(effects)
 
     async def _ticker(self) -> None:
         while True:
             # The engine's tick, membership pursuit and acks: one committer step.
             try:
-                await self.committer.submit(Tick(self._tick_duties))
+                await self.committer.submit(Tick(self._authoring.tick_duties))
             except CommitError:
                 pass  # the committer logged it and reloaded the topics; the next tick retries
-            self._enforce_bans(now_ms())
+            self._peers.enforce_bans(now_ms())
             await trio.sleep(TICK_INTERVAL_S)
 
-    async def _peer_events(self) -> None:
-        async for event in self._peer_receive:
-            node_id = self._node_id_of(event.peer_id)
-            if node_id is None:
-                logger.info("ignoring peer %s: not an ed25519 identity", event.peer_id)
-                continue
-            # Connection churn, refreshed on every peer event (status reads self.stats).
-            self.stats["connections_aborted"] = self.host.connections_aborted
-            if event.up:
-                if node_id in self._relay_clients:
-                    continue  # a relayed device: no replica to gossip or sync with
-                verdict = self.peer_policy.peer_up(node_id, now_ms())
-                if verdict:  # still banned: aborted at once
-                    self._run_policy(verdict)
-                    continue
-                self._redialer.peer_up(event.peer_id)
-                self._run(self.disseminator.on_peer_up(node_id, now_ms()))
-            else:
-                if node_id not in self._relay_clients:
-                    self._redialer.peer_down(event.peer_id)  # identify may have added addresses
-                    self._run_policy(self.peer_policy.peer_down(
-                        node_id, now_ms(), dialable=bool(self._redialer.addresses(event.peer_id))))
-                self._relay_clients.discard(node_id)
-                self._run(self.disseminator.on_peer_down(node_id, now_ms()))
-
-    async def _transport_misbehaviour(self) -> None:
-        """What the transport reported about a peer's streams, judged by the peer policy.
-
-        Protocol faults (oversized, garbage framing): TRANSPORT_FAULTS_BEFORE_BAN of them
-        within the policy's window disconnect and ban the peer. Breakages (a stream
-        cut mid-frame by its dying connection) are only logged and counted.
-        """
-        async for report in self._misbehaviour_receive:
-            node_id = self._node_id_of(report.peer_id)
-            if node_id is None:
-                continue
-            if report.is_protocol_fault:
-                self._run_policy(self.peer_policy.protocol_fault(
-                    node_id, report.reason, now_ms(), report.detail))
-            else:
-                self._run_policy(self.peer_policy.breakage(node_id, report.reason, report.detail))
-
     async def _on_frame(self, peer: str, data: bytes) -> None:
-        node_id = self._node_id_of(peer)
+        node_id = node_id_of(peer)
         if node_id is not None:
             await self.committer.receive(node_id, data)  # applied in the next group commit
 
@@ -974,58 +452,9 @@ class Node:
         # The origin a GossipSub message names is unsigned (strict_signing is off:
         # events carry their own signatures) and others relayed it: its faults
         # must not be held against that origin (`accountable=False`).
-        node_id = self._node_id_of(origin)
+        node_id = node_id_of(origin)
         if node_id is not None:
             await self.committer.receive(node_id, data, accountable=False)
-
-    async def _dial_with_retry(self, address: str) -> None:
-        """Dial a bootstrap address until it answers (the policy's BOOTSTRAP_BACKOFF)."""
-        delay_ms = BOOTSTRAP_BACKOFF.first()
-        while True:
-            try:
-                await self.connect(address)
-                return
-            except NodeError as exc:
-                logger.info("bootstrap %s: %s (retrying in %.0f s)", address, exc,
-                            delay_ms / 1_000)
-            await trio.sleep(delay_ms / 1_000)
-            delay_ms = BOOTSTRAP_BACKOFF.next(delay_ms)
-
-    async def _discover_on_lan(self) -> None:
-        """Dial the megnode peers mDNS finds on the LAN (config `mdns`); see node.mdns."""
-        from node import mdns  # imported only when enabled: zeroconf is a heavy import
-
-        dialling: set[str] = set()
-        try:
-            async with mdns.mdns_discovery(self.host.libp2p, self.addresses) as found:
-                async for peer in found:
-                    if peer.peer_id not in dialling and peer.peer_id not in self.host.peers():
-                        dialling.add(peer.peer_id)
-                        self._nursery.start_soon(self._dial_discovered, peer, dialling)
-        except mdns.MdnsError as exc:
-            logger.warning("mDNS discovery is off: %s", exc)
-
-    async def _dial_discovered(self, peer: Any, dialling: set[str]) -> None:
-        from node import mdns
-
-        try:
-            # Both sides find each other at about the same time; one dial is enough.
-            if peer.peer_id > self.host.peer_id:
-                await trio.sleep(mdns.DIAL_DEFER_S)
-            delay = mdns.DIAL_RETRY_S
-            for _ in range(mdns.DIAL_ATTEMPTS):
-                for address in peer.addresses:
-                    if peer.peer_id in self.host.peers():
-                        return
-                    try:
-                        await self.connect(address)
-                        return
-                    except NodeError as exc:
-                        logger.info("mDNS peer %s: %s", address, exc)
-                await trio.sleep(delay)
-                delay *= 2
-        finally:
-            dialling.discard(peer.peer_id)  # found again later, it is dialled again
 
     # ------------------------------------------------------------------ peers and status
 
@@ -1035,14 +464,7 @@ class Node:
         A peer we hold a connection to is checked first (P2PHost.connect): a
         dead connection is dropped and dialled anew, not taken as "connected".
         """
-        try:
-            peer_id = await self.host.connect(address)
-        except ValueError as exc:
-            raise NodeError(str(exc)) from None
-        except ConnectError as exc:
-            raise NodeError(str(exc)) from None
-        self._redialer.remember(peer_id, [address])
-        return peer_id
+        return await self._dialer.connect(address)
 
     @property
     def addresses(self) -> tuple[str, ...]:

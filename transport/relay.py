@@ -108,10 +108,6 @@ class RelayReason(StrEnum):
     NOT_AN_EVENT = "not_an_event"  # bytes that are not one canonical event
 
 
-# node.runtime still names this one; it goes once the runtime says
-# RelayReason.BAD_REQUEST (the runtime is being restructured meanwhile).
-REASON_BAD_REQUEST = RelayReason.BAD_REQUEST
-
 
 class RelayMessageError(ValueError):
     """Bytes that are not one valid relay message; `reason` names what is wrong."""

@@ -1,0 +1,279 @@
+"""The handle on one joined topic: publishing, state actions, subscriptions, status.
+
+`Topic` is what an application holds (`node.create_topic`, `node.join`). It
+reads its replica directly (the core runs on the trio thread, so a read never
+interleaves with a write) and authors through its node (`TopicAuthor`: the
+committer, the only writer). Subscribers wait on `TopicChanges`, which the
+runtime wakes after every step that may have moved the topic. Kept apart from
+the `Node` so the application-facing API of a topic reads at once, and so the
+node's wiring does not have to be read to understand a subscription.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import trio
+
+from node.core.event import Event
+from node.errors import NodeError
+from node.replica.ordering import KIND_ACK, Rewind
+from node.replica.replica import Received, Replica
+from node.state.roles import Role
+
+SUBSCRIBE_BATCH = 256  # deliveries read from the store per wake-up
+JOIN_RETRY_MS = 1_000  # membership pursuit: at most one join attempt per topic this often
+
+# A state-changing replica action: (replica, now_ms, rng) -> what it made.
+StateAction = Callable[[Replica, int, random.Random], Sequence[tuple[Event, Received]]]
+
+
+class TopicAuthor(Protocol):
+    """What a topic handle asks of its node: authoring, through the committer."""
+
+    async def publish_many(self, topic: Topic, payloads: Sequence[bytes],
+                           kind: str) -> list[bytes]: ...
+
+    async def state_action(self, topic: Topic, action: StateAction) -> list[bytes]: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Delivered:
+    """One event handed to a subscriber: its position in the topic's delivery order."""
+
+    position: int
+    event: Event
+
+
+class TopicChanges:
+    """Wakes subscribers when a topic's delivery count grows; ends them when it is left."""
+
+    def __init__(self) -> None:
+        self._event = trio.Event()
+        self._closed = False
+
+    def notify(self) -> None:
+        self._event.set()
+        self._event = trio.Event()
+
+    def close(self) -> None:
+        """The topic was left: every waiter (now or later) gets NodeError."""
+        self._closed = True
+        self.notify()
+
+    async def wait(self) -> None:
+        if not self._closed:
+            await self._event.wait()
+        if self._closed:
+            raise NodeError("this topic was left")
+
+
+class Topic:
+    """A handle on one joined topic of a running node."""
+
+    def __init__(self, node_id: str, replica: Replica, author: TopicAuthor) -> None:
+        self._node_id = node_id
+        self._author = author
+        self.replica = replica
+        self.topic_id = replica.topic_id
+        self._changes = TopicChanges()
+        self.wants_membership = False  # join as soon as the topic's state allows
+        self._acks_counted_to = 0  # delivery position up to which acks were counted
+        self._acks = 0
+        self.last_join_attempt_ms = -JOIN_RETRY_MS
+
+    def membership(self) -> str | None:
+        """This node's membership in the topic state ("join", "invite", ...), if any."""
+        if not self.replica.ready or not self.replica.authorizing:
+            return None
+        member = self.replica.state().get(("m.room.member", self._node_id))
+        if member is None:
+            return None
+        content = member.content()
+        return content.get("membership") if isinstance(content, dict) else None
+
+    def state(self) -> dict[str, dict[str, Any]]:
+        """The current resolved topic state as {"type|state_key": {sender, content}}."""
+        out: dict[str, dict[str, Any]] = {}
+        for (kind, key), event in sorted(self.replica.state().items()):
+            try:
+                content = event.content()
+            except Exception:
+                content = None
+            out[f"{kind}|{key}"] = {"event": event.id.hex(), "sender": event.author.hex(),
+                                    "content": content}
+        return out
+
+    def _order_status(self) -> dict[str, Any] | None:
+        if not self.replica.ready or not self.replica.authorizing:
+            return None
+        status = self.replica.order_status()
+        return None if status is None else status.as_dict()
+
+    async def set_state(self, kind: str, state_key: str, content: dict[str, Any]) -> bytes:
+        return (await self._author.state_action(
+            self, lambda r, n, g: [r.set_state(kind, state_key, content, n, g)]))[-1]
+
+    async def invite(self, key: bytes) -> bytes:
+        return (await self._author.state_action(self, lambda r, n, g: [r.invite(key, n, g)]))[-1]
+
+    async def add_writer(self, key: bytes) -> bytes | None:
+        """Make `key` a writer; the id of the last event that did, or None if it already was."""
+        made = await self._author.state_action(self, lambda r, n, g: list(r.add_writer(key, n, g)))
+        return made[-1] if made else None
+
+    async def set_role(self, key: bytes, role: str) -> bytes | None:
+        """Give `key` a role; the id of the last event that did, or None if it had it already."""
+        try:
+            parsed = Role(role)
+        except ValueError:
+            raise NodeError(f"role must be one of {', '.join(r.value for r in Role)}") from None
+        made = await self._author.state_action(
+            self, lambda r, n, g: list(r.set_role(key, parsed, n, g)))
+        return made[-1] if made else None
+
+    async def ban(self, key: bytes, reason: str | None = None) -> bytes:
+        return (await self._author.state_action(
+            self, lambda r, n, g: [r.ban(key, n, g, reason=reason)]))[-1]
+
+    def wake_subscribers(self) -> None:
+        """The topic may have moved: its waiting subscribers look again."""
+        self._changes.notify()
+
+    def end_subscriptions(self) -> None:
+        """The topic was left: its subscribers end (NodeError) instead of waiting for ever."""
+        self._changes.close()
+
+    @property
+    def id_hex(self) -> str:
+        return self.topic_id.hex()
+
+    @property
+    def ready(self) -> bool:
+        """True once the topic's create event is here (publishing needs it)."""
+        return self.replica.ready
+
+    async def publish(self, payload: bytes, kind: str = "message") -> bytes:
+        """Author an event; returns its id once it is durable (LMDB commit) and sent on."""
+        return (await self._author.publish_many(self, [payload], kind))[0]
+
+    async def publish_many(self, payloads: Sequence[bytes], kind: str = "message") -> list[bytes]:
+        """Author several events in one group commit; their ids once all are durable."""
+        return await self._author.publish_many(self, payloads, kind)
+
+    async def wait_ready(self, timeout_s: float) -> None:
+        with trio.fail_after(timeout_s):
+            while not self.ready:
+                await self._changes.wait()
+
+    async def wait_delivered(self, count: int, timeout_s: float) -> None:
+        """Wait until at least `count` events (create event included) are delivered here."""
+        with trio.fail_after(timeout_s):
+            while self.replica.graph.delivered_count < count:
+                await self._changes.wait()
+
+    async def subscribe(self, since: int = 0,
+                        order: str = "causal") -> AsyncIterator[Delivered | Rewind]:
+        """Events from position `since` on, waiting for more.
+
+        order="causal": every delivered event, never before its parents (default).
+        order="confirmed": the quorum-confirmed total order; positions never change.
+        order="tentative": the full order (confirmed prefix, then the tentative
+        tail), which may reorder: a `Rewind(to_length)` item says to drop every
+        entry from position `to_length` on; the `Delivered` items after it replay
+        from there. Each `Delivered` position is the subscriber's current length
+        (positions from `since` on are watched). Only these yield `Rewind`.
+        """
+        if order not in ("causal", "confirmed", "tentative"):
+            raise NodeError('subscribe order must be "causal", "confirmed" or "tentative"')
+        if order != "causal":
+            view = self._subscribe_confirmed if order == "confirmed" else self._subscribe_tentative
+            async for item in view(since):
+                yield item
+            return
+        position = since
+        while True:
+            batch = self.replica.deliveries(since=position, limit=SUBSCRIBE_BATCH)
+            if not batch:
+                if position < self.replica.graph.delivered_count:
+                    position = self.replica.graph.delivered_count  # only rejected events there
+                    continue
+                await self._changes.wait()
+                continue
+            for pos, event in batch:
+                yield Delivered(pos, event)
+                position = pos + 1
+
+    async def _subscribe_confirmed(self, since: int) -> AsyncIterator[Delivered]:
+        position = since
+        while True:
+            batch = (self.replica.ordered("confirmed", since=position, limit=SUBSCRIBE_BATCH)
+                     if self.replica.ready and self.replica.authorizing else [])
+            if not batch:
+                await self._changes.wait()
+                continue
+            for pos, event in batch:
+                yield Delivered(pos, event)
+                position = pos + 1
+
+    async def _subscribe_tentative(self, since: int) -> AsyncIterator[Delivered | Rewind]:
+        position = since  # the subscriber's length
+        stable = since  # entries sent below this were confirmed: they never change
+        sent: list[bytes] = []  # ids sent at positions stable .. position - 1
+        while True:
+            order = self.replica.ordering if self.replica.ready and self.replica.authorizing else None
+            if order is None:
+                await self._changes.wait()
+                continue
+            # The order may have changed while the consumer held an item: compare
+            # what was sent with the current view; only unconfirmed entries can differ.
+            current = order.full_slice(stable, len(sent))
+            keep = next((i for i, (_, now) in enumerate(current) if sent[i] != now), len(current))
+            if keep < len(sent):
+                del sent[keep:]
+                position = stable + keep
+                yield Rewind(position)
+            settled = min(order.confirmed_length, position) - stable
+            if settled > 0:
+                del sent[:settled]
+                stable += settled
+            batch = self.replica.ordered("tentative", since=position, limit=SUBSCRIBE_BATCH)
+            if not batch:
+                await self._changes.wait()
+                continue
+            for pos, event in batch:
+                yield Delivered(pos, event)
+                sent.append(event.id)
+                position = pos + 1
+
+    def _count_acks(self) -> int:
+        """Acknowledgements among delivered events (counted incrementally, bounded per call)."""
+        graph = self.replica.graph
+        end = graph.delivered_count
+        while self._acks_counted_to < end:
+            page = graph.deliveries(self._acks_counted_to, limit=SUBSCRIBE_BATCH * 4)
+            self._acks += sum(1 for _, event in page if event.kind == KIND_ACK)
+            self._acks_counted_to = page[-1][0] + 1
+        return self._acks
+
+    def status(self) -> dict[str, Any]:
+        graph = self.replica.graph
+        return {
+            "topic": self.id_hex,
+            "name": self.replica.params.name,
+            "ready": self.ready,
+            "delivered": graph.delivered_count,
+            "acks": self._count_acks(),  # empty acknowledgements among the delivered
+            "extremities": graph.width,
+            "buffered": graph.buffered_count,
+            "equivocations": graph.equivocation_count,
+            "membership": self.membership(),
+            "indexers": sorted(k.hex() for k in self.replica.indexers())
+            if self.replica.ready and self.replica.authorizing else [],
+            "order": self._order_status(),
+            "rejected": {k.split(".", 1)[1]: v for k, v in self.replica.counters.items()
+                         if k.startswith("rejected.")},
+        }
