@@ -51,12 +51,13 @@ from node.core.event import Event
 from node.core.identity import Identity
 from node.keyfile import KeyFileError, load_identity, save_identity
 from node.replica.replica import Replica, ReplicaConfig, StateDisabledError
-from node.replica.ordering import KIND_ACK, OrderConfig, Rewind
+from node.replica.order_views import Rewind
+from node.replica.ordering import KIND_ACK, OrderConfig
 from node.metrics import MetricsExporter, close_listeners, open_metrics_listeners
 from node.relay import Handled, RelayServer
 from node.state.actions import NotAuthorizedError, RoleError
 from node.state.roles import Role
-from node.state.types import RULE_INVITE, RULE_PUBLIC
+from node.state.types import RULE_INVITE, RULE_PUBLIC, Membership
 from storage.lmdb_store import LmdbStore, StoreLockedError
 from node.core.store import TABLE_META, Delete, Op, Put
 from transport.dissemination import (
@@ -689,7 +690,7 @@ class Node:
             replica = topic.replica
             if not replica.ready or not replica.authorizing:
                 continue
-            if topic.membership() == "join":
+            if topic.membership() == Membership.JOIN:
                 topic.wants_membership = False
                 continue
             topic.last_join_attempt_ms = now
