@@ -107,7 +107,8 @@ def auth_types_for(fields: EventFields) -> set[StateKey]:
     keys = {CREATE_KEY, POWER_LEVELS_KEY, member_key(fields.author)}
     if fields.kind == TYPE_MEMBER and fields.state_key is not None:
         keys.add((TYPE_MEMBER, fields.state_key))
-        if fields.content.get("membership") in (Membership.JOIN, Membership.INVITE, Membership.KNOCK):
+        membership = fields.content.get("membership")
+        if membership in (Membership.JOIN, Membership.INVITE, Membership.KNOCK):
             keys.add(JOIN_RULES_KEY)
     return keys
 

@@ -93,7 +93,9 @@ def _invite(event: Event, target: str, view: StateView) -> AuthReason | None:
 def _leave(event: Event, target: str, view: StateView) -> AuthReason | None:
     sender = user_id(event.author)
     if sender == target:
-        return None if view.membership(target) in (Membership.INVITE, Membership.JOIN, Membership.KNOCK) else AuthReason.NOT_A_MEMBER
+        if view.membership(target) in (Membership.INVITE, Membership.JOIN, Membership.KNOCK):
+            return None
+        return AuthReason.NOT_A_MEMBER
     if view.membership(sender) != Membership.JOIN:
         return AuthReason.SENDER_NOT_JOINED
     power = view.power_levels()
@@ -121,4 +123,6 @@ def _knock(event: Event, target: str, view: StateView) -> AuthReason | None:
         return AuthReason.JOIN_RULE_FORBIDS
     if user_id(event.author) != target:
         return AuthReason.KNOCK_FOR_OTHER
-    return None if view.membership(target) not in (Membership.BAN, Membership.INVITE, Membership.JOIN) else AuthReason.ALREADY_MEMBER
+    if view.membership(target) not in (Membership.BAN, Membership.INVITE, Membership.JOIN):
+        return None
+    return AuthReason.ALREADY_MEMBER

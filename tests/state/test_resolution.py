@@ -68,7 +68,8 @@ def test_demoted_writer_cannot_write_after_merge(topic_builder: BuildTopic) -> N
     ]
     graph = topic_builder(events, [["START", "PA", "END"], ["START", "MB1", "END"]])
     assert graph.rejected == {}
-    assert graph.check(graph.make(message("BOB2", "bob"), ["END"]), ["END"]) == AuthReason.INSUFFICIENT_POWER
+    bob2 = graph.make(message("BOB2", "bob"), ["END"])
+    assert graph.check(bob2, ["END"]) == AuthReason.INSUFFICIENT_POWER
     assert graph.check(graph.make(message("CH1", "charlie"), ["END"]), ["END"]) is None
 
 

@@ -154,7 +154,8 @@ def test_writer_cut_off_in_a_branch_is_rejected_after_the_merge(
     demotion: str, topic_builder: BuildTopic
 ) -> None:
     graph = writers_topic(topic_builder, demotion)
-    expected_reason = AuthReason.INSUFFICIENT_POWER if demotion == "demote" else AuthReason.SENDER_NOT_JOINED
+    expected_reason = (AuthReason.INSUFFICIENT_POWER if demotion == "demote"
+                       else AuthReason.SENDER_NOT_JOINED)
     assert graph.rejected == {"B2": expected_reason}  # the reference agrees
     for order in ORDERS.values():
         replica = replica_of(graph, order, seed=3)
