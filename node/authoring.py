@@ -19,6 +19,7 @@ from node.core.event import Event
 from node.errors import NodeError
 from node.replica.replica import StateDisabledError
 from node.state.actions import NotAuthorizedError, RoleError
+from node.state.types import Membership
 from node.topic_handle import JOIN_RETRY_MS, StateAction, Topic
 
 logger = logging.getLogger("megnode")
@@ -125,7 +126,7 @@ class Authoring:
             replica = topic.replica
             if not replica.ready or not replica.authorizing:
                 continue
-            if topic.membership() == "join":
+            if topic.membership() == Membership.JOIN:
                 topic.wants_membership = False
                 continue
             topic.last_join_attempt_ms = now

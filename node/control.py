@@ -36,7 +36,7 @@ from typing import Any
 import trio
 
 from node.core.event import Event
-from node.replica.ordering import Rewind
+from node.replica.order_views import Rewind
 from node.runtime import Node, NodeError, parse_topic_id
 
 logger = logging.getLogger("megnode.control")

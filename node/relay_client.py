@@ -34,7 +34,7 @@ from node.core.event import KIND_MESSAGE, Event, pack_payload
 from node.core.identity import Identity, sign_event
 from node.keyfile import KeyFileError, load_identity
 from node.effects import PROTOCOL_DISSEMINATION
-from node.state.types import JOIN, TYPE_MEMBER, user_id
+from node.state.types import TYPE_MEMBER, Membership, user_id
 from node.state.roles import RELAYED_FLAG
 from transport.libp2p_gossip import GossipConfig
 from transport.libp2p_host import ConnectError, P2PHost
@@ -206,7 +206,7 @@ class RelayedWriter:
 
     async def join(self) -> bytes:
         """Join the topic as a relayed writer (after an invite and a writing-level grant)."""
-        payload = pack_payload({"membership": JOIN, RELAYED_FLAG: True})
+        payload = pack_payload({"membership": Membership.JOIN, RELAYED_FLAG: True})
         state_key = user_id(self.identity.public_key)
         async with self._lock:
             template, clock = await self._template(TYPE_MEMBER, state_key, payload)

@@ -20,7 +20,8 @@ import trio
 
 from node.core.event import Event
 from node.errors import NodeError
-from node.replica.ordering import KIND_ACK, Rewind
+from node.replica.order_views import Rewind
+from node.replica.ordering import KIND_ACK
 from node.replica.replica import Received, Replica
 from node.state.roles import Role
 

@@ -26,7 +26,7 @@ the two siblings of a fork that arrive together are decided together):
 `deps` are the parents with proxies replaced. `n` is the author's ordinal:
 1 + the highest ordinal of the author's nodes in e's past (0 if none). For a
 well-behaved writer, whose every event has its previous one in its past
-(`own_tip` sees to that for local events), n == e.seq. For a writer that
+(`node.replica.order_duties.own_tip` sees to that for local events), n == e.seq. For a writer that
 breaks its chain n still numbers a chain, so two events with one ordinal are
 a fork, which the linearizer's equivocation rule handles; nothing authorized
 is ever left out, and the linearizer never meets a node it must refuse.
@@ -42,26 +42,9 @@ effect when the event that made it is confirmed, at the same point of the
 confirmed order on every replica. A state with no indexer at all keeps the
 previous set (the order would otherwise stall for ever).
 
-*Relayed writers.* Their events stay aside until a non-relayed event
-references them; `parents_to_keep` makes every local event reference the
-pending relayed events that are forward extremities first, and `ack_due`
-makes a writer that holds some emit an acknowledgement, so "the relay
-references them promptly" holds for whoever has them.
-
-*Acknowledgements* (kind `ack`, empty payload; the auth rules ask the
-writing level, `events_default`, as for any non-state kind). `ack_due` says
-yes, at most once per `OrderConfig.ack_interval_ms`, when
-
-* pending relayed events are extremities and the local identity is a
-  writer or indexer in the current state (the relay duty), or
-* the local identity is in the linearizer's indexer set, some non-ack event
-  is unconfirmed, and either its latest event has not seen every
-  unconfirmed event (it has something new to vote on) or it is the only
-  indexer (a lone indexer's rounds advance on its own nodes; after a write
-  it acks once or twice until the write is confirmed).
-
-Acks of acks are never needed: when only acks are unconfirmed, nobody acks,
-so a quiet topic falls silent.
+*Relayed writers* and *acknowledgements*: what the order asks of a local
+author (`parents_to_keep`, `ack_due`) is `node.replica.order_duties`,
+mixed into `TopicOrder`.
 
 *Persistence* (`TABLE_ORDER`, through `Graph.table`, so it commits with the
 events it describes)::
@@ -86,25 +69,21 @@ delivery range), replay feeds it as one batch and everything between such
 batches in chunks of REPLAY_BATCH: the decisions made live, at the cost of
 one record per fork instead of one per batch.
 
-*Views.* `confirmed` is append-only; the tentative view is the full order
-`confirmed + tentative`. Each batch returns one `OrderUpdate` (None if it
-changed nothing): a subscriber of the tentative view truncates its copy to
-`rewind_to` entries and replays `full_slice(rewind_to, ...)`; a subscriber
-of the confirmed view appends `confirmed_appended`. Streams of the
-tentative view (`Topic.subscribe(order="tentative")`) carry the truncation
-as a `Rewind(to_length)` item before the replayed entries.
+*Views* (causal, confirmed, tentative; `Rewind`, `OrderStatus`) are
+described in `node.replica.order_views`.
 """
 
 from __future__ import annotations
 
 from collections import Counter, OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from node.core.event import Event
 from node.core.graph import Graph
 from node.core.order import Linearizer, OrderNode, OrderUpdate
+from node.replica.order_duties import OrderDuties
+from node.replica.order_views import OrderStatus
 from node.state.roles import Role
 from node.state.roles import indexers as indexers_in
 from node.state.roles import role_of as role_in
@@ -113,13 +92,7 @@ from node.core.store import TABLE_ORDER
 
 KIND_ACK = "ack"
 
-ORDER_CAUSAL = "causal"
-ORDER_CONFIRMED = "confirmed"
-ORDER_TENTATIVE = "tentative"
-ORDERS = (ORDER_CAUSAL, ORDER_CONFIRMED, ORDER_TENTATIVE)
-
 DEFAULT_ACK_INTERVAL_MS = 250  # at most one ack per interval per topic
-MAX_TIP_WALK = 4_096  # children followed from the own latest event up to an extremity
 REPLAY_PAGE = 1_024  # events read per page while replaying the delivery order
 REPLAY_BATCH = 256  # events per `extend` between recorded batches (keeps the tail short)
 ROLE_CACHE_SIZE = 4_096  # (state group, author) -> role
@@ -146,63 +119,12 @@ class OrderConfig:
     ack_interval_ms: int = DEFAULT_ACK_INTERVAL_MS
 
 
-@dataclass(frozen=True, slots=True)
-class OrderStatus:
-    """What `status` reports about a topic's order; indexers as sorted hex keys."""
+class TopicOrder(OrderDuties):
+    """The total order of one topic's authorized events (see the module docstring).
 
-    confirmed_length: int
-    tentative_length: int
-    indexers: tuple[str, ...]
-    pending_relayed: int
-
-    def as_dict(self) -> dict[str, Any]:
-        return {"confirmed_length": self.confirmed_length,
-                "tentative_length": self.tentative_length,
-                "indexers": list(self.indexers), "pending_relayed": self.pending_relayed}
-
-
-@dataclass(frozen=True, slots=True)
-class Rewind:
-    """A tentative-view subscriber's truncation marker: drop every entry at or after
-    position `to_length` (keep the first `to_length`), then the items that follow
-    replay the view from there.
-
-    The tentative view (confirmed prefix + tentative tail) may reorder its
-    tail as events arrive; this is Autobase's truncate-and-reapply. It never
-    reaches into the confirmed prefix as it was when those entries were sent.
+    Feeding, replay and persistence live here; what the order asks of a local
+    author (`parents_to_keep`, `ack_due`) is `OrderDuties` (node.replica.order_duties).
     """
-
-    to_length: int
-
-
-def own_tip(graph: Graph, author: bytes) -> bytes | None:
-    """A forward extremity at or above `author`'s latest event, None if it has none.
-
-    Referencing it keeps the author's events a chain (each has the previous
-    one in its past), which the linearizer's writer numbering assumes. The
-    latest event itself when it is an extremity; else the walk follows the
-    smallest child until an extremity (bounded by MAX_TIP_WALK).
-    """
-    seq = graph.author_latest_seq(author)
-    if seq is None:
-        return None
-    candidates = graph.events_by(author, seq)
-    if not candidates:
-        return None
-    current = max(candidates)
-    extremities = set(graph.extremities())
-    for _ in range(MAX_TIP_WALK):
-        if current in extremities:
-            return current
-        children = graph.children(current)
-        if not children:
-            return None
-        current = min(children)
-    return None
-
-
-class TopicOrder:
-    """The total order of one topic's authorized events (see the module docstring)."""
 
     def __init__(self, graph: Graph, tracker: StateTracker, config: OrderConfig = OrderConfig(),
                  replay_to: int | None = None) -> None:
@@ -459,58 +381,3 @@ class TopicOrder:
             return None
         self.stats["indexer_changes"] += 1
         return found
-
-    # ------------------------------------------------------------------ policy
-
-    def ack_due(self, me: bytes, now_ms: int, role: Callable[[], Role]) -> bool:
-        """Should `me` append an acknowledgement now? (See the module docstring.)
-
-        `role` gives `me`'s role in the current state; it is asked only when
-        pending relayed events make it matter.
-        """
-        last = self._last_ack_ms
-        if last is not None and now_ms - last < self.config.ack_interval_ms:
-            return False
-        if self._relay_due() and role() in (Role.INDEXER, Role.WRITER):
-            return True
-        return self._vote_due(me)
-
-    def note_ack(self, now_ms: int) -> None:
-        """An acknowledgement was attempted at `now_ms` (starts the rate-limit interval)."""
-        self._last_ack_ms = now_ms
-
-    def _relay_due(self) -> bool:
-        if not self._aside:
-            return False
-        extremities = set(self._graph.extremities())
-        return any(node_id in extremities for node_id in self._aside)
-
-    def _vote_due(self, me: bytes) -> bool:
-        lin = self._lin
-        if me not in lin.indexers:
-            return False
-        tentative = self._tentative
-        if not any(t not in self._acks for t in tentative):
-            return False
-        if len(lin.indexers) == 1:
-            return True
-        latest = self._latest.get(me)
-        if latest is None or latest[1] not in lin:
-            return True
-        return any(not lin.sees(latest[1], t) for t in tentative)
-
-    def parents_to_keep(self, me: bytes, relayed_self: bool) -> list[bytes]:
-        """Extremities a local event of `me` must reference, most important first.
-
-        The extremity above `me`'s own latest event (its chain), then the
-        pending relayed events that are extremities (unless `me` is relayed
-        itself: its references would be kept aside too).
-        """
-        keep: list[bytes] = []
-        tip = own_tip(self._graph, me)
-        if tip is not None:
-            keep.append(tip)
-        if not relayed_self and self._aside:
-            extremities = set(self._graph.extremities())
-            keep += sorted(i for i in self._aside if i in extremities and i != tip)
-        return keep

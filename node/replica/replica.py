@@ -1,4 +1,4 @@
-"""A replica of one topic: Reference Monitor + graph + local authoring, sans-IO.
+"""A replica of one topic: Reference Monitor + graph + topic state + total order, sans-IO.
 
 This is the object the simulator and the trio runtime both drive. It takes
 bytes and the current time in, and returns what happened; it never awaits,
@@ -8,12 +8,23 @@ reproduces any run.
     replica = Replica.create_topic(store, identity, now_ms=..., name="kitchen")
     outcome = other.receive(raw, now_ms=...)      # from the network
     event = replica.publish(b"21.5C", now_ms=..., rng=rng)
-    replica.commit()                              # durable: group commit
+    replica.commit()                              # standalone: make it durable
 
-Writes become durable only at `commit()` (or when the node's committer,
-the only writer in a running node, commits the graph's `take_writes()`);
-callers acknowledge published or received events to others only after it
-returns.
+The replica is three modules: this one (receiving, the reads, the hand-over
+of writes), `node.replica.authoring` (making local events: publish, dummies,
+acks, relayed writers' events) and `node.replica.state_ops` (join, invite,
+ban, add_writer, set_role, set_state); its values and errors are in
+`node.replica.types` and importable from here.
+
+Durability. Everything a replica does is written to the graph's write-set
+(events, state records, the confirmed order) and is durable only once
+committed. In a running node the committer (node.committer) is the only
+writer: each step it takes every topic's write-set (`Graph.take_writes`)
+and commits them in one transaction, and only then are the events
+announced or acknowledged; nothing in the node calls `commit()`.
+`commit()` is for a replica used standalone: the dissemination engine run
+standalone (`Disseminator(commits=True)`: the simulator, tests), tests and
+benchmarks. Either way, nobody is told of an event before it is durable.
 
 Topic state and authorization
 -----------------------------
@@ -26,7 +37,8 @@ graph (its children are not blocked, and it is still gossiped), but it is
 `deliveries()`. Whether a topic is authorized is fixed by its create event
 (`TopicParams.authorization`; absent means authorized, as in Matrix), so every
 replica of a topic agrees; `ReplicaConfig.authorization=False` turns state
-tracking off in one replica (pure MEG, as before: the simulator's setting).
+tracking off in one replica (pure MEG: the dissemination simulator's and the CRDT
+tests' setting).
 
     replica = Replica.create_topic(store, me, now_ms, authorization=True)
     replica.add_writer(bob_key, now_ms, rng)       # invite + writing level
@@ -40,14 +52,14 @@ can write at once. Local operations are checked before signing and raise
 `NotAuthorizedError` naming the missing power.
 
 Total order (node.replica.ordering)
----------------------------
+-----------------------------------
 An authorizing replica also keeps the topic's consistent total order
 (`ReplicaConfig.ordering`; `TopicOrder`, built on first use): every batch of
 applied events is fed to it, and `Received.order` reports what changed.
 
     replica.ordered("confirmed" | "tentative" | "causal", since=0)
     replica.order_status()             # confirmed/tentative length, indexers
-    replica.maybe_ack(now_ms, rng)     # the dissemination tick calls it
+    replica.maybe_ack(now_ms, rng)     # the node's tick duties call it (node.runtime)
     replica.sign_relayed(payload, now_ms, rng)   # a relayed device's writes
 
 Local events keep the author's chain (the extremity above its own latest
@@ -60,59 +72,41 @@ from __future__ import annotations
 import random
 from collections import Counter
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
-from typing import Any
 
-from node.core.event import (
-    EVENT_VERSION,
-    KIND_CREATE,
-    KIND_DUMMY,
-    KIND_MESSAGE,
-    Event,
-    pack_payload,
-)
-from node.core.fastinit import fast_init
-from node.core.graph import AddResult, Graph, GraphLimits
-from node.core.identity import Identity, sign_event
-from node.core.monitor import MAX_FUTURE_SKEW_MS, ReferenceMonitor, Rejected
-from node.core.order import OrderUpdate
 from node.core.outcomes import AddStatus
-from node.core.parents import (
-    DEFAULT_D_MAX,
-    MAX_D_MAX,
-    MIN_D_MAX,
-    DepletionPolicy,
-    ParentPolicy,
-    select_parents,
-)
-from node.replica.ordering import (
-    KIND_ACK,
-    ORDER_CAUSAL,
-    ORDER_CONFIRMED,
-    ORDER_TENTATIVE,
-    OrderConfig,
-    OrderStatus,
-    TopicOrder,
+from node.core.event import KIND_CREATE, Event, pack_payload
+from node.core.graph import AddResult, Graph
+from node.core.identity import Identity, sign_event
+from node.core.monitor import ReferenceMonitor, Rejected
+from node.core.order import OrderUpdate
+from node.core.parents import DEFAULT_D_MAX, MAX_D_MAX, MIN_D_MAX
+from node.replica.authoring import Authoring
+from node.replica.order_views import ORDER_CAUSAL, ORDER_CONFIRMED, ORDER_TENTATIVE, OrderStatus
+from node.replica.ordering import TopicOrder
+from node.replica.state_ops import StateOperations
+from node.replica.types import (
+    NotReadyError,
+    OrderingDisabledError,
+    PublishError,
+    Received,
+    ReplicaConfig,
+    StateDisabledError,
+    TopicParams,
 )
 from node.state import actions
 from node.state.actions import EventSpec, NotAuthorizedError, RoleError
-from node.state.auth_rules import EventFields, select_auth_refs
 from node.state.roles import Role
 from node.state.roles import indexers as indexers_in
 from node.state.roles import role_of as role_in
-from node.state.store import MAX_DELTA_CHAIN, StateGroups
-from node.state.tracker import REASON_UNRESOLVABLE, StateResolutionError, StateTracker
+from node.state.store import StateGroups
+from node.state.tracker import StateTracker
 from node.state.types import (
-    BAN,
-    INVITE,
-    JOIN,
     RULE_INVITE,
     TYPE_JOIN_RULES,
-    TYPE_MEMBER,
     TYPE_POWER_LEVELS,
+    Membership,
     StateKey,
 )
-from node.state.view import StateView
 from node.core.store import TABLE_STATE, Store
 
 __all__ = [
@@ -121,86 +115,13 @@ __all__ = [
 ]
 
 
-class NotReadyError(Exception):
-    """The replica cannot author events yet: it does not hold the topic's create event."""
+class Replica(StateOperations, Authoring):
+    """One topic's replica on one node (see the module docstring).
 
-
-class PublishError(Exception):
-    """A local event could not be added (the message says why)."""
-
-
-class StateDisabledError(Exception):
-    """Topic state was asked of a replica that does not track it (see `Replica.authorizing`)."""
-
-
-class OrderingDisabledError(StateDisabledError):
-    """A total order was asked of a replica that keeps none (see `Replica.ordering`)."""
-
-
-@dataclass(frozen=True, slots=True)
-class ReplicaConfig:
-    parent_policy: ParentPolicy = ParentPolicy.RANDOM
-    depletion: DepletionPolicy = field(default_factory=DepletionPolicy)
-    limits: GraphLimits = field(default_factory=GraphLimits)
-    max_future_skew_ms: int = MAX_FUTURE_SKEW_MS
-    # Track topic state and enforce the auth rules on topics whose create event
-    # asks for them. False: pure MEG, no state (the simulator, the CRDT tests).
-    authorization: bool = True
-    state_delta_chain: int = MAX_DELTA_CHAIN  # see node.state.store
-    # The total order of authorizing topics (node.replica.ordering): on/off, ack interval.
-    ordering: OrderConfig = field(default_factory=OrderConfig)
-
-
-@dataclass(frozen=True, slots=True)
-class TopicParams:
-    """Parameters fixed by the create event's content."""
-
-    name: str = ""
-    d_max: int = DEFAULT_D_MAX
-    authorization: bool = True  # Matrix rooms are always authorized; a topic may opt out
-
-    @classmethod
-    def from_create(cls, event: Event) -> "TopicParams":
-        try:
-            content = event.content()
-        except Exception:
-            return cls()
-        if not isinstance(content, dict):
-            return cls()
-        name = content.get("name", "")
-        d_max = content.get("d_max", DEFAULT_D_MAX)
-        if not isinstance(name, str):
-            name = ""
-        if type(d_max) is not int or not MIN_D_MAX <= d_max <= MAX_D_MAX:
-            d_max = DEFAULT_D_MAX
-        authorization = content.get("authorization", True)
-        if type(authorization) is not bool:
-            authorization = True  # a garbled flag never turns authorization off
-        return cls(name=name, d_max=d_max, authorization=authorization)
-
-
-@fast_init  # built for every event received or published: node.core.fastinit
-@dataclass(frozen=True, slots=True)
-class Received:
-    """The outcome of `Replica.receive` for one incoming byte string."""
-
-    status: AddStatus
-    event_id: bytes | None
-    reason: str | None = None
-    applied: tuple[Event, ...] = ()
-    missing: tuple[bytes, ...] = ()
-    dropped: tuple[bytes, ...] = ()
-    equivocations: tuple[Event, ...] = ()
-    rejected_ids: tuple[tuple[bytes, str], ...] = ()
-    # Applied events (a subset of `applied`) that failed the auth rules: stored
-    # as rejected vertices, never delivered, never in state. (id, reason).
-    unauthorized: tuple[tuple[bytes, str], ...] = ()
-    # What the applied events changed in the total order (None: nothing, or no order).
-    order: OrderUpdate | None = None
-
-
-class Replica:
-    """One topic's replica on one node."""
+    Receiving and reading live here; making local events is `Authoring`
+    (node.replica.authoring), topic-state operations `StateOperations`
+    (node.replica.state_ops).
+    """
 
     def __init__(
         self, store: Store, topic_id: bytes, identity: Identity, config: ReplicaConfig = ReplicaConfig()
@@ -265,7 +186,7 @@ class Replica:
             # One extremity at each step: the parent choice draws nothing from this rng.
             rng = random.Random(0)
             for spec in (
-                actions.membership_spec(identity.public_key, JOIN),
+                actions.membership_spec(identity.public_key, Membership.JOIN),
                 EventSpec(TYPE_POWER_LEVELS, "", actions.initial_power_levels(
                     identity.public_key, members_write=members_write)),
                 EventSpec(TYPE_JOIN_RULES, "", {"join_rule": join_rule}),
@@ -415,163 +336,9 @@ class Replica:
             unauthorized, order,
         )
 
-    def publish(
-        self,
-        payload: bytes,
-        now_ms: int,
-        rng: random.Random,
-        kind: str = KIND_MESSAGE,
-        state_key: str | None = None,
-    ) -> tuple[Event, Received]:
-        """Author, sign and add an event on top of the current extremities.
-
-        Returns the event and the graph outcome (which lists it under
-        `applied`). Not durable until `commit()`. On an authorized topic the
-        event is checked against the state before it first, and refused with
-        NotAuthorizedError (nothing signed) if the auth rules forbid it.
-        """
-        if not self.ready:
-            raise NotReadyError("the topic's create event has not arrived yet; wait for sync")
-        if kind == KIND_CREATE:
-            raise PublishError("a topic has exactly one create event")
-        parents = self._choose_parents(rng, kind)
-        latest = self.graph.author_latest_seq(self.identity.public_key)
-        seq = (latest if latest is not None else -1) + 1
-        auth: tuple[bytes, ...] = (self.topic_id,)
-        if self.authorizing:
-            draft = self._draft(kind, state_key, payload, parents, seq, now_ms)
-            auth = self._checked(draft).auth
-        event = sign_event(
-            self.identity, topic=self.topic_id, seq=seq, parents=parents, timestamp_ms=now_ms,
-            kind=kind, payload=payload, state_key=state_key, auth=auth,
-        )
-        # fresh: seq is above the author's latest here, so the id cannot be applied yet.
-        outcome = self._outcome(self.graph.add(event, fresh=True))
-        if outcome.status is not AddStatus.APPLIED:
-            raise PublishError(f"local event not applied: {outcome.status} {outcome.reason}")
-        if outcome.unauthorized:  # the check above passed: only a bug gets here
-            raise PublishError(f"local event rejected: {outcome.unauthorized[0][1]}")
-        self.counters["created"] += 1
-        return event, outcome
-
-    def _draft(self, kind: str, state_key: str | None, payload: bytes,
-               parents: tuple[bytes, ...] | list[bytes], seq: int, now_ms: int) -> Event:
-        """The event as it would be signed, unsigned, auth refs not chosen yet."""
-        return Event(
-            version=EVENT_VERSION, topic=self.topic_id, author=self.identity.public_key, seq=seq,
-            parents=tuple(sorted(parents)), auth=(), timestamp_ms=now_ms, kind=kind,
-            state_key=state_key, payload=payload, signature=b"", raw=b"", id=b"",
-        )
-
-    def _checked(self, draft: Event) -> Event:
-        """`draft` with its auth refs, if the auth rules allow it; else NotAuthorizedError."""
-        tracker = self.tracker
-        try:
-            before = tracker.group_before(draft.parents)
-        except StateResolutionError as error:
-            # Every replica would reject this event as state_unresolvable.
-            raise NotAuthorizedError(REASON_UNRESOLVABLE, (
-                f"the states of this topic's heads cannot be resolved ({error}); an event "
-                "on these parents would be rejected everywhere")) from None
-        state = tracker.state(before)
-        fields = (EventFields.of(draft) if draft.kind == TYPE_MEMBER
-                  else EventFields(draft.kind, draft.author, draft.state_key))
-        draft = replace(draft, auth=tuple(select_auth_refs(fields, state)))
-        reason = tracker.check(draft, before)
-        if reason is not None:
-            raise NotAuthorizedError(reason, actions.explain(draft, reason,
-                                                             StateView(state, self.graph)))
-        return draft
-
-    def maybe_deplete(self, now_ms: int, rng: random.Random) -> tuple[Event, Received] | None:
-        """Emit a dummy event if the width is over the depletion threshold (rate-limited).
-
-        On an authorized topic only a joined member may send one; others skip.
-        """
-        if not self.ready:
-            return None
-        if not self.config.depletion.due(self.graph.width, now_ms, self._last_dummy_ms):
-            return None
-        self._last_dummy_ms = now_ms
-        try:
-            made = self.publish(b"", now_ms, rng, kind=KIND_DUMMY)
-        except NotAuthorizedError:
-            self.counters["dummies_not_authorized"] += 1
-            return None
-        self.counters["dummies"] += 1
-        return made
-
     def commit(self) -> int:
+        """Commit the pending writes (standalone use; a running node's committer commits)."""
         return self.graph.commit()
-
-    # ------------------------------------------------------- topic state API
-    #
-    # Each call authors state event(s) as the local identity, checked against
-    # the auth rules before anything is signed (NotAuthorizedError otherwise).
-    # Not durable until `commit()`, like `publish`.
-
-    def set_state(self, kind: str, state_key: str, content: Mapping[str, Any], now_ms: int,
-                  rng: random.Random) -> tuple[Event, Received]:
-        """Set application (or Matrix) state: `kind`/`state_key` -> `content`."""
-        return self._publish_spec(EventSpec(kind, state_key, dict(content)), now_ms, rng)
-
-    def invite(self, user_key: bytes, now_ms: int, rng: random.Random) -> tuple[Event, Received]:
-        return self._publish_spec(actions.membership_spec(user_key, INVITE), now_ms, rng)
-
-    def ban(self, user_key: bytes, now_ms: int, rng: random.Random,
-            reason: str | None = None) -> tuple[Event, Received]:
-        extra = {} if reason is None else {"reason": reason}
-        return self._publish_spec(actions.membership_spec(user_key, BAN, **extra), now_ms, rng)
-
-    def join(self, now_ms: int, rng: random.Random,
-             relayed: bool = False) -> tuple[Event, Received]:
-        """Join as the local identity (after an invite, or under a public join rule).
-
-        `relayed=True` declares this device a relayed writer (see node.state.roles).
-        """
-        extra = {"relayed": True} if relayed else {}
-        spec = actions.membership_spec(self.identity.public_key, JOIN, **extra)
-        return self._publish_spec(spec, now_ms, rng)
-
-    def add_writer(self, user_key: bytes, now_ms: int,
-                   rng: random.Random) -> tuple[tuple[Event, Received], ...]:
-        """Invite `user_key` (unless joined or invited) and give it the writing level.
-
-        Returns every event made, in order (none if it is a writer already).
-        """
-        specs = actions.writer_specs(self._view(), user_key)
-        return self._publish_specs(specs, now_ms, rng)
-
-    def set_role(self, user_key: bytes, role: Role, now_ms: int,
-                 rng: random.Random) -> tuple[tuple[Event, Received], ...]:
-        """Give `user_key` a writer role (mapping in node.state.actions); events made, in order.
-
-        RoleError if the role cannot be given by this identity at all (the
-        relayed flag of another member); NotAuthorizedError if it lacks power.
-        """
-        specs = actions.role_specs(self._view(), self.identity.public_key, user_key, role)
-        return self._publish_specs(specs, now_ms, rng)
-
-    def _view(self) -> StateView:
-        return StateView(self._current_state(), self.graph)
-
-    def _publish_spec(self, spec: EventSpec, now_ms: int,
-                      rng: random.Random) -> tuple[Event, Received]:
-        payload = pack_payload(dict(spec.content))
-        return self.publish(payload, now_ms, rng, kind=spec.kind, state_key=spec.state_key)
-
-    def _publish_specs(self, specs: list[EventSpec], now_ms: int,
-                       rng: random.Random) -> tuple[tuple[Event, Received], ...]:
-        # Check them all against the current state before signing the first,
-        # so a refusal never leaves half an operation behind. (The events of
-        # one operation touch different keys, so each one's verdict does not
-        # depend on the others.)
-        parents = tuple(self.graph.extremities())
-        for spec in specs:
-            payload = pack_payload(dict(spec.content))
-            self._checked(self._draft(spec.kind, spec.state_key, payload, parents, 0, now_ms))
-        return tuple(self._publish_spec(spec, now_ms, rng) for spec in specs)
-
 
     # --------------------------------------------------------- total order
     #
@@ -600,26 +367,6 @@ class Replica:
 
     def _forget_order(self) -> None:
         self._order = None  # pending writes were discarded: rebuild from what is durable
-
-    def _choose_parents(self, rng: random.Random, kind: str = KIND_MESSAGE) -> list[bytes]:
-        """Parents of a local event: the policy's choice, keeping the author's chain
-        and pending relayed events when the width exceeds d_max."""
-        extremities = self.graph.extremities()
-        d_max = self.params.d_max
-        if kind == KIND_DUMMY:  # a dummy only merges: it may name more (node.core.parents)
-            d_max = self.config.depletion.dummy_parents(d_max)
-        if len(extremities) <= d_max:
-            return extremities  # all of them, sorted: what every policy picks, no rng drawn
-        policy, depth = self.config.parent_policy, (lambda i: self.graph.depth(i) or 0)
-        order = self.ordering if len(extremities) > d_max else None
-        if order is None:
-            return select_parents(extremities, d_max, policy, rng, depth)
-        me = self.identity.public_key
-        keep = order.parents_to_keep(me, self.role_of(me) is Role.RELAYED)[:d_max]
-        rest = [e for e in extremities if e not in set(keep)]
-        chosen = (select_parents(rest, d_max - len(keep), policy, rng, depth)
-                  if len(keep) < d_max else [])
-        return sorted(keep + chosen)
 
     def _require_order(self) -> TopicOrder:
         order = self.ordering
@@ -653,83 +400,3 @@ class Replica:
         """Confirmed length, tentative length and indexers (hex); None without an order."""
         order = self.ordering
         return None if order is None else order.status()
-
-    def maybe_ack(self, now_ms: int, rng: random.Random) -> tuple[Event, Received] | None:
-        """Append an empty acknowledgement (kind "ack") if the order needs one now.
-
-        An indexer acks while some non-ack event is unconfirmed and it has
-        something new to vote on (a lone indexer: until its writes are
-        confirmed); any writer acks to reference pending relayed events; at
-        most once per `ReplicaConfig.ordering.ack_interval_ms`. Not durable
-        until committed, like `publish`: the node's ticker calls it inside a
-        committer step (node.committer), which commits, then pushes the event.
-        """
-        order = self.ordering if self.ready else None
-        if order is None:
-            return None
-        me = self.identity.public_key
-        if not order.ack_due(me, now_ms, lambda: self.role_of(me)):
-            return None
-        order.note_ack(now_ms)
-        try:
-            made = self.publish(b"", now_ms, rng, kind=KIND_ACK)
-        except NotAuthorizedError:
-            self.counters["acks_not_authorized"] += 1
-            return None
-        self.counters["acks"] += 1
-        return made
-
-    def sign_relayed(self, payload: bytes, now_ms: int, rng: random.Random,
-                     kind: str = KIND_MESSAGE, state_key: str | None = None) -> Event:
-        """Author an event as a relayed writer; the caller hands `event.raw` to a relay.
-
-        Only for an identity whose role is RELAYED (RoleError otherwise). The
-        event's parents are the current extremities (the previous own event's
-        chain kept), and it is added to the local graph, so its sequence
-        number is durable (never reused after a restart: that would be an
-        equivocation), the next relayed event chains on it and its auth refs
-        come from the local state. It is never a head of the order, here or
-        anywhere: every replica keeps it aside until a writer references it.
-        """
-        me = self.identity.public_key
-        if self.role_of(me) is not Role.RELAYED:
-            raise RoleError("sign_relayed is for relayed writers; this identity is "
-                            f"{self.role_of(me).value}: use publish")
-        event, _ = self.publish(payload, now_ms, rng, kind=kind, state_key=state_key)
-        self.counters["relayed_signed"] += 1
-        return event
-
-    def relayed_template(self, author: bytes, kind: str, state_key: str | None,
-                         payload: bytes, now_ms: int,
-                         rng: random.Random) -> tuple[int, tuple[bytes, ...], tuple[bytes, ...]]:
-        """What a relayed device with key `author` needs to sign its next event here.
-
-        Returns (seq, parents, auth refs). Parents keep the device's chain (the
-        extremity above its latest event, as `publish` keeps the local
-        author's) and the policy fills up to d_max; auth refs come from the
-        state before those parents. The draft (`kind`, `state_key`,
-        `payload`) is checked against the auth rules first: NotAuthorizedError
-        (nothing to sign) if they refuse it. Nothing is added or signed here:
-        the relay (node.relay) serves this to the device over the network.
-        """
-        if not self.ready:
-            raise NotReadyError("the topic's create event has not arrived yet; wait for sync")
-        if kind == KIND_CREATE:
-            raise PublishError("a topic has exactly one create event")
-        extremities = self.graph.extremities()
-        d_max = self.params.d_max
-        order = self.ordering
-        keep = order.parents_to_keep(author, True)[:d_max] if order is not None else []
-        rest = [e for e in extremities if e not in set(keep)]
-        depth = (lambda i: self.graph.depth(i) or 0)
-        chosen = (select_parents(rest, d_max - len(keep), self.config.parent_policy, rng, depth)
-                  if len(keep) < d_max else [])
-        parents = tuple(sorted(keep + chosen))
-        latest = self.graph.author_latest_seq(author)
-        seq = (latest if latest is not None else -1) + 1
-        auth: tuple[bytes, ...] = (self.topic_id,)
-        if self.authorizing:
-            draft = replace(self._draft(kind, state_key, payload, parents, seq, now_ms),
-                            author=author)
-            auth = self._checked(draft).auth
-        return seq, parents, tuple(sorted(auth))

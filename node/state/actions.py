@@ -42,13 +42,11 @@ from node.core.event import KIND_DUMMY, KIND_MESSAGE, Event
 from node.state.power_levels import CREATOR_LEVEL, DEFAULT_INDEXER_LEVEL
 from node.state.roles import RELAYED_FLAG, Role
 from node.state.types import (
-    BAN,
-    INVITE,
-    JOIN,
-    LEAVE,
     POWER_LEVELS_KEY,
     TYPE_MEMBER,
     TYPE_POWER_LEVELS,
+    AuthReason,
+    Membership,
     content_of,
     user_id,
 )
@@ -61,7 +59,7 @@ MODERATOR_LEVEL = 50
 class NotAuthorizedError(Exception):
     """The local identity may not do this in the current state; `reason` is the rule's."""
 
-    def __init__(self, reason: str, message: str) -> None:
+    def __init__(self, reason: AuthReason, message: str) -> None:
         super().__init__(message)
         self.reason = reason
 
@@ -97,7 +95,7 @@ def initial_power_levels(creator: bytes, members_write: bool = False) -> dict[st
     }
 
 
-def membership_spec(target: bytes, membership: str, **extra: Any) -> EventSpec:
+def membership_spec(target: bytes, membership: Membership, **extra: Any) -> EventSpec:
     return EventSpec(TYPE_MEMBER, user_id(target), {"membership": membership, **extra})
 
 
@@ -136,8 +134,8 @@ def level_spec(view: StateView, target: bytes, level: int | None) -> EventSpec |
 def writer_specs(view: StateView, target: bytes) -> list[EventSpec]:
     """Events that make `target` a writer: an invite if needed, then the writing level."""
     specs: list[EventSpec] = []
-    if view.membership(user_id(target)) not in (JOIN, INVITE):
-        specs.append(membership_spec(target, INVITE))
+    if view.membership(user_id(target)) not in (Membership.JOIN, Membership.INVITE):
+        specs.append(membership_spec(target, Membership.INVITE))
     power = view.power_levels()
     if power.user_level(user_id(target)) < writing_level(view):
         spec = level_spec(view, target, writing_level(view))
@@ -168,7 +166,7 @@ def role_specs(view: StateView, own: bytes, target: bytes, role: Role) -> list[E
     if spec is not None:
         specs.append(spec)
     if want_relayed != relayed_now:
-        if view.membership(user) != JOIN:
+        if view.membership(user) != Membership.JOIN:
             raise RoleError("join the topic before changing the relayed flag")
         content = {k: v for k, v in member.items() if k != RELAYED_FLAG}
         if want_relayed:
@@ -177,14 +175,14 @@ def role_specs(view: StateView, own: bytes, target: bytes, role: Role) -> list[E
     return specs
 
 
-def explain(event: Event, reason: str, view: StateView) -> str:
+def explain(event: Event, reason: AuthReason, view: StateView) -> str:
     """A sentence for a refused local event, naming the missing power where there is one."""
     who = user_id(event.author)
     what = _describe(event)
-    if reason == "sender_not_joined":
+    if reason == AuthReason.SENDER_NOT_JOINED:
         return (f"{what}: {who[:12]}… is not a joined member (join after an invite, or when "
                 f"the join rule is public)")
-    if reason == "insufficient_power":
+    if reason == AuthReason.INSUFFICIENT_POWER:
         needed, name = _needed_power(event, view)
         have = view.power_levels().user_level(who)
         if event.kind == TYPE_POWER_LEVELS and have >= needed:
@@ -192,17 +190,17 @@ def explain(event: Event, reason: str, view: StateView) -> str:
                     f"up to it (a peer at or above {have} cannot be demoted by "
                     f"{who[:12]}…)")
         if (event.kind == TYPE_MEMBER and have >= needed and event.state_key
-                and content_of(event).get("membership") in ("ban", "leave")):
+                and content_of(event).get("membership") in (Membership.BAN, Membership.LEAVE)):
             target_level = view.power_levels().user_level(event.state_key)
             return (f"{what}: the target's power level {target_level} is not below "
                     f"{who[:12]}…'s {have} (only members below the sender can be banned "
                     "or kicked)")
         return f"{what}: needs power level {needed} ({name}); {who[:12]}… has {have}"
-    if reason == "not_invited":
+    if reason == AuthReason.NOT_INVITED:
         return f"{what}: the join rule is {view.join_rule()!r} and there is no invite"
-    if reason == "banned":
+    if reason == AuthReason.BANNED:
         return f"{what}: {who[:12]}… is banned"
-    if reason == "target_joined_or_banned":
+    if reason == AuthReason.TARGET_JOINED_OR_BANNED:
         return f"{what}: the target is already joined or banned"
     return f"{what}: refused by the auth rules ({reason})"
 
@@ -223,11 +221,11 @@ def _needed_power(event: Event, view: StateView) -> tuple[int, str]:
     power = view.power_levels()
     if event.kind == TYPE_MEMBER:
         membership = content_of(event).get("membership")
-        if membership == INVITE:
+        if membership == Membership.INVITE:
             return power.invite, "invite level"
-        if membership == BAN:
+        if membership == Membership.BAN:
             return power.ban, "ban level"
-        if membership == LEAVE:
+        if membership == Membership.LEAVE:
             return power.kick, "kick level"
     if event.kind in power.events:
         return power.events[event.kind], f"events[{event.kind!r}]"

@@ -58,17 +58,16 @@ from node.state.member_rules import check_member
 from node.state.power_rules import check_power_levels
 from node.state.types import (
     CREATE_KEY,
-    INVITE,
-    JOIN,
     JOIN_RULES_KEY,
-    KNOCK,
     MAP_CONTENT_TYPES,
     POWER_LEVELS_KEY,
     TYPE_CREATE,
     TYPE_MEMBER,
     TYPE_POWER_LEVELS,
     TYPE_THIRD_PARTY_INVITE,
+    AuthReason,
     EventSource,
+    Membership,
     StateKey,
     StateMap,
     content_of,
@@ -108,7 +107,8 @@ def auth_types_for(fields: EventFields) -> set[StateKey]:
     keys = {CREATE_KEY, POWER_LEVELS_KEY, member_key(fields.author)}
     if fields.kind == TYPE_MEMBER and fields.state_key is not None:
         keys.add((TYPE_MEMBER, fields.state_key))
-        if fields.content.get("membership") in (JOIN, INVITE, KNOCK):
+        membership = fields.content.get("membership")
+        if membership in (Membership.JOIN, Membership.INVITE, Membership.KNOCK):
             keys.add(JOIN_RULES_KEY)
     return keys
 
@@ -124,32 +124,32 @@ def select_auth_refs(fields: EventFields, state: StateMap) -> list[bytes]:
     return refs
 
 
-def check_auth_refs(event: Event, source: EventSource) -> str | None:
+def check_auth_refs(event: Event, source: EventSource) -> AuthReason | None:
     """Rule 2: None if the event's own auth refs are well formed."""
     if event.kind == TYPE_CREATE:  # rule 1 judges create events, parents and refs alike
-        return None if not event.auth else "unexpected_auth_ref"
+        return None if not event.auth else AuthReason.UNEXPECTED_AUTH_REF
     allowed = auth_types_for_event(event)
     seen: set[StateKey] = set()
     for ref in event.auth:
         auth_event = source.get(ref)
         if auth_event is None:
-            return "auth_ref_missing"
+            return AuthReason.AUTH_REF_MISSING
         key = state_key_of(auth_event)
         if key is None:
-            return "auth_ref_not_state"
+            return AuthReason.AUTH_REF_NOT_STATE
         if auth_event.topic_id() != event.topic_id():
-            return "auth_ref_other_topic"
+            return AuthReason.AUTH_REF_OTHER_TOPIC
         if key in seen:
-            return "duplicate_auth_type"
+            return AuthReason.DUPLICATE_AUTH_TYPE
         if key not in allowed:
-            return "unexpected_auth_ref"
+            return AuthReason.UNEXPECTED_AUTH_REF
         seen.add(key)
     if CREATE_KEY not in seen:
-        return "no_create_ref"
+        return AuthReason.NO_CREATE_REF
     return None
 
 
-def check_auth(event: Event, auth_state: StateMap, source: EventSource) -> str | None:
+def check_auth(event: Event, auth_state: StateMap, source: EventSource) -> AuthReason | None:
     """None if `event` is allowed against `auth_state`, else the reason it is not.
 
     `auth_state` is the state the event is judged against (the state before
@@ -161,35 +161,35 @@ def check_auth(event: Event, auth_state: StateMap, source: EventSource) -> str |
     view = StateView(auth_state, source)
     create = view.create()
     if create is None:
-        return "no_create"
+        return AuthReason.NO_CREATE
     if create.id != event.topic:
-        return "wrong_topic"
+        return AuthReason.WRONG_TOPIC
     if event.kind in MAP_CONTENT_TYPES and map_content(event) is None:
-        return "bad_content"
+        return AuthReason.BAD_CONTENT
     if event.kind == TYPE_MEMBER:
-        return check_member(event, view) if event.is_state else "bad_state_key"
+        return check_member(event, view) if event.is_state else AuthReason.BAD_STATE_KEY
     sender = user_id(event.author)
-    if view.membership(sender) != JOIN:
-        return "sender_not_joined"
+    if view.membership(sender) != Membership.JOIN:
+        return AuthReason.SENDER_NOT_JOINED
     if event.kind == TYPE_THIRD_PARTY_INVITE:
-        return "third_party_invite_unsupported"
+        return AuthReason.THIRD_PARTY_INVITE_UNSUPPORTED
     if not (event.kind == KIND_DUMMY and not event.is_state):
         power = view.power_levels()
         if power.send_level(event.kind, event.is_state) > power.user_level(sender):
-            return "insufficient_power"
+            return AuthReason.INSUFFICIENT_POWER
     key = event.state_key
     if key is not None and key.startswith(USER_OWNED_PREFIX) and key != USER_OWNED_PREFIX + sender:
-        return "state_key_owned_by_other"
+        return AuthReason.STATE_KEY_OWNED_BY_OTHER
     if event.kind == TYPE_POWER_LEVELS:
         return check_power_levels(event, view)
     return None
 
 
-def _check_create(event: Event) -> str | None:
+def _check_create(event: Event) -> AuthReason | None:
     if event.parents:
-        return "create_has_parents"
+        return AuthReason.CREATE_HAS_PARENTS
     if event.state_key != "" or event.auth or event.topic:
-        return "bad_create"
+        return AuthReason.BAD_CREATE
     if map_content(event) is None:
-        return "bad_content"
+        return AuthReason.BAD_CONTENT
     return None

@@ -22,16 +22,13 @@ from __future__ import annotations
 
 from node.core.event import Event
 from node.state.types import (
-    BAN,
-    INVITE,
-    JOIN,
-    KNOCK,
-    LEAVE,
     RULE_INVITE,
     RULE_KNOCK,
     RULE_KNOCK_RESTRICTED,
     RULE_PUBLIC,
     RULE_RESTRICTED,
+    AuthReason,
+    Membership,
     content_of,
     is_user_id,
     user_id,
@@ -39,89 +36,93 @@ from node.state.types import (
 from node.state.view import StateView
 
 
-def check_member(event: Event, view: StateView) -> str | None:
+def check_member(event: Event, view: StateView) -> AuthReason | None:
     """None if the membership change in `event` is allowed by the state in `view`."""
     target = event.state_key
     if not is_user_id(target):
-        return "bad_state_key"
+        return AuthReason.BAD_STATE_KEY
     assert target is not None  # is_user_id said so; narrows the type
     content = content_of(event)
     membership = content.get("membership")
     if not isinstance(membership, str):
-        return "no_membership"
+        return AuthReason.NO_MEMBERSHIP
     if "third_party_invite" in content:
-        return "third_party_invite_unsupported"
-    if membership == JOIN:
+        return AuthReason.THIRD_PARTY_INVITE_UNSUPPORTED
+    if membership == Membership.JOIN:
         return _join(event, target, view)
-    if membership == INVITE:
+    if membership == Membership.INVITE:
         return _invite(event, target, view)
-    if membership == LEAVE:
+    if membership == Membership.LEAVE:
         return _leave(event, target, view)
-    if membership == BAN:
+    if membership == Membership.BAN:
         return _ban(event, target, view)
-    if membership == KNOCK:
+    if membership == Membership.KNOCK:
         return _knock(event, target, view)
-    return "unknown_membership"
+    return AuthReason.UNKNOWN_MEMBERSHIP
 
 
-def _join(event: Event, target: str, view: StateView) -> str | None:
+def _join(event: Event, target: str, view: StateView) -> AuthReason | None:
     sender = user_id(event.author)
     create = view.create()
     # 4.3.1: the creator's own join straight after the create event.
     if create is not None and event.parents == (create.id,) and target == sender == view.creator():
         return None
     if sender != target:
-        return "join_for_other"
+        return AuthReason.JOIN_FOR_OTHER
     current = view.membership(target)
-    if current == BAN:
-        return "banned"
+    if current == Membership.BAN:
+        return AuthReason.BANNED
     rule = view.join_rule()
     if rule in (RULE_INVITE, RULE_KNOCK, RULE_RESTRICTED, RULE_KNOCK_RESTRICTED):
-        return None if current in (INVITE, JOIN) else "not_invited"
+        return None if current in (Membership.INVITE, Membership.JOIN) else AuthReason.NOT_INVITED
     if rule == RULE_PUBLIC:
         return None
-    return "join_rule_forbids"
+    return AuthReason.JOIN_RULE_FORBIDS
 
 
-def _invite(event: Event, target: str, view: StateView) -> str | None:
+def _invite(event: Event, target: str, view: StateView) -> AuthReason | None:
     sender = user_id(event.author)
-    if view.membership(sender) != JOIN:
-        return "sender_not_joined"
-    if view.membership(target) in (JOIN, BAN):
-        return "target_joined_or_banned"
+    if view.membership(sender) != Membership.JOIN:
+        return AuthReason.SENDER_NOT_JOINED
+    if view.membership(target) in (Membership.JOIN, Membership.BAN):
+        return AuthReason.TARGET_JOINED_OR_BANNED
     power = view.power_levels()
-    return None if power.user_level(sender) >= power.invite else "insufficient_power"
+    return None if power.user_level(sender) >= power.invite else AuthReason.INSUFFICIENT_POWER
 
 
-def _leave(event: Event, target: str, view: StateView) -> str | None:
+def _leave(event: Event, target: str, view: StateView) -> AuthReason | None:
     sender = user_id(event.author)
     if sender == target:
-        return None if view.membership(target) in (INVITE, JOIN, KNOCK) else "not_a_member"
-    if view.membership(sender) != JOIN:
-        return "sender_not_joined"
+        if view.membership(target) in (Membership.INVITE, Membership.JOIN, Membership.KNOCK):
+            return None
+        return AuthReason.NOT_A_MEMBER
+    if view.membership(sender) != Membership.JOIN:
+        return AuthReason.SENDER_NOT_JOINED
     power = view.power_levels()
     sender_level = power.user_level(sender)
-    if view.membership(target) == BAN and sender_level < power.ban:
-        return "insufficient_power"
+    if view.membership(target) == Membership.BAN and sender_level < power.ban:
+        return AuthReason.INSUFFICIENT_POWER
     if sender_level >= power.kick and power.user_level(target) < sender_level:
         return None
-    return "insufficient_power"
+    return AuthReason.INSUFFICIENT_POWER
 
 
-def _ban(event: Event, target: str, view: StateView) -> str | None:
+def _ban(event: Event, target: str, view: StateView) -> AuthReason | None:
     sender = user_id(event.author)
-    if view.membership(sender) != JOIN:
-        return "sender_not_joined"
+    if view.membership(sender) != Membership.JOIN:
+        return AuthReason.SENDER_NOT_JOINED
     power = view.power_levels()
     sender_level = power.user_level(sender)
     if sender_level >= power.ban and power.user_level(target) < sender_level:
         return None
-    return "insufficient_power"
+    return AuthReason.INSUFFICIENT_POWER
 
 
-def _knock(event: Event, target: str, view: StateView) -> str | None:
+def _knock(event: Event, target: str, view: StateView) -> AuthReason | None:
     if view.join_rule() not in (RULE_KNOCK, RULE_KNOCK_RESTRICTED):
-        return "join_rule_forbids"
+        return AuthReason.JOIN_RULE_FORBIDS
     if user_id(event.author) != target:
-        return "knock_for_other"
-    return None if view.membership(target) not in (BAN, INVITE, JOIN) else "already_member"
+        return AuthReason.KNOCK_FOR_OTHER
+    if view.membership(target) not in (Membership.BAN, Membership.INVITE, Membership.JOIN):
+        return None
+    return AuthReason.ALREADY_MEMBER

@@ -30,13 +30,12 @@ from collections.abc import Iterable, Set
 from node.core.event import Event
 from node.state.power_levels import CREATOR_LEVEL, PowerLevels
 from node.state.types import (
-    BAN,
     JOIN_RULES_KEY,
-    LEAVE,
     POWER_LEVELS_KEY,
     TYPE_CREATE,
     TYPE_MEMBER,
     EventSource,
+    Membership,
     content_of,
     state_key_of,
     user_id,
@@ -51,7 +50,7 @@ def is_power_event(event: Event) -> bool:
     if key in (POWER_LEVELS_KEY, JOIN_RULES_KEY):
         return True
     if event.kind == TYPE_MEMBER and event.state_key != user_id(event.author):
-        return content_of(event).get("membership") in (LEAVE, BAN)
+        return content_of(event).get("membership") in (Membership.LEAVE, Membership.BAN)
     return False
 
 

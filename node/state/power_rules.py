@@ -30,13 +30,13 @@ from typing import Any
 
 from node.core.event import Event
 from node.state.power_levels import LEVEL_MAP_FIELDS, SCALAR_FIELDS, PowerLevels, is_level
-from node.state.types import POWER_LEVELS_KEY, content_of, is_user_id, user_id
+from node.state.types import POWER_LEVELS_KEY, AuthReason, content_of, is_user_id, user_id
 from node.state.view import StateView
 
 _NOTIFICATIONS = "notifications"
 
 
-def check_power_levels(event: Event, view: StateView) -> str | None:
+def check_power_levels(event: Event, view: StateView) -> AuthReason | None:
     """None if `event` (an m.room.power_levels event) may replace the current levels."""
     new = content_of(event)
     reason = _validate(new)
@@ -52,33 +52,33 @@ def check_power_levels(event: Event, view: StateView) -> str | None:
     for name in SCALAR_FIELDS:
         if old.get(name) != new.get(name) and _above(level, getattr(before, name),
                                                      getattr(after, name)):
-            return "insufficient_power"
+            return AuthReason.INSUFFICIENT_POWER
     old_events, new_events = _levels(old, "events"), _levels(new, "events")
     for kind in old_events.keys() | new_events.keys():
         if old_events.get(kind) != new_events.get(kind) and _above(
             level, *_send_levels(before, kind), *_send_levels(after, kind)
         ):
-            return "insufficient_power"
+            return AuthReason.INSUFFICIENT_POWER
     if _map_exceeds(_levels(old, _NOTIFICATIONS), _levels(new, _NOTIFICATIONS), level):
-        return "insufficient_power"
+        return AuthReason.INSUFFICIENT_POWER
     return _check_users(_levels(old, "users"), _levels(new, "users"), before, after, sender,
                         level)
 
 
-def _validate(content: Mapping[str, Any]) -> str | None:
+def _validate(content: Mapping[str, Any]) -> AuthReason | None:
     """9.1-9.3: every level is an integer, every user key a user id."""
     for name in SCALAR_FIELDS:
         if name in content and not is_level(content[name]):
-            return "bad_power_levels"
+            return AuthReason.BAD_POWER_LEVELS
     for name in (*LEVEL_MAP_FIELDS, "users"):
         if name not in content:
             continue
         value = content[name]
         if not isinstance(value, dict) or not all(is_level(v) for v in value.values()):
-            return "bad_power_levels"
+            return AuthReason.BAD_POWER_LEVELS
         keys_ok = is_user_id if name == "users" else (lambda k: isinstance(k, str))
         if not all(keys_ok(k) for k in value):
-            return "bad_power_levels"
+            return AuthReason.BAD_POWER_LEVELS
     return None
 
 
@@ -108,13 +108,13 @@ def _map_exceeds(old: dict[str, int], new: dict[str, int], level: int) -> bool:
 
 
 def _check_users(old: dict[str, int], new: dict[str, int], before: PowerLevels,
-                 after: PowerLevels, sender: str, level: int) -> str | None:
+                 after: PowerLevels, sender: str, level: int) -> AuthReason | None:
     for user in old.keys() | new.keys():
         if old.get(user) == new.get(user):
             continue
         was, becomes = before.user_level(user), after.user_level(user)
         if user != sender and was >= level:
-            return "insufficient_power"
+            return AuthReason.INSUFFICIENT_POWER
         if becomes > level:
-            return "insufficient_power"
+            return AuthReason.INSUFFICIENT_POWER
     return None

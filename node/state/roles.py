@@ -37,7 +37,7 @@ from __future__ import annotations
 import enum
 
 from node.core.event import KIND_MESSAGE
-from node.state.types import JOIN, TYPE_MEMBER, EventSource, StateMap, is_user_id, user_id
+from node.state.types import TYPE_MEMBER, EventSource, Membership, StateMap, is_user_id, user_id
 from node.state.view import StateView
 
 RELAYED_FLAG = "relayed"
@@ -72,7 +72,7 @@ def _role(user: str, view: StateView) -> Role:
         joined = user == view.creator()
         relayed = False
     else:
-        joined = content.get("membership") == JOIN
+        joined = content.get("membership") == Membership.JOIN
         relayed = content.get(RELAYED_FLAG) is True
     if not joined:
         return Role.NONE

@@ -71,12 +71,11 @@ from node.state.types import (
     TYPE_JOIN_RULES,
     TYPE_MEMBER,
     TYPE_POWER_LEVELS,
+    AuthReason,
     StateKey,
     state_key_of,
 )
 
-REASON_AUTH_REFS = "auth_refs_not_selected"
-REASON_UNRESOLVABLE = "state_unresolvable"
 VERDICT_CACHE_SIZE = 4_096
 # Sets of input groups whose resolution was refused, remembered so that a
 # retry fails at once. Each entry is a few gids and a message.
@@ -107,7 +106,7 @@ class StateTracker:
         self.graph = graph
         self.groups = groups
         self.stats: Counter[str] = Counter()
-        self._verdicts: OrderedDict[tuple, str | None] = OrderedDict()
+        self._verdicts: OrderedDict[tuple, AuthReason | None] = OrderedDict()
         self._current: tuple[tuple[bytes, ...], int] | None = None
         self._caught_up: set[bytes] = set()
         # Input gids -> why resolution refused them. Gids are only meaningful
@@ -181,7 +180,7 @@ class StateTracker:
         self.groups.remember(gids, gid)
         return gid
 
-    def check(self, event: Event, before: int) -> str | None:
+    def check(self, event: Event, before: int) -> AuthReason | None:
         """None if `event` is authorised in the state of group `before`, else the reason."""
         cacheable = not event.is_state and event.kind not in _CONTENT_RULED
         if cacheable:
@@ -195,7 +194,7 @@ class StateTracker:
         else:
             fields = EventFields(event.kind, event.author, event.state_key)
         if list(event.auth) != select_auth_refs(fields, state):
-            reason = check_auth_refs(event, self.graph) or REASON_AUTH_REFS
+            reason = check_auth_refs(event, self.graph) or AuthReason.AUTH_REFS_NOT_SELECTED
         else:
             reason = check_auth(event, state, self.graph)
         if cacheable:
@@ -218,7 +217,7 @@ class StateTracker:
                 rejected.append((event.id, reason))
         return rejected
 
-    def _process(self, event: Event) -> str | None:
+    def _process(self, event: Event) -> AuthReason | None:
         key = state_key_of(event)
         if event.is_create:
             before = EMPTY_GROUP
@@ -229,7 +228,7 @@ class StateTracker:
                 reason = self.check(event, before)
             except StateResolutionError:
                 before = self._after(max(event.parents))
-                reason = REASON_UNRESOLVABLE
+                reason = AuthReason.STATE_UNRESOLVABLE
         after = before
         if reason is None and key is not None:
             after = self.groups.derive(before, {key: event.id})

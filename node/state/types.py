@@ -16,12 +16,14 @@ the form: a state key `@<user id>` may only be set by that user (see
 `auth_rules`).
 
 This module holds no logic beyond decoding helpers: it is what every other
-module of `node.state` agrees on.
+module of `node.state` agrees on, including the two enums compared across
+the node: `Membership` and `AuthReason`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from enum import StrEnum
 from typing import Any, Protocol
 
 from node.core.event import KEY_BYTES, KIND_CREATE, Event
@@ -61,12 +63,66 @@ CREATE_KEY: StateKey = (TYPE_CREATE, "")
 POWER_LEVELS_KEY: StateKey = (TYPE_POWER_LEVELS, "")
 JOIN_RULES_KEY: StateKey = (TYPE_JOIN_RULES, "")
 
-# Membership values (content["membership"] of m.room.member).
-JOIN = "join"
-LEAVE = "leave"
-BAN = "ban"
-INVITE = "invite"
-KNOCK = "knock"
+
+
+class Membership(StrEnum):
+    """Membership values (content["membership"] of m.room.member).
+
+    A StrEnum: a member equals its string, so it packs, logs and compares
+    with the raw value read from an event's content unchanged.
+    """
+
+    JOIN = "join"
+    LEAVE = "leave"
+    BAN = "ban"
+    INVITE = "invite"
+    KNOCK = "knock"
+
+
+class AuthReason(StrEnum):
+    """Why the auth rules refuse an event: the reason a rejected event is stored and
+    logged with (`EventState.reason`, `Received.unauthorized`, the
+    `rejected.<reason>` counters) and `NotAuthorizedError.reason`.
+
+    A StrEnum, so stored records, logs and the relay's wire replies keep these
+    exact strings. Grouped by the rule that gives them.
+    """
+
+    # check_auth: the create event, the sender, the content (node.state.auth_rules)
+    NO_CREATE = "no_create"
+    WRONG_TOPIC = "wrong_topic"
+    BAD_CONTENT = "bad_content"
+    BAD_CREATE = "bad_create"
+    CREATE_HAS_PARENTS = "create_has_parents"
+    SENDER_NOT_JOINED = "sender_not_joined"
+    INSUFFICIENT_POWER = "insufficient_power"
+    STATE_KEY_OWNED_BY_OTHER = "state_key_owned_by_other"
+    THIRD_PARTY_INVITE_UNSUPPORTED = "third_party_invite_unsupported"
+    # m.room.member (node.state.member_rules)
+    BAD_STATE_KEY = "bad_state_key"
+    NO_MEMBERSHIP = "no_membership"
+    UNKNOWN_MEMBERSHIP = "unknown_membership"
+    JOIN_FOR_OTHER = "join_for_other"
+    BANNED = "banned"
+    NOT_INVITED = "not_invited"
+    JOIN_RULE_FORBIDS = "join_rule_forbids"
+    TARGET_JOINED_OR_BANNED = "target_joined_or_banned"
+    NOT_A_MEMBER = "not_a_member"
+    KNOCK_FOR_OTHER = "knock_for_other"
+    ALREADY_MEMBER = "already_member"
+    # m.room.power_levels (node.state.power_rules)
+    BAD_POWER_LEVELS = "bad_power_levels"
+    # check_auth_refs: the event's auth refs themselves (node.state.auth_rules)
+    AUTH_REF_MISSING = "auth_ref_missing"
+    AUTH_REF_NOT_STATE = "auth_ref_not_state"
+    AUTH_REF_OTHER_TOPIC = "auth_ref_other_topic"
+    DUPLICATE_AUTH_TYPE = "duplicate_auth_type"
+    UNEXPECTED_AUTH_REF = "unexpected_auth_ref"
+    NO_CREATE_REF = "no_create_ref"
+    # the state tracker (node.state.tracker)
+    AUTH_REFS_NOT_SELECTED = "auth_refs_not_selected"  # not exactly select_auth_refs(state before)
+    STATE_UNRESOLVABLE = "state_unresolvable"  # its parents' states cannot be resolved
+
 
 # Join rules (content["join_rule"] of m.room.join_rules).
 RULE_PUBLIC = "public"

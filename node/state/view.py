@@ -21,11 +21,11 @@ from node.state.power_levels import PowerLevels
 from node.state.types import (
     CREATE_KEY,
     JOIN_RULES_KEY,
-    LEAVE,
     POWER_LEVELS_KEY,
     RULE_INVITE,
     TYPE_MEMBER,
     EventSource,
+    Membership,
     StateKey,
     StateMap,
     content_of,
@@ -67,7 +67,7 @@ class StateView:
     def membership(self, user: str) -> str:
         content = self.member_content(user)
         value = None if content is None else content.get("membership")
-        return value if isinstance(value, str) else LEAVE
+        return value if isinstance(value, str) else Membership.LEAVE
 
     def join_rule(self) -> str:
         content = self.content(JOIN_RULES_KEY)

@@ -22,7 +22,7 @@ from node.core.event import decode_event, pack_payload
 from node.core.identity import Identity, sign_event
 from node.relay_client import RelayedWriter, RelayError, RelayRefusedError
 from node.runtime import Node, Topic
-from node.state.types import TYPE_MEMBER
+from node.state.types import TYPE_MEMBER, Membership
 from transport.libp2p_gossip import GossipConfig
 from transport.libp2p_host import P2PHost
 from transport.relay import (
@@ -55,7 +55,7 @@ async def relay_world(tmp_path: Path) -> AsyncIterator[tuple[Node, Node, Topic, 
             topic_b = await b.join(topic_a.topic_id)
             await topic_b.wait_ready(WAIT_S)
             with trio.fail_after(WAIT_S):
-                while topic_b.membership() != "join":
+                while topic_b.membership() != Membership.JOIN:
                     await trio.sleep(0.05)
             yield a, b, topic_a, topic_b
 

@@ -22,8 +22,9 @@ import json
 import trio
 
 from node.control import serve_control
-from node.replica.ordering import Rewind
+from node.replica.order_views import Rewind
 from node.runtime import Delivered, Node, Topic
+from node.state.types import Membership
 
 TEST_TIMEOUT_S = 90.0
 WAIT_S = 40.0
@@ -94,7 +95,7 @@ async def test_tentative_subscription_rewinds_when_confirmed_events_go_first(tmp
                 topic_b = await b.join(topic_a.topic_id)
                 await topic_b.wait_ready(WAIT_S)
                 # Everything so far is confirmed at both: a fresh start for the view.
-                await wait_until(lambda: topic_b.membership() == "join"
+                await wait_until(lambda: topic_b.membership() == Membership.JOIN
                                  and topic_a.replica.graph.delivered_count
                                  == topic_b.replica.graph.delivered_count
                                  and not topic_b.replica.ordering.tentative, "joined, confirmed")

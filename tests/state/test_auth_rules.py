@@ -17,7 +17,7 @@ from node.core.identity import sign_event
 from node.state import (
     EventFields, auth_types_for_event, check_auth, indexers, select_auth_refs,
 )
-from node.state.types import CREATE_KEY, JOIN_RULES_KEY, POWER_LEVELS_KEY, member_key
+from node.state.types import CREATE_KEY, JOIN_RULES_KEY, POWER_LEVELS_KEY, AuthReason, member_key
 from tests.state.builder import (
     CAST, Graph, Node, build, create, join_rules, member, message, on_top, power, topic, uid,
 )
@@ -41,12 +41,12 @@ def test_base_chain_is_accepted_including_the_creators_first_join(base: Graph) -
 
 
 def test_create_with_parents_is_refused(base: Graph) -> None:
-    assert verdict(base, create("C2", "alice")) == "create_has_parents"
+    assert verdict(base, create("C2", "alice")) == AuthReason.CREATE_HAS_PARENTS
 
 
 def test_create_needs_empty_state_key() -> None:
     graph = build([Node("C", "alice", KIND_CREATE, "x", {})], [["C"]])
-    assert graph.rejected == {"C": "bad_create"}
+    assert graph.rejected == {"C": AuthReason.BAD_CREATE}
 
 
 # --- rule 2: the event's own auth refs ------------------------------------------------
@@ -66,10 +66,10 @@ def test_auth_refs_as_selected_pass(base: Graph) -> None:
 @pytest.mark.parametrize(
     "refs, reason",
     [
-        (lambda g: [g.id("CREATE"), b"\x01" * 32], "auth_ref_missing"),
-        (lambda g: [g.id("CREATE"), g.id("START")], "auth_ref_not_state"),
-        (lambda g: [g.id("CREATE"), g.id("IJR")], "unexpected_auth_ref"),
-        (lambda g: [g.id("IPOWER"), g.id("IMB")], "no_create_ref"),
+        (lambda g: [g.id("CREATE"), b"\x01" * 32], AuthReason.AUTH_REF_MISSING),
+        (lambda g: [g.id("CREATE"), g.id("START")], AuthReason.AUTH_REF_NOT_STATE),
+        (lambda g: [g.id("CREATE"), g.id("IJR")], AuthReason.UNEXPECTED_AUTH_REF),
+        (lambda g: [g.id("IPOWER"), g.id("IMB")], AuthReason.NO_CREATE_REF),
     ],
 )
 def test_bad_auth_refs_are_refused(base: Graph, refs: Any, reason: str) -> None:
@@ -79,22 +79,22 @@ def test_bad_auth_refs_are_refused(base: Graph, refs: Any, reason: str) -> None:
 def test_two_refs_for_one_state_key_are_refused(base: Graph) -> None:
     on_top(base, power("PA", "alice", {"alice": 100, "bob": 50}))
     event = _signed(base, [base.id("CREATE"), base.id("IPOWER"), base.id("PA")])
-    assert base.check(event, HEAD) == "duplicate_auth_type"
+    assert base.check(event, HEAD) == AuthReason.DUPLICATE_AUTH_TYPE
 
 
 def test_auth_refs_from_another_topic_are_refused(base: Graph) -> None:
     other = build([create("CREATE", "bob"), member("J", "bob", "bob", "join")], [["CREATE", "J"]])
     base.source.update(other.source)
     event = _signed(base, [base.id("CREATE"), other.id("J")])
-    assert base.check(event, HEAD) == "auth_ref_other_topic"
+    assert base.check(event, HEAD) == AuthReason.AUTH_REF_OTHER_TOPIC
 
 
 def test_auth_state_must_hold_this_topics_create(base: Graph) -> None:
     event = base.make(message("M", "bob"), HEAD)
-    assert check_auth(event, {}, base.source) == "no_create"
+    assert check_auth(event, {}, base.source) == AuthReason.NO_CREATE
     other = build([create("CREATE", "bob")], [["CREATE"]])
     base.source.update(other.source)
-    assert check_auth(event, other.state_after["CREATE"], base.source) == "wrong_topic"
+    assert check_auth(event, other.state_after["CREATE"], base.source) == AuthReason.WRONG_TOPIC
 
 
 def test_auth_selection_names_create_power_sender_target_and_join_rules(base: Graph) -> None:
@@ -120,22 +120,22 @@ def test_public_join_allowed(base: Graph) -> None:
 
 def test_only_the_creator_joins_straight_after_create(base: Graph) -> None:
     # Right after CREATE there are no join rules (= invite): bob is not invited.
-    assert verdict(base, member("MB", "bob", "bob", "join"), ["CREATE"]) == "not_invited"
+    assert verdict(base, member("MB", "bob", "bob", "join"), ["CREATE"]) == AuthReason.NOT_INVITED
 
 
 def test_join_for_somebody_else_refused(base: Graph) -> None:
-    assert verdict(base, member("ME", "alice", "evelyn", "join")) == "join_for_other"
+    assert verdict(base, member("ME", "alice", "evelyn", "join")) == AuthReason.JOIN_FOR_OTHER
 
 
 def test_banned_user_cannot_join(base: Graph) -> None:
     head = on_top(base, member("BAN", "alice", "evelyn", "ban"))
-    assert verdict(base, member("ME", "evelyn", "evelyn", "join"), head) == "banned"
+    assert verdict(base, member("ME", "evelyn", "evelyn", "join"), head) == AuthReason.BANNED
 
 
 @pytest.mark.parametrize("rule", ["invite", "knock", "restricted", "knock_restricted"])
 def test_invite_only_rules_admit_the_invited_only(base: Graph, rule: str) -> None:
     head = on_top(base, join_rules("JR", "alice", rule))
-    assert verdict(base, member("ME", "evelyn", "evelyn", "join"), head) == "not_invited"
+    assert verdict(base, member("ME", "evelyn", "evelyn", "join"), head) == AuthReason.NOT_INVITED
     head = on_top(
         base, join_rules("JR2", "alice", rule), member("INV", "alice", "evelyn", "invite")
     )
@@ -144,29 +144,29 @@ def test_invite_only_rules_admit_the_invited_only(base: Graph, rule: str) -> Non
 
 def test_private_join_rule_refuses_joins(base: Graph) -> None:
     head = on_top(base, join_rules("JR", "alice", "private"))
-    assert verdict(base, member("ME", "evelyn", "evelyn", "join"), head) == "join_rule_forbids"
+    assert verdict(base, member("ME", "evelyn", "evelyn", "join"), head) == AuthReason.JOIN_RULE_FORBIDS
 
 
 def test_invite_rules(base: Graph) -> None:
     assert verdict(base, member("I", "bob", "evelyn", "invite")) is None  # invite level 0
-    assert verdict(base, member("I", "evelyn", "evelyn", "invite")) == "sender_not_joined"
-    assert verdict(base, member("I", "alice", "bob", "invite")) == "target_joined_or_banned"
+    assert verdict(base, member("I", "evelyn", "evelyn", "invite")) == AuthReason.SENDER_NOT_JOINED
+    assert verdict(base, member("I", "alice", "bob", "invite")) == AuthReason.TARGET_JOINED_OR_BANNED
     head = on_top(base, power("PA", "alice", {"alice": 100}, invite=50))
-    assert verdict(base, member("I", "bob", "evelyn", "invite"), head) == "insufficient_power"
+    assert verdict(base, member("I", "bob", "evelyn", "invite"), head) == AuthReason.INSUFFICIENT_POWER
 
 
 def test_leaving_yourself(base: Graph) -> None:
     assert verdict(base, member("L", "bob", "bob", "leave")) is None
-    assert verdict(base, member("L", "evelyn", "evelyn", "leave")) == "not_a_member"
+    assert verdict(base, member("L", "evelyn", "evelyn", "leave")) == AuthReason.NOT_A_MEMBER
 
 
 def test_kicks(base: Graph) -> None:
     assert verdict(base, member("K", "alice", "bob", "leave")) is None
-    assert verdict(base, member("K", "bob", "charlie", "leave")) == "insufficient_power"
-    assert verdict(base, member("K", "evelyn", "bob", "leave")) == "sender_not_joined"
+    assert verdict(base, member("K", "bob", "charlie", "leave")) == AuthReason.INSUFFICIENT_POWER
+    assert verdict(base, member("K", "evelyn", "bob", "leave")) == AuthReason.SENDER_NOT_JOINED
     head = on_top(base, power("PA", "alice", {"alice": 100, "bob": 50}))
     # bob reaches the kick level but not above alice's level
-    assert verdict(base, member("K", "bob", "alice", "leave"), head) == "insufficient_power"
+    assert verdict(base, member("K", "bob", "alice", "leave"), head) == AuthReason.INSUFFICIENT_POWER
     assert verdict(base, member("K", "bob", "charlie", "leave"), head) is None
 
 
@@ -176,36 +176,36 @@ def test_unban_needs_the_ban_level(base: Graph) -> None:
         power("PA", "alice", {"alice": 100, "bob": 60}, ban=75),
         member("BAN", "alice", "evelyn", "ban"),
     )
-    assert verdict(base, member("U", "bob", "evelyn", "leave"), head) == "insufficient_power"
+    assert verdict(base, member("U", "bob", "evelyn", "leave"), head) == AuthReason.INSUFFICIENT_POWER
     assert verdict(base, member("U", "alice", "evelyn", "leave"), head) is None
 
 
 def test_bans(base: Graph) -> None:
     assert verdict(base, member("B", "alice", "bob", "ban")) is None
-    assert verdict(base, member("B", "bob", "charlie", "ban")) == "insufficient_power"
-    assert verdict(base, member("B", "evelyn", "bob", "ban")) == "sender_not_joined"
+    assert verdict(base, member("B", "bob", "charlie", "ban")) == AuthReason.INSUFFICIENT_POWER
+    assert verdict(base, member("B", "evelyn", "bob", "ban")) == AuthReason.SENDER_NOT_JOINED
     head = on_top(base, power("PA", "alice", {"alice": 100, "bob": 50}))
-    assert verdict(base, member("B", "bob", "alice", "ban"), head) == "insufficient_power"
+    assert verdict(base, member("B", "bob", "alice", "ban"), head) == AuthReason.INSUFFICIENT_POWER
 
 
 def test_knocks(base: Graph) -> None:
-    assert verdict(base, member("KN", "evelyn", "evelyn", "knock")) == "join_rule_forbids"
+    assert verdict(base, member("KN", "evelyn", "evelyn", "knock")) == AuthReason.JOIN_RULE_FORBIDS
     head = on_top(base, join_rules("JR", "alice", "knock"))
     assert verdict(base, member("KN", "evelyn", "evelyn", "knock"), head) is None
-    assert verdict(base, member("KN", "alice", "evelyn", "knock"), head) == "knock_for_other"
-    assert verdict(base, member("KN", "bob", "bob", "knock"), head) == "already_member"
+    assert verdict(base, member("KN", "alice", "evelyn", "knock"), head) == AuthReason.KNOCK_FOR_OTHER
+    assert verdict(base, member("KN", "bob", "bob", "knock"), head) == AuthReason.ALREADY_MEMBER
 
 
 @pytest.mark.parametrize(
     "node, reason",
     [
         (state_event("M", "alice", "m.room.member", "not-a-user", membership="join"),
-         "bad_state_key"),
-        (state_event("M", "alice", "m.room.member", uid("alice")), "no_membership"),
+         AuthReason.BAD_STATE_KEY),
+        (state_event("M", "alice", "m.room.member", uid("alice")), AuthReason.NO_MEMBERSHIP),
         (state_event("M", "alice", "m.room.member", uid("alice"), membership="dance"),
-         "unknown_membership"),
+         AuthReason.UNKNOWN_MEMBERSHIP),
         (member("M", "alice", "evelyn", "invite", third_party_invite={"signed": {}}),
-         "third_party_invite_unsupported"),
+         AuthReason.THIRD_PARTY_INVITE_UNSUPPORTED),
     ],
 )
 def test_malformed_member_events_refused(base: Graph, node: Node, reason: str) -> None:
@@ -217,27 +217,27 @@ def test_malformed_member_events_refused(base: Graph, node: Node, reason: str) -
 
 def test_sender_must_be_joined(base: Graph) -> None:
     assert verdict(base, message("M", "zara")) is None
-    assert verdict(base, message("M", "evelyn")) == "sender_not_joined"
+    assert verdict(base, message("M", "evelyn")) == AuthReason.SENDER_NOT_JOINED
     head = on_top(base, member("L", "zara", "zara", "leave"))
-    assert verdict(base, message("M", "zara"), head) == "sender_not_joined"
+    assert verdict(base, message("M", "zara"), head) == AuthReason.SENDER_NOT_JOINED
 
 
 def test_third_party_invite_events_refused(base: Graph) -> None:
     node = state_event("T", "alice", "m.room.third_party_invite", "token")
-    assert verdict(base, node) == "third_party_invite_unsupported"
+    assert verdict(base, node) == AuthReason.THIRD_PARTY_INVITE_UNSUPPORTED
 
 
 def test_state_needs_state_default(base: Graph) -> None:
     assert verdict(base, topic("T", "alice")) is None
-    assert verdict(base, topic("T", "bob")) == "insufficient_power"  # state_default 50
+    assert verdict(base, topic("T", "bob")) == AuthReason.INSUFFICIENT_POWER  # state_default 50
 
 
 def test_messages_need_their_level_and_dummies_need_none(base: Graph) -> None:
     head = on_top(base, power("PA", "alice", {"alice": 100}, events={"message": 20}))
-    assert verdict(base, message("M", "bob"), head) == "insufficient_power"
+    assert verdict(base, message("M", "bob"), head) == AuthReason.INSUFFICIENT_POWER
     assert verdict(base, message("M", "alice"), head) is None
     assert verdict(base, Node("D", "bob", KIND_DUMMY), head) is None
-    assert verdict(base, Node("D", "evelyn", KIND_DUMMY), head) == "sender_not_joined"
+    assert verdict(base, Node("D", "evelyn", KIND_DUMMY), head) == AuthReason.SENDER_NOT_JOINED
 
 
 def test_at_state_keys_belong_to_their_user(base: Graph) -> None:
@@ -245,7 +245,7 @@ def test_at_state_keys_belong_to_their_user(base: Graph) -> None:
     mine = state_event("S", "bob", "app.profile", "@" + uid("bob"), nick="b")
     theirs = state_event("S", "bob", "app.profile", "@" + uid("alice"), nick="a")
     assert verdict(base, mine, head) is None
-    assert verdict(base, theirs, head) == "state_key_owned_by_other"
+    assert verdict(base, theirs, head) == AuthReason.STATE_KEY_OWNED_BY_OTHER
 
 
 # --- rule 9: power levels -----------------------------------------------------------------
@@ -265,7 +265,7 @@ def test_at_state_keys_belong_to_their_user(base: Graph) -> None:
 )
 def test_malformed_power_levels_refused(base: Graph, content: dict[str, Any]) -> None:
     node = Node("P", "alice", "m.room.power_levels", "", {"users": {uid("alice"): 100}, **content})
-    assert verdict(base, node) == "bad_power_levels"
+    assert verdict(base, node) == AuthReason.BAD_POWER_LEVELS
 
 
 def test_first_power_levels_are_free(base: Graph) -> None:
@@ -282,28 +282,28 @@ BOB_AT_50 = {"alice": 100, "bob": 50, "charlie": 50}
     [
         # thresholds: old and new values must both be within the sender's level
         ({}, {"kick": 40}, None),
-        ({}, {"ban": 60}, "insufficient_power"),
-        ({"ban": 75}, {"ban": 40}, "insufficient_power"),
-        ({"indexer_level": 100}, {"indexer_level": 50}, "insufficient_power"),
+        ({}, {"ban": 60}, AuthReason.INSUFFICIENT_POWER),
+        ({"ban": 75}, {"ban": 40}, AuthReason.INSUFFICIENT_POWER),
+        ({"indexer_level": 100}, {"indexer_level": 50}, AuthReason.INSUFFICIENT_POWER),
         # An absent value is its default, not "nothing to compare" (Matrix's
         # reading): indexer_level absent = 100, so adding 50 or 0 mints indexers.
-        ({}, {"indexer_level": 50}, "insufficient_power"),
-        ({}, {"indexer_level": 0}, "insufficient_power"),
-        ({}, {"indexer_level": 100}, "insufficient_power"),  # as Matrix: 100 > 50
-        ({"indexer_level": 50}, {}, "insufficient_power"),  # removing = back to 100 > 50
-        ({"events_default": 60}, {}, "insufficient_power"),  # removing = back to 0
-        ({"users_default": 60}, {}, "insufficient_power"),
+        ({}, {"indexer_level": 50}, AuthReason.INSUFFICIENT_POWER),
+        ({}, {"indexer_level": 0}, AuthReason.INSUFFICIENT_POWER),
+        ({}, {"indexer_level": 100}, AuthReason.INSUFFICIENT_POWER),  # as Matrix: 100 > 50
+        ({"indexer_level": 50}, {}, AuthReason.INSUFFICIENT_POWER),  # removing = back to 100 > 50
+        ({"events_default": 60}, {}, AuthReason.INSUFFICIENT_POWER),  # removing = back to 0
+        ({"users_default": 60}, {}, AuthReason.INSUFFICIENT_POWER),
         ({}, {"ban": 50}, None),
         # per-type levels
         ({}, {"events": {"m.room.name": 40}}, None),
-        ({}, {"events": {"m.room.name": 60}}, "insufficient_power"),
-        ({"events": {"m.room.name": 80}}, {"events": {"m.room.name": 40}}, "insufficient_power"),
+        ({}, {"events": {"m.room.name": 60}}, AuthReason.INSUFFICIENT_POWER),
+        ({"events": {"m.room.name": 80}}, {"events": {"m.room.name": 40}}, AuthReason.INSUFFICIENT_POWER),
         # An absent entry is events_default / state_default: writers minted
         # through events["message"] under an events_default bob does not reach.
         ({"events_default": 60}, {"events_default": 60, "events": {"message": 0}},
-         "insufficient_power"),
+         AuthReason.INSUFFICIENT_POWER),
         ({"events_default": 60, "events": {"message": 0}}, {"events_default": 60},
-         "insufficient_power"),
+         AuthReason.INSUFFICIENT_POWER),
         ({"state_default": 50, "events": {"m.room.power_levels": 50}},
          {"state_default": 50, "events": {"m.room.power_levels": 50, "m.room.name": 50}},
          None),
@@ -320,10 +320,10 @@ def test_power_level_thresholds(
     "users, reason",
     [
         ({"alice": 100, "bob": 50, "charlie": 50, "zara": 50}, None),    # up to own level
-        ({"alice": 100, "bob": 50, "charlie": 50, "zara": 60}, "insufficient_power"),
-        ({"alice": 100, "bob": 50, "charlie": 0}, "insufficient_power"),  # demoting a peer
+        ({"alice": 100, "bob": 50, "charlie": 50, "zara": 60}, AuthReason.INSUFFICIENT_POWER),
+        ({"alice": 100, "bob": 50, "charlie": 0}, AuthReason.INSUFFICIENT_POWER),  # demoting a peer
         ({"alice": 100, "bob": 10, "charlie": 50}, None),                # demoting oneself
-        ({"bob": 50, "charlie": 50}, "insufficient_power"),              # removing alice
+        ({"bob": 50, "charlie": 50}, AuthReason.INSUFFICIENT_POWER),              # removing alice
     ],
 )
 def test_power_level_user_changes(base: Graph, users: dict[str, int], reason: str | None) -> None:
@@ -335,9 +335,9 @@ def test_power_level_user_changes(base: Graph, users: dict[str, int], reason: st
     "users, reason",
     [
         # zara has no entry: she is at users_default 60, above bob
-        ({"alice": 100, "bob": 50, "charlie": 10, "zara": 0}, "insufficient_power"),
-        ({"alice": 100, "bob": 50}, "insufficient_power"),  # charlie 10 -> 60, above bob
-        ({"alice": 100, "charlie": 10}, "insufficient_power"),  # bob 50 -> 60: self-promotion
+        ({"alice": 100, "bob": 50, "charlie": 10, "zara": 0}, AuthReason.INSUFFICIENT_POWER),
+        ({"alice": 100, "bob": 50}, AuthReason.INSUFFICIENT_POWER),  # charlie 10 -> 60, above bob
+        ({"alice": 100, "charlie": 10}, AuthReason.INSUFFICIENT_POWER),  # bob 50 -> 60: self-promotion
         ({"alice": 100, "bob": 50, "charlie": 40}, None),
     ],
 )
@@ -356,7 +356,7 @@ def test_a_moderator_cannot_mint_indexers_through_a_replica(base: Graph) -> None
     assert CAST["bob"].public_key not in indexers(base.state_after[head[0]], base.source)
     node = power("PB", "bob", BOB_AT_50, indexer_level=50)
     base.add(node, head)
-    assert base.rejected == {"PB": "insufficient_power"}
+    assert base.rejected == {"PB": AuthReason.INSUFFICIENT_POWER}
     assert indexers(base.state_after["PB"], base.source) == {CAST["alice"].public_key}
 
 
@@ -385,14 +385,14 @@ def test_control_events_without_map_content_are_refused(
     event = sign_event(CAST["alice"], topic=base.topic_id, seq=99, parents=[base.id("START")],
                        timestamp_ms=999, kind=kind, payload=payload, state_key=state_key,
                        auth=select_auth_refs(fields, base.state_after["START"]))
-    assert base.check(event, HEAD) == "bad_content"
+    assert base.check(event, HEAD) == AuthReason.BAD_CONTENT
 
 
 @pytest.mark.parametrize("payload", GARBAGE_PAYLOADS)
 def test_create_without_map_content_is_refused(payload: bytes) -> None:
     event = sign_event(CAST["alice"], topic=b"", seq=0, parents=[], timestamp_ms=1,
                        kind=KIND_CREATE, payload=payload, state_key="", auth=[])
-    assert check_auth(event, {}, {}) == "bad_content"
+    assert check_auth(event, {}, {}) == AuthReason.BAD_CONTENT
 
 
 def test_other_kinds_may_carry_any_payload(base: Graph) -> None:

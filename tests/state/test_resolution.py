@@ -17,6 +17,7 @@ import pytest
 from node.state import resolve
 from node.state.auth_chain import AuthChainTooLarge, auth_chain_difference
 from node.state.resolution import split
+from node.state.types import AuthReason
 from tests.state import scenarios
 from tests.state.builder import Graph, member, message, power, topic, uid
 from tests.state.conftest import BuildTopic
@@ -55,7 +56,7 @@ def test_banned_writer_cannot_write_after_merge(topic_builder: BuildTopic) -> No
     ]
     graph = topic_builder(events, [["START", "PA", "MA", "MB", "END"], ["PA", "PB", "END"]])
     after = graph.make(message("BOB1", "bob"), ["END"])
-    assert graph.check(after, ["END"]) == "sender_not_joined"
+    assert graph.check(after, ["END"]) == AuthReason.SENDER_NOT_JOINED
 
 
 def test_demoted_writer_cannot_write_after_merge(topic_builder: BuildTopic) -> None:
@@ -67,7 +68,8 @@ def test_demoted_writer_cannot_write_after_merge(topic_builder: BuildTopic) -> N
     ]
     graph = topic_builder(events, [["START", "PA", "END"], ["START", "MB1", "END"]])
     assert graph.rejected == {}
-    assert graph.check(graph.make(message("BOB2", "bob"), ["END"]), ["END"]) == "insufficient_power"
+    bob2 = graph.make(message("BOB2", "bob"), ["END"])
+    assert graph.check(bob2, ["END"]) == AuthReason.INSUFFICIENT_POWER
     assert graph.check(graph.make(message("CH1", "charlie"), ["END"]), ["END"]) is None
 
 

@@ -24,7 +24,7 @@ from node.replica.replica import (
 from node.state.actions import WRITER_LEVEL
 from node.state.auth_rules import EventFields, select_auth_refs
 from node.state.roles import Role
-from node.state.types import JOIN_RULES_KEY, POWER_LEVELS_KEY, member_key
+from node.state.types import JOIN_RULES_KEY, POWER_LEVELS_KEY, AuthReason, member_key
 from storage.memory import MemoryStore
 from tests.helpers import authorized_topic, identity, new_topic, sync
 
@@ -90,7 +90,7 @@ def test_invite_join_and_add_writer_between_two_replicas(world: World) -> None:
     assert bob.role_of(BOB.public_key) is Role.NONE
     with pytest.raises(NotAuthorizedError, match="not a joined member") as refused:
         bob.publish(b"let me in", world.tick(), world.rng)
-    assert refused.value.reason == "sender_not_joined"
+    assert refused.value.reason == AuthReason.SENDER_NOT_JOINED
     made = alice.add_writer(BOB.public_key, world.tick(), world.rng)
     assert [e.kind for e, _ in made] == ["m.room.member", "m.room.power_levels"]
     world.settle()
@@ -166,7 +166,7 @@ def test_ban_gets_the_banned_members_next_event_rejected(world: World) -> None:
     # An honest replica refuses to sign for a banned member...
     with pytest.raises(NotAuthorizedError) as refused:
         bob.publish(b"after the ban", world.tick(), world.rng)
-    assert refused.value.reason == "sender_not_joined"
+    assert refused.value.reason == AuthReason.SENDER_NOT_JOINED
     # ...and a forged event on top of the ban is stored as rejected, never delivered.
     heads = bob.graph.extremities()
     state = bob.tracker.state(bob.tracker.current_group())
@@ -175,7 +175,7 @@ def test_ban_gets_the_banned_members_next_event_rejected(world: World) -> None:
                         auth=select_auth_refs(EventFields("message", BOB.public_key), state))
     outcome = alice.receive(forged.raw, world.tick())
     assert outcome.status is AddStatus.APPLIED
-    assert outcome.unauthorized == ((forged.id, "sender_not_joined"),)
+    assert outcome.unauthorized == ((forged.id, AuthReason.SENDER_NOT_JOINED),)
     assert alice.counters["rejected.sender_not_joined"] == 1
     assert alice.is_rejected(forged.id) and alice.rejected_events() == [forged.id]
     assert forged.id not in [e.id for _, e in alice.deliveries()]

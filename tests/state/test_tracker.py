@@ -27,8 +27,8 @@ from node.state import resolve
 from node.state.auth_rules import EventFields, select_auth_refs
 from node.state.store import MAX_ENTRIES_PER_RECORD, StateGroups
 from node.state.auth_chain import AuthChainTooLarge
-from node.state.tracker import REASON_AUTH_REFS, REASON_UNRESOLVABLE, StateResolutionError
-from node.state.types import StateKey
+from node.state.tracker import StateResolutionError
+from node.state.types import AuthReason, StateKey
 from storage.lmdb_store import LmdbStore
 from storage.memory import MemoryStore
 from node.core.store import TABLE_STATE
@@ -155,7 +155,8 @@ def test_writer_cut_off_in_a_branch_is_rejected_after_the_merge(
     demotion: str, topic_builder: BuildTopic
 ) -> None:
     graph = writers_topic(topic_builder, demotion)
-    expected_reason = "insufficient_power" if demotion == "demote" else "sender_not_joined"
+    expected_reason = (AuthReason.INSUFFICIENT_POWER if demotion == "demote"
+                       else AuthReason.SENDER_NOT_JOINED)
     assert graph.rejected == {"B2": expected_reason}  # the reference agrees
     for order in ORDERS.values():
         replica = replica_of(graph, order, seed=3)
@@ -180,7 +181,7 @@ def test_unauthorized_events_are_reported_by_receive(topic_builder: BuildTopic) 
     again = Replica(MemoryStore(), graph.topic_id, identity("again"))
     outcomes = {n: again.receive(e.raw, NOW_MS) for n, e in graph.events.items()}
     assert outcomes["B2"].status is AddStatus.APPLIED  # a vertex of the graph, gossiped on
-    assert outcomes["B2"].unauthorized == ((graph.id("B2"), "sender_not_joined"),)
+    assert outcomes["B2"].unauthorized == ((graph.id("B2"), AuthReason.SENDER_NOT_JOINED),)
     assert all(not o.unauthorized for n, o in outcomes.items() if n != "B2")
     assert again.state() == replica.state()
 
@@ -196,7 +197,7 @@ def test_stale_auth_refs_are_rejected(topic_builder: BuildTopic) -> None:
                         timestamp_ms=500, kind="message", payload=b"",
                         auth=select_auth_refs(fields, stale))
     outcome = replica.receive(forged.raw, NOW_MS)
-    assert outcome.unauthorized == ((forged.id, REASON_AUTH_REFS),)
+    assert outcome.unauthorized == ((forged.id, AuthReason.AUTH_REFS_NOT_SELECTED),)
 
 
 # ------------------------------------------------------------ malformed content
@@ -208,7 +209,7 @@ def test_control_events_without_map_content_are_rejected_vertices() -> None:
     rng = random.Random(0)
     with pytest.raises(NotAuthorizedError) as refused:  # the creator, at 100: content only
         origin.publish(pack_payload([0]), 2_000, rng, kind="m.room.power_levels", state_key="")
-    assert refused.value.reason == "bad_content"
+    assert refused.value.reason == AuthReason.BAD_CONTENT
     # Signed anyway and received: a rejected vertex; the levels stay.
     alice = identity("alice")
     state = origin.tracker.state(origin.tracker.current_group())
@@ -220,7 +221,7 @@ def test_control_events_without_map_content_are_rejected_vertices() -> None:
                                                            alice.public_key, ""), state))
     outcome = origin.receive(garbled.raw, NOW_MS)
     assert outcome.status is AddStatus.APPLIED
-    assert outcome.unauthorized == ((garbled.id, "bad_content"),)
+    assert outcome.unauthorized == ((garbled.id, AuthReason.BAD_CONTENT),)
     assert origin.state()[("m.room.power_levels", "")] == levels
     # The verdict of a non-state join rules event reads its content: not cached
     # per (state, author, kind, auth refs), or the second would pass as the first.
@@ -263,7 +264,7 @@ def test_unresolvable_forks_are_read_as_the_greatest_heads_state_and_tried_once(
     assert calls == [1] and tracker.stats["unresolvable_memo_hits"] == 3
     # END merges the same heads: rejected, and it takes the state the reads showed.
     outcome = replica.receive(graph.events["END"].raw, NOW_MS)
-    assert outcome.unauthorized == ((graph.id("END"), REASON_UNRESOLVABLE),)
+    assert outcome.unauthorized == ((graph.id("END"), AuthReason.STATE_UNRESOLVABLE),)
     assert state_after(replica, graph.id("END")) == fallback
     assert calls == [1]
     # Gids die with discarded writes, so the memo of refusals goes with the caches.
@@ -278,7 +279,7 @@ def test_unresolvable_forks_are_read_as_the_greatest_heads_state_and_tried_once(
             member.receive(event.raw, NOW_MS)
     with pytest.raises(NotAuthorizedError, match="cannot be resolved") as refused:
         member.publish(b"hello", NOW_MS, random.Random(1))
-    assert refused.value.reason == REASON_UNRESOLVABLE
+    assert refused.value.reason == AuthReason.STATE_UNRESOLVABLE
 
 
 # ---------------------------------------------------------------- persistence
