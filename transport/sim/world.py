@@ -138,6 +138,9 @@ class Cluster:
         self._index = {node.node_id: node.index for node in self.nodes}
         self.edges = ring_with_chords(n, neighbours, self.rng)
         self.links: set[tuple[int, int]] = set()
+        # Each node's open links (index n: the adversary), kept with `links`: a tick asks
+        # for its node's peers, and scanning every link per tick was the sim's own hot spot.
+        self._adjacent: list[set[int]] = [set() for _ in range(n + 1)]
         for a, b in self.edges:
             self._link(a, b)
         for i, event in joins:
@@ -293,8 +296,8 @@ class Cluster:
         at = self.now_ms
         self._apply(node, node.engine.tick(at))
         assert node.policy is not None
-        connected = [self._peer(a + b - index).node_id for a, b in self.links if index in (a, b)]
-        self._apply_policy(node, node.policy.tick(at, sorted(connected)))
+        connected = sorted(self._peer(other).node_id for other in self._adjacent[index])
+        self._apply_policy(node, node.policy.tick(at, connected))
         if self.authorization:
             made = node.replica.maybe_ack(at, self.rng)  # as the node's ticker does
             if made is not None:
@@ -354,6 +357,8 @@ class Cluster:
         if key in self.links:
             return
         self.links.add(key)
+        self._adjacent[a].add(b)
+        self._adjacent[b].add(a)
         for me, other in ((a, b), (b, a)):
             node, peer = self._peer(me), self._peer(other)
             if node.policy is None:
@@ -371,6 +376,8 @@ class Cluster:
         if key not in self.links:
             return
         self.links.discard(key)
+        self._adjacent[a].discard(b)
+        self._adjacent[b].discard(a)
         for me, other in ((a, b), (b, a)):
             node, peer = self._peer(me), self._peer(other)
             if node.policy is None or not node.alive:
@@ -435,7 +442,7 @@ class Cluster:
     def _adversary_tick(self) -> None:
         adversary = self.adversary
         assert adversary is not None
-        peers = [a + b - adversary.index for a, b in sorted(self.links) if adversary.index in (a, b)]
+        peers = sorted(self._adjacent[adversary.index])
         for peer, frame in adversary.frames(self.topic, peers, self.now_ms, self.rng):
             self.network.transmit(adversary.index, peer, frame)
 
