@@ -19,7 +19,7 @@ from transport.sim.scenario import PROGRAM, Scenario
 from transport.sim.world import run_scenario
 
 
-def _parser() -> argparse.ArgumentParser:
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=PROGRAM,
                                 description="Replay a deterministic megnode simulation.")
     d = Scenario(seed=0)
@@ -97,7 +97,7 @@ def sweep(scenario: Scenario, count: int) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ns = _parser().parse_args(argv)
+    ns = build_parser().parse_args(argv)
     scenario = scenario_from_args(ns)
     if ns.sweep is not None:
         return sweep(scenario, ns.sweep)
