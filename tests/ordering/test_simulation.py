@@ -29,7 +29,9 @@ from tests.ordering.world import ACK_INTERVAL_MS, Net
 
 STEPS = 300
 PARTITION = (100, 200)  # steps during which the replicas form two groups
-SEEDS = range(24)
+# seed % 4 picks the configuration (1 + seed % 4 indexers, a relayed device on odd
+# seeds): 12 seeds run each of the four three times; more repeat the same property.
+SEEDS = range(12)
 
 
 def run(seed: int) -> Net:

@@ -1,4 +1,14 @@
-"""The deterministic simulator: convergence under faults, width, replay, failure reports."""
+"""The deterministic simulator: convergence under faults, width, replay, failure reports.
+
+Convergence under faults and the width are properties of dissemination over
+the event graph alone, so they run on the pure graph (authorization=False:
+no topic state, no order, no acks), as the paper's model does; the one
+seeded world with authorization, acks, bans and crashes is
+tests/transport/test_sim_world.py. Determinism, replay and the failure
+report are properties of the whole world, so they run it authorized.
+A few seeds each here: more seeds repeat the same property, and
+`make sweep` runs the authorized world over 200.
+"""
 
 from __future__ import annotations
 
@@ -16,37 +26,42 @@ from transport.sim import Cluster, Scenario, main, run_scenario
 REPO = Path(__file__).resolve().parents[2]
 
 # The CI scenario of issue 2: 50 replicas, 20% loss, two groups partitioned for
-# 4 s while 4 writers per round keep writing, then healed.
+# 4 s while 4 writers per round keep writing, then healed. Dissemination alone:
+# the pure graph (state resolution and ordering would cost 3x the time and add
+# nothing to what these tests check; the authorized world is test_sim_world.py).
 LOSSY_PARTITION = Scenario(seed=0, nodes=50, loss=0.2, rounds=30, writers=4, round_ms=200,
-                           partition_at_ms=1_000, heal_at_ms=5_000)
+                           partition_at_ms=1_000, heal_at_ms=5_000, authorization=False)
 # Healed, the cluster must agree well within this (virtual) time; it takes
-# ~1-3 s with push and ~4-8 s with anti-entropy alone.
+# ~1-4 s with push and ~4-8 s with anti-entropy alone.
 CONVERGENCE_BOUND_MS = 20_000
-CI_SEEDS = range(10)
+CI_SEEDS = range(3)  # `python -m transport.sim --no-authorization ... --sweep N` for more
 
 
 @pytest.mark.parametrize("seed", CI_SEEDS)
 def test_fifty_replicas_with_loss_and_a_partition_converge(seed):
+    """Push and anti-entropy together, on the pure graph (authorization=False)."""
     summary = run_scenario(replace(LOSSY_PARTITION, seed=seed))  # run() raises on any failure
     assert summary.converged
     assert summary.convergence_ms <= CONVERGENCE_BOUND_MS
     assert summary.events >= summary.created + 1  # root, every write (and any dummies)
 
 
-@pytest.mark.parametrize("seed", [100, 101])
+@pytest.mark.parametrize("seed", [100])
 def test_anti_entropy_alone_converges(seed):
+    """No push: anti-entropy alone delivers everything, on the pure graph."""
     summary = run_scenario(replace(LOSSY_PARTITION, seed=seed, push=False))
     assert summary.converged
     assert summary.convergence_ms <= CONVERGENCE_BOUND_MS
 
 
 def test_duplication_reordering_and_three_groups_converge():
+    """Duplicated and reordered messages, three groups; dissemination on the pure graph."""
     summary = run_scenario(replace(LOSSY_PARTITION, seed=7, duplicate=0.1, reorder=0.2, groups=3))
     assert summary.converged
 
 
 def test_anti_entropy_alone_converges_without_per_peer_state():
-    """The first-contact path (depth windows) on every exchange."""
+    """The first-contact path (depth windows) on every exchange; the pure graph."""
     summary = run_scenario(replace(LOSSY_PARTITION, seed=8, nodes=20, push=False,
                                    peer_state=False))
     assert summary.converged
@@ -93,6 +108,8 @@ def test_width_with_k_concurrent_writers_stays_near_k(d, k):
 # ------------------------------------------------------------------ replay and reports
 
 
+# The whole world (authorized: state, acks, the peer policy), small: determinism
+# and replay must hold for all of it, not only for dissemination.
 SMALL = Scenario(seed=5, nodes=10, loss=0.2, duplicate=0.05, reorder=0.1, rounds=10, writers=3,
                  partition_at_ms=500, heal_at_ms=1_500)
 
@@ -105,6 +122,7 @@ def without_wall(summary) -> dict:
 
 def test_the_same_seed_gives_the_same_run():
     first, second = run_scenario(SMALL), run_scenario(SMALL)
+    assert first.acks > 0 and first.confirmed > 0  # the whole world ran: state, acks, order
     assert without_wall(first) == without_wall(second)
     assert without_wall(run_scenario(replace(SMALL, seed=6))) != without_wall(first)
 

@@ -9,17 +9,21 @@ replica and the real peer policy (node.core.peer_policy). `Cluster.run` raises
 (naming the seed and the replay command) unless: identical graphs, one
 confirmed order everywhere, no confirmed position ever changed, nothing
 accepted lost, the misbehaving peer banned by every honest node it talked
-to, and no honest node banned. `python -m transport.sim --sweep 200 ...`
-runs the same scenario over 200 seeds.
+to, and no honest node banned. `make sweep` (`python -m transport.sim --sweep 200 ...`)
+runs the same scenario over 200 seeds; CI runs it once at 100 nodes (seed 0)
+and at 20 nodes over three seeds (more seeds repeat the same properties).
 """
 
 from __future__ import annotations
 
+import shlex
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
-from transport.sim import Cluster, Scenario, main, run_scenario
+from transport.sim import Cluster, Scenario, main, scenario_from_args
+from transport.sim.cli import build_parser
 
 WORLD = Scenario(seed=0, nodes=100, loss=0.1, adversary=True, crashes=2, rounds=10, writers=3,
                  partition_at_ms=500, heal_at_ms=2_000)
@@ -78,3 +82,13 @@ def test_the_sweep_reports_every_seed(capsys) -> None:
     assert main([*replace(SMALL_WORLD, nodes=8, rounds=4).argv(), "--sweep", "2"]) == 0
     out = capsys.readouterr().out
     assert "seed 0: ok" in out and "seed 1: ok" in out and "2/2 seeds passed" in out
+
+
+def test_make_sweep_runs_this_world() -> None:
+    """`make sweep` (200 seeds) and the 100-node test above are one scenario."""
+    makefile = (Path(__file__).resolve().parents[2] / "Makefile").read_text()
+    recipe = makefile.split("\nsweep:", 1)[1].split("\n\n", 1)[0].replace("\\\n", " ")
+    argv = shlex.split(recipe.split("-m transport.sim", 1)[1])
+    ns = build_parser().parse_args(argv)
+    assert ns.sweep == 200
+    assert scenario_from_args(ns) == WORLD

@@ -1,0 +1,146 @@
+"""The checkers of a simulated world: what a run must satisfy, and the failure report.
+
+Two kinds. `OrderWatch` runs while the world runs (after every tick of an
+authorized node): a confirmed prefix never changes, and every replica's
+confirmed order is a prefix of every other's - a safety violation seen
+mid-run is recorded, since by the end it may have been papered over.
+`check` runs at the end: every replica holds the identical graph (same event
+ids, same forward extremities, nothing buffered), nothing any replica
+accepted is lost (every created event and every event any replica applied is
+everywhere), one confirmed order everywhere, the misbehaving peer banned by
+every honest node it talked to, and no honest peer banned. A failure raises
+AssertionError naming the seed and the command that replays it.
+`converged` is the liveness phase's stopping rule.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from node.replica.ordering import KIND_ACK
+from transport.sim.adversary import Adversary
+from transport.sim.scenario import Scenario
+from transport.sim.simnode import SimNode
+
+MAX_PROBLEMS = 5  # a failure report lists this many problems of each kind, not thousands
+
+
+class OrderWatch:
+    """Safety of the order, observed as it happens across all replicas."""
+
+    def __init__(self) -> None:
+        self.violations: list[str] = []
+        self.best_confirmed: tuple[bytes, ...] = ()  # the longest confirmed order seen anywhere
+
+    def observe(self, node: SimNode, now_ms: int) -> None:
+        """A confirmed prefix never changes, and every replica's confirmed order is a
+        prefix of every other's."""
+        order = node.replica.ordering
+        if order is None:
+            return
+        confirmed = order.confirmed
+        old = node.seen_confirmed
+        if confirmed[:len(old)] != old:
+            self.violations.append(f"node {node.index}: a confirmed position changed "
+                                   f"at {now_ms} ms")
+        overlap = min(len(confirmed), len(self.best_confirmed))
+        if confirmed[:overlap] != self.best_confirmed[:overlap]:
+            self.violations.append(f"node {node.index}: confirmed order disagrees with "
+                                   f"another node's at {now_ms} ms")
+        if len(confirmed) > len(self.best_confirmed):
+            self.best_confirmed = confirmed
+        node.seen_confirmed = confirmed
+
+
+class World(Protocol):
+    """What the checkers read of a world (transport.sim.world.Cluster)."""
+
+    seed: int
+    scenario: Scenario
+    nodes: list[SimNode]
+    adversary: Adversary | None
+    authorization: bool
+    created: list[bytes]
+    bans: list[tuple[int, str]]
+    order_watch: OrderWatch
+
+    @property
+    def now_ms(self) -> int: ...
+
+    def event_ids(self, index: int) -> set[bytes]: ...
+
+    def replay_hint(self) -> str: ...
+
+
+def converged(cluster: World) -> bool:
+    """Identical graphs, nothing buffered, the adversary banned by all it talked to, and
+    (authorized) one confirmed order that holds every non-ack event."""
+    nodes = cluster.nodes
+    first = nodes[0].replica.graph
+    heads = first.extremities()
+    count = first.delivered_count
+    if not all(n.alive and n.replica.graph.buffered_count == 0
+               and n.replica.graph.delivered_count == count
+               and n.replica.graph.extremities() == heads for n in nodes):
+        return False
+    adversary = cluster.adversary
+    if adversary is not None and not all(
+            nodes[i].policy.is_banned(adversary.node_id, cluster.now_ms)  # type: ignore[union-attr]
+            for i in adversary.neighbours):
+        return False  # the liveness phase also waits for every neighbour to ban it
+    return not cluster.authorization or order_settled(nodes)
+
+
+def order_settled(nodes: list[SimNode]) -> bool:
+    """Every replica confirmed the same sequence, and it holds every non-ack event."""
+    orders = [n.replica.ordering for n in nodes]
+    if any(o is None for o in orders):
+        return False
+    confirmed = orders[0].confirmed  # type: ignore[union-attr]
+    if any(o.confirmed != confirmed for o in orders[1:]):  # type: ignore[union-attr]
+        return False
+    graph = nodes[0].replica.graph
+    return all(graph.get(i).kind == KIND_ACK
+               for i in orders[0].tentative[len(confirmed):])  # type: ignore[union-attr]
+
+
+def check(cluster: World, converged: bool = True) -> None:
+    """Every checker above; AssertionError naming the seed and the replay command."""
+    problems: list[str] = []
+    if not converged:
+        problems.append(f"no convergence within {cluster.scenario.liveness_bound_ms} ms "
+                        "of healing")
+    nodes = cluster.nodes
+    sets = [cluster.event_ids(i) for i in range(len(nodes))]
+    union = set().union(*sets)
+    accepted = union | set(cluster.created)
+    for i, ids in enumerate(sets):
+        graph = nodes[i].replica.graph
+        if ids != accepted:
+            problems.append(f"node {i} lacks {len(accepted - ids)} of {len(accepted)} events")
+        if graph.extremities() != nodes[0].replica.graph.extremities():
+            problems.append(f"node {i} has other extremities than node 0")
+        if graph.buffered_count:
+            problems.append(f"node {i} still buffers {graph.buffered_count} events")
+        if len(problems) > MAX_PROBLEMS:
+            break
+    problems += cluster.order_watch.violations[:MAX_PROBLEMS]
+    if cluster.authorization and converged:
+        confirmed = {n.replica.ordering.confirmed for n in nodes}  # type: ignore[union-attr]
+        if len(confirmed) != 1:
+            problems.append(f"{len(confirmed)} different confirmed orders after healing")
+    adversary = cluster.adversary
+    if adversary is not None:
+        banned_by = {node for node, peer in cluster.bans if peer == adversary.node_id}
+        talked = set(adversary.neighbours)
+        if talked - banned_by:
+            problems.append(f"honest nodes {sorted(talked - banned_by)} never banned "
+                            "the misbehaving peer")
+    wrongly = sorted({(node, peer) for node, peer in cluster.bans
+                      if adversary is None or peer != adversary.node_id})
+    if wrongly:
+        problems.append(f"honest peers banned: {wrongly[:MAX_PROBLEMS]}")
+    if problems:
+        raise AssertionError(
+            f"simulation failed (seed {cluster.seed}): " + "; ".join(problems)
+            + f"\nreplay: {cluster.replay_hint()}")

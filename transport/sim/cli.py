@@ -1,0 +1,113 @@
+"""The simulator's command line: replay one run, or sweep a scenario over many seeds.
+
+`python -m transport.sim --seed S ...` rebuilds the `Scenario` a failure
+printed and runs it again (same run, bit for bit); `--sweep N` runs seeds
+S..S+N-1 of one scenario, one line each and a total, and exits 1 if any
+failed (`make sweep` runs issue 11's world over 200 seeds). `main` is also
+what `megnode sim ...` calls.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from dataclasses import asdict, replace
+
+from transport.sim.scenario import PROGRAM, Scenario
+from transport.sim.world import run_scenario
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=PROGRAM,
+                                description="Replay a deterministic megnode simulation.")
+    d = Scenario(seed=0)
+    p.add_argument("--seed", type=int, required=True)
+    p.add_argument("--nodes", type=int, default=d.nodes)
+    p.add_argument("--loss", type=float, default=d.loss)
+    p.add_argument("--duplicate", type=float, default=d.duplicate)
+    p.add_argument("--reorder", type=float, default=d.reorder)
+    p.add_argument("--latency", type=int, nargs=2, default=list(d.latency_ms), metavar=("LO", "HI"))
+    p.add_argument("--neighbours", type=int, default=d.neighbours)
+    p.add_argument("--rounds", type=int, default=d.rounds)
+    p.add_argument("--writers", type=int, default=d.writers)
+    p.add_argument("--round-ms", type=int, default=d.round_ms)
+    p.add_argument("--partition-at", type=int, default=None)
+    p.add_argument("--heal-at", type=int, default=None)
+    p.add_argument("--groups", type=int, default=d.groups)
+    p.add_argument("--fanout", type=int, default=d.fanout, help="an author's push fanout")
+    p.add_argument("--forward-fanout", type=int, default=d.forward_fanout,
+                   help="a relay's fanout for an event first received by push")
+    p.add_argument("--sync-interval", type=int, default=d.sync_interval_ms)
+    p.add_argument("--d-max", type=int, default=d.d_max)
+    p.add_argument("--liveness-bound", type=int, default=d.liveness_bound_ms)
+    p.add_argument("--no-push", action="store_true")
+    p.add_argument("--no-peer-state", action="store_true")
+    p.add_argument("--no-depletion", action="store_true")
+    p.add_argument("--clean-liveness", action="store_true",
+                   help="no loss/duplication/reordering after healing")
+    p.add_argument("--indexers", type=int, default=d.indexers)
+    p.add_argument("--crashes", type=int, default=d.crashes,
+                   help="nodes that crash once in the fault phase and restart from their store")
+    p.add_argument("--adversary", action="store_true",
+                   help="add one misbehaving peer the honest nodes must ban")
+    p.add_argument("--no-authorization", action="store_true",
+                   help="a pure MEG: no topic state, no order, no acks")
+    p.add_argument("--sweep", type=int, default=None, metavar="N",
+                   help="run seeds SEED..SEED+N-1 of this scenario and report")
+    p.add_argument("--log-dir", default=None, help="write dissemination logs (JSON lines) here")
+    p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    return p
+
+
+def scenario_from_args(ns: argparse.Namespace) -> Scenario:
+    if (ns.partition_at is None) != (ns.heal_at is None):
+        raise SystemExit("--partition-at and --heal-at go together")
+    return Scenario(
+        seed=ns.seed, nodes=ns.nodes, loss=ns.loss, duplicate=ns.duplicate, reorder=ns.reorder,
+        latency_ms=(ns.latency[0], ns.latency[1]), neighbours=ns.neighbours, rounds=ns.rounds,
+        writers=ns.writers, round_ms=ns.round_ms, partition_at_ms=ns.partition_at,
+        heal_at_ms=ns.heal_at, groups=ns.groups, push=not ns.no_push, fanout=ns.fanout,
+        forward_fanout=ns.forward_fanout,
+        sync_interval_ms=ns.sync_interval, peer_state=not ns.no_peer_state, d_max=ns.d_max,
+        depletion=not ns.no_depletion, lossy_liveness=not ns.clean_liveness,
+        liveness_bound_ms=ns.liveness_bound, authorization=not ns.no_authorization,
+        indexers=ns.indexers, adversary=ns.adversary, crashes=ns.crashes)
+
+
+def sweep(scenario: Scenario, count: int) -> int:
+    """Run `count` seeds from scenario.seed on; print one line each and a total."""
+    started = time.perf_counter()
+    failed: list[int] = []
+    for seed in range(scenario.seed, scenario.seed + count):
+        try:
+            summary = run_scenario(replace(scenario, seed=seed))
+            print(f"seed {seed}: ok, {summary.events} events, {summary.confirmed} confirmed, "
+                  f"{summary.acks} acks, {summary.bans} bans, converged "
+                  f"{summary.convergence_ms} ms after faults, wall {summary.wall_s:.1f} s",
+                  flush=True)
+        except AssertionError as failure:
+            failed.append(seed)
+            print(failure, flush=True)
+    wall = time.perf_counter() - started
+    print(f"sweep: {count - len(failed)}/{count} seeds passed in {wall:.0f} s"
+          + (f"; failed: {failed}" if failed else ""))
+    return 1 if failed else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    ns = build_parser().parse_args(argv)
+    scenario = scenario_from_args(ns)
+    if ns.sweep is not None:
+        return sweep(scenario, ns.sweep)
+    try:
+        summary = run_scenario(scenario, ns.log_dir)
+    except AssertionError as failure:
+        print(failure, file=sys.stderr)
+        return 1
+    if ns.json:
+        print(json.dumps(asdict(summary), sort_keys=True))
+    else:
+        print("\n".join(summary.lines()))
+    return 0

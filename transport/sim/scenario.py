@@ -1,0 +1,90 @@
+"""What determines a simulated run: `Scenario`, and the command line that replays it.
+
+A `Scenario` is a value: the seed and every knob of the world. Two runs of
+one scenario are the same run, bit for bit, in any process; `argv()` is the
+command line that replays it (`python -m transport.sim ...`), which is why a
+failure names `replay_command()` and nothing else.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from node.core.parents import DEFAULT_D_MAX
+from transport.defaults import DEFAULT_SYNC_INTERVAL_MS
+from transport.dissemination_config import (
+    DEFAULT_FORWARD_FANOUT,
+    DEFAULT_PUSH_FANOUT,
+    DisseminationConfig,
+)
+
+LIVENESS_BOUND_MS = 120_000  # virtual time the healed cluster gets to converge
+DEFAULT_INDEXERS = 3  # an authorized world's indexers: nodes 0..k-1 (node 0 created the topic)
+PROGRAM = "python -m transport.sim"
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """Everything that determines a run; `argv()` is the command line that replays it."""
+
+    seed: int
+    nodes: int = 50
+    loss: float = 0.0
+    duplicate: float = 0.0
+    reorder: float = 0.0
+    latency_ms: tuple[int, int] = (5, 50)
+    neighbours: int = 6
+    rounds: int = 30
+    writers: int = 4  # concurrent writers per round
+    round_ms: int = 200
+    partition_at_ms: int | None = None
+    heal_at_ms: int | None = None
+    groups: int = 2  # a partition splits the nodes into this many groups (round robin)
+    push: bool = True
+    fanout: int = DEFAULT_PUSH_FANOUT
+    forward_fanout: int = DEFAULT_FORWARD_FANOUT
+    sync_interval_ms: int = DEFAULT_SYNC_INTERVAL_MS
+    peer_state: bool = True
+    d_max: int = DEFAULT_D_MAX
+    depletion: bool = True
+    lossy_liveness: bool = True
+    liveness_bound_ms: int = LIVENESS_BOUND_MS
+    # The one world: topic state with auth rules, indexers that ack, the peer
+    # policy, crashes that restart from the store, one misbehaving peer.
+    authorization: bool = True
+    indexers: int = DEFAULT_INDEXERS
+    adversary: bool = False
+    crashes: int = 0  # nodes (not indexers) that crash once during the fault phase
+
+    def argv(self) -> list[str]:
+        args = ["--seed", str(self.seed), "--nodes", str(self.nodes), "--loss", str(self.loss),
+                "--duplicate", str(self.duplicate), "--reorder", str(self.reorder),
+                "--latency", str(self.latency_ms[0]), str(self.latency_ms[1]),
+                "--neighbours", str(self.neighbours), "--rounds", str(self.rounds),
+                "--writers", str(self.writers), "--round-ms", str(self.round_ms),
+                "--groups", str(self.groups), "--fanout", str(self.fanout),
+                "--forward-fanout", str(self.forward_fanout),
+                "--sync-interval", str(self.sync_interval_ms), "--d-max", str(self.d_max),
+                "--liveness-bound", str(self.liveness_bound_ms),
+                "--indexers", str(self.indexers), "--crashes", str(self.crashes)]
+        if self.partition_at_ms is not None and self.heal_at_ms is not None:
+            args += ["--partition-at", str(self.partition_at_ms), "--heal-at", str(self.heal_at_ms)]
+        for flag, on in (("--no-push", not self.push), ("--no-peer-state", not self.peer_state),
+                         ("--no-depletion", not self.depletion),
+                         ("--clean-liveness", not self.lossy_liveness),
+                         ("--no-authorization", not self.authorization),
+                         ("--adversary", self.adversary)):
+            if on:
+                args.append(flag)
+        return args
+
+    def replay_command(self) -> str:
+        return PROGRAM + " " + " ".join(self.argv())
+
+    def dissemination_config(self, log: bool) -> DisseminationConfig:
+        return DisseminationConfig(push=self.push, push_fanout=self.fanout,
+                                   forward_fanout=self.forward_fanout,
+                                   sync_interval_ms=self.sync_interval_ms,
+                                   sync_jitter_ms=self.sync_interval_ms // 4,
+                                   use_peer_state=self.peer_state, depletion=self.depletion,
+                                   log=log)

@@ -1,0 +1,114 @@
+"""What a simulated run measured: `Summary`, and how it is taken from a finished world.
+
+Traffic (messages, bytes, event bytes against overhead, anti-entropy
+exchanges, duplicates), how long the healed world took to converge, the
+mean width, and for an authorized world the order (confirmed length, acks,
+bans). `digest` hashes the final event ids and the byte counts: equal runs
+show equal digests, which is how a replay in another process is compared.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from typing import Protocol
+
+from transport.sim.network import Network
+from transport.sim.scenario import Scenario
+from transport.sim.simnode import SimNode
+
+DIGEST_BYTES = 16
+
+
+@dataclass(frozen=True)
+class Summary:
+    seed: int
+    nodes: int
+    events: int  # distinct events in the converged topic (root included)
+    created: int  # events writers published (dummies excluded)
+    dummies: int
+    messages: int
+    bytes: int
+    event_bytes: int
+    overhead_bytes: int
+    sync_sessions: int
+    converged: bool
+    fault_phase_end_ms: int
+    converged_at_ms: int | None
+    convergence_ms: int | None  # from the end of the fault phase
+    sync_rounds: float | None  # convergence_ms in anti-entropy intervals
+    mean_width: float  # mean width over replicas, sampled before each write round
+    duplicates: int  # copies of events replicas already held (push and sync), all replicas
+    wall_s: float
+    digest: str  # hash of the final event ids and the byte counts: equal runs, equal digests
+    confirmed: int = 0  # length of the confirmed order everywhere (authorized worlds)
+    acks: int = 0  # acknowledgements the replicas made
+    bans: int = 0  # (node, peer) bans the peer policies recorded
+
+    def lines(self) -> list[str]:
+        conv = (f"converged {self.convergence_ms} ms after the fault phase "
+                f"({self.sync_rounds:.1f} sync intervals)" if self.converged else "NOT converged")
+        return [
+            f"seed {self.seed}: {self.nodes} nodes, {self.events} events "
+            f"({self.created} written, {self.dummies} dummies), {conv}",
+            f"network: {self.messages} messages, {self.bytes} bytes "
+            f"({self.event_bytes} event bytes, {self.overhead_bytes} overhead), "
+            f"{self.sync_sessions} anti-entropy exchanges",
+            f"duplicates {self.duplicates} ({self.duplicates / max(self.events, 1):.1f} per event)",
+            f"mean width {self.mean_width:.2f}; wall {self.wall_s:.2f} s; digest {self.digest}",
+            f"order: {self.confirmed} confirmed, {self.acks} acks; {self.bans} bans",
+        ]
+
+
+class World(Protocol):
+    """What a summary reads of a world (transport.sim.world.Cluster)."""
+
+    seed: int
+    scenario: Scenario
+    nodes: list[SimNode]
+    network: Network
+    authorization: bool
+    created: list[bytes]
+    width_samples: list[float]
+    bans: list[tuple[int, str]]
+
+    def event_ids(self, index: int) -> set[bytes]: ...
+
+
+def engine_totals(cluster: World) -> dict[str, int]:
+    """The engines' counters (transport.dissemination stats), summed over the nodes."""
+    total: dict[str, int] = {}
+    for node in cluster.nodes:
+        for key, value in node.engine.stats.items():
+            total[key] = total.get(key, 0) + value
+    return total
+
+
+def summarise(cluster: World, fault_end: int, converged_at: int | None,
+              wall_s: float) -> Summary:
+    totals = engine_totals(cluster)
+    nodes = cluster.nodes
+    ids = sorted(cluster.event_ids(0))
+    net = cluster.network
+    dummies = sum(n.replica.counters["dummies"] for n in nodes)
+    digest = hashlib.blake2b(b"".join(ids) + f"{net.messages}/{net.bytes}".encode(),
+                             digest_size=DIGEST_BYTES).hexdigest()
+    convergence = None if converged_at is None else converged_at - fault_end
+    interval = cluster.scenario.sync_interval_ms
+    widths = cluster.width_samples
+    first = nodes[0].replica
+    return Summary(
+        seed=cluster.seed, nodes=len(nodes), events=len(ids), created=len(cluster.created),
+        dummies=dummies, messages=net.messages, bytes=net.bytes,
+        event_bytes=totals.get("event_bytes_sent", 0),
+        overhead_bytes=net.bytes - totals.get("event_bytes_sent", 0),
+        sync_sessions=totals.get("sessions", 0), converged=converged_at is not None,
+        fault_phase_end_ms=fault_end, converged_at_ms=converged_at,
+        convergence_ms=convergence,
+        sync_rounds=None if convergence is None else convergence / interval,
+        mean_width=sum(widths) / len(widths) if widths else 0.0,
+        duplicates=totals.get("duplicates", 0),
+        wall_s=round(wall_s, 3), digest=digest,
+        confirmed=(first.order_status().confirmed_length
+                   if cluster.authorization and first.ordering is not None else 0),
+        acks=sum(n.replica.counters["acks"] for n in nodes), bans=len(cluster.bans))
