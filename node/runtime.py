@@ -63,6 +63,7 @@ from transport.dissemination import (
     Send,
 )
 from transport.libp2p_gossip import GossipConfig, gossip_chunks
+from transport import libp2p_write_path
 from transport.libp2p_streams import Misbehaviour, StreamLimits
 from transport.messages import MAX_FRAME_BYTES
 from transport.relay import PROTOCOL_RELAY, REASON_BAD_REQUEST, Refused
@@ -470,7 +471,15 @@ class Node:
                 gossip = GossipConfig(enabled=config.fast_path == "gossipsub")
                 # One frame of the dissemination protocol may be as large as the
                 # protocol allows (a bounded reply of many events).
-                limits = StreamLimits(max_message_bytes=MAX_FRAME_BYTES)
+                transport_timeout_s = config.transport_timeout_ms / 1000
+                limits = StreamLimits(max_message_bytes=MAX_FRAME_BYTES,
+                                      open_stream_timeout_s=transport_timeout_s,
+                                      message_write_timeout_s=transport_timeout_s)
+                # The write-stall bound is one value per process (the write path patches
+                # py-libp2p's classes); put it back on exit for the next in-process node.
+                stack.callback(setattr, libp2p_write_path, "stall_timeout_s",
+                               libp2p_write_path.stall_timeout_s)
+                libp2p_write_path.stall_timeout_s = transport_timeout_s
                 try:
                     check_ports_free(config.listen)
                     host = P2PHost(bytes(identity.signing_key), config.listen, gossip=gossip,
