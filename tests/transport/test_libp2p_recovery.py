@@ -51,6 +51,9 @@ CHILD_SEED = bytes([9]) * 32
 CANCELLED_WRITES = 5
 CANCEL_AFTER_S = 0.3
 PAUSE_S = 1.5  # well inside the stall bound: the peer is slow, not dead
+# A stopped process never answers: any bound shows that a probe or dial gives up.
+DEAD_PROBE_TIMEOUT_S = 0.5
+DEAD_CONNECT_TIMEOUT_S = 1.0
 
 # The stalling peer: counts messages, reports count, peers and misbehaviour.
 CHILD = f"""
@@ -215,10 +218,10 @@ async def test_connect_does_not_trust_a_dead_connection(short_stall) -> None:
             peer_id = await host.connect(child.address)
             assert await host.is_alive(peer_id)
             child.stop()
-            assert not await host.is_alive(peer_id, timeout_s=1.0)
+            assert not await host.is_alive(peer_id, timeout_s=DEAD_PROBE_TIMEOUT_S)
             # py-libp2p alone would return at once: the connection is still "open".
             with pytest.raises(ConnectError):
-                await host.connect(child.address, timeout_s=2.0)
+                await host.connect(child.address, timeout_s=DEAD_CONNECT_TIMEOUT_S)
             assert peer_id not in host.peers()
             child.resume()
             assert await host.connect(child.address) == peer_id
