@@ -74,14 +74,17 @@ def run_topic(cluster: LocalCluster, publishes_per_node: int) -> tuple[str, int]
 def test_every_subscriber_gets_every_event_once_in_causal_order(tmp_path, nodes):
     with LocalCluster(tmp_path, nodes) as cluster:
         topic, total = run_topic(cluster, publishes_per_node=20)
-        expected = non_acks(all_delivered(cluster, 0, topic))
+        # One status per node (each CLI call is a process): what it delivered so far,
+        # its buffer and rejections, and how long its confirmed order is.
+        statuses = [cluster.topic_status(i, topic) for i in range(nodes)]
+        delivered = [subscribe_all(cluster, i, topic, statuses[i]["delivered"]) for i in range(nodes)]
+        expected = non_acks(delivered[0])
         assert len(expected) == total
         for i in range(nodes):
-            assert_causal_exactly_once(all_delivered(cluster, i, topic), expected)
-            status = cluster.topic_status(i, topic)
-            assert status["buffered"] == 0 and status["rejected"] == {}
+            assert_causal_exactly_once(delivered[i], expected)
+            assert statuses[i]["buffered"] == 0 and statuses[i]["rejected"] == {}
         # The quorum-confirmed order is the same sequence on every node.
-        lengths = [cluster.topic_status(i, topic)["order"]["confirmed_length"] for i in range(nodes)]
+        lengths = [status["order"]["confirmed_length"] for status in statuses]
         common = min(lengths)
         assert common > 0
         confirmed = [subscribe_all_order(cluster, i, topic, common) for i in range(nodes)]
