@@ -33,6 +33,7 @@ DEFAULT_ANTI_ENTROPY_JITTER_MS = DEFAULT_SYNC_JITTER_MS
 DEFAULT_COMMIT_INTERVAL_MS = 20  # how long received events may wait for a group commit
 DEFAULT_WIDTH_SAMPLE_INTERVAL_MS = 1_000
 DEFAULT_PEER_MISBEHAVIOUR_LIMIT = MISBEHAVIOUR_THRESHOLD  # invalid messages before a disconnect
+DEFAULT_TRANSPORT_TIMEOUT_MS = 10_000  # transport.libp2p_streams / libp2p_patches defaults
 MAX_CONFIG_BYTES = 256 * 1024
 FAST_PATHS = ("push", "gossipsub", "none")
 MAX_PEERS_LISTED = 256
@@ -56,6 +57,10 @@ class NodeConfig:
     commit_interval_ms: int = DEFAULT_COMMIT_INTERVAL_MS
     width_sample_interval_ms: int = DEFAULT_WIDTH_SAMPLE_INTERVAL_MS
     peer_misbehaviour_limit: int = DEFAULT_PEER_MISBEHAVIOUR_LIMIT
+    # How long a peer may take to open a stream or to take one message before the
+    # stream (a write stall: the whole connection) is given up as dead. Long enough
+    # for a busy peer on a slow link; tests shorten it to stop a node past it quickly.
+    transport_timeout_ms: int = DEFAULT_TRANSPORT_TIMEOUT_MS
     # An indexer appends at most one empty acknowledgement per topic per interval
     # (node.replica.ordering): lower confirms sooner when writers go quiet, higher costs less.
     # None: node.replica.ordering's DEFAULT_ACK_INTERVAL_MS (not imported here: it would
@@ -85,7 +90,7 @@ def validate(config: NodeConfig) -> NodeConfig:
             raise ConfigError(f"{name} must be a positive integer (milliseconds), got {value!r}")
 
     for name in ("anti_entropy_interval_ms", "commit_interval_ms", "width_sample_interval_ms",
-                 "peer_misbehaviour_limit"):
+                 "peer_misbehaviour_limit", "transport_timeout_ms"):
         positive(name)
     if config.ack_interval_ms is not None:
         positive("ack_interval_ms")

@@ -228,7 +228,11 @@ class Node:
                 gossip = GossipConfig(enabled=config.fast_path == "gossipsub")
                 # One frame of the dissemination protocol may be as large as the
                 # protocol allows (a bounded reply of many events).
-                limits = StreamLimits(max_message_bytes=MAX_FRAME_BYTES)
+                transport_timeout_s = config.transport_timeout_ms / 1000
+                limits = StreamLimits(max_message_bytes=MAX_FRAME_BYTES,
+                                      open_stream_timeout_s=transport_timeout_s,
+                                      message_write_timeout_s=transport_timeout_s,
+                                      write_stall_timeout_s=transport_timeout_s)
                 try:
                     check_ports_free(config.listen)
                     host = P2PHost(bytes(identity.signing_key), config.listen, gossip=gossip,

@@ -154,7 +154,10 @@ class P2PHost:
     @asynccontextmanager
     async def _run(self) -> AsyncIterator[None]:
         key_pair = self._key_pair
-        libp2p_patches.apply()  # py-libp2p's fixes, explicitly here, never on import
+        # py-libp2p's fixes, explicitly here, never on import. The write-stall bound is
+        # one value per process: this host sets it and puts the previous one back on exit.
+        previous_stall_timeout_s = libp2p_patches.stall_timeout_s
+        libp2p_patches.apply(self._limits.write_stall_timeout_s)
         host = new_host(
             key_pair=key_pair,
             sec_opt={
@@ -174,6 +177,7 @@ class P2PHost:
         # before the host listens so no early connection escapes it.
         pubsub_router = build_pubsub(host, self._gossip_config) if self._gossip_config.enabled else None
         async with AsyncExitStack() as stack:
+            stack.callback(setattr, libp2p_patches, "stall_timeout_s", previous_stall_timeout_s)
             await stack.enter_async_context(host.run(self._listen))
             await host.get_network().auto_connector.stop()
             if pubsub_router is not None:

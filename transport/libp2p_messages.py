@@ -11,8 +11,9 @@ Frames on one stream arrive in order and the receiver's handler is called
 for each in that order. Delivery is best effort: frames still queued when a
 stream fails are lost (anti-entropy repairs them), `send` then raises
 `SendError` and the next `send` opens a fresh stream. A receiver that stops
-reading stalls the writer until `MESSAGE_WRITE_TIMEOUT_S`, then the stream is
-reset; a full queue makes `send` wait, which paces the caller to the link.
+reading stalls the writer until `StreamLimits.message_write_timeout_s`, then
+the stream is reset; a full queue makes `send` wait, which paces the caller to
+the link.
 
 Stale connections: a peer that stops reading (stopped process, hung host,
 dead network) can leave its connection looking open for ever. Every stream
@@ -40,8 +41,6 @@ from libp2p.network.stream.exceptions import StreamEOF
 
 from transport.framing import FrameDecoder, FrameError, encode_frame
 from transport.libp2p_streams import (
-    MESSAGE_WRITE_TIMEOUT_S,
-    OPEN_STREAM_TIMEOUT_S,
     READ_CHUNK_BYTES,
     STALE_STREAM_FAILURES,
     STREAM_ERRORS,
@@ -189,7 +188,7 @@ class MessageStreams:
         """Queue `data` on the (peer, protocol) stream, opening it if needed.
 
         Returns once queued, waiting while the queue is full: a peer that
-        stops reading holds the caller up to `MESSAGE_WRITE_TIMEOUT_S`.
+        stops reading holds the caller up to `limits.message_write_timeout_s`.
         Raises `SendError` if that stream has failed or been closed.
         """
         outbound, frame = self._queue_for(peer_id, protocol_id, data)
@@ -233,7 +232,7 @@ class MessageStreams:
         writing = False
         try:
             with outbound.cancel_scope, queue:
-                with trio.fail_after(OPEN_STREAM_TIMEOUT_S):
+                with trio.fail_after(self.limits.open_stream_timeout_s):
                     stream = await self._host.new_stream(parse_peer_id(peer_id), [TProtocol(protocol_id)])
                 while True:
                     try:
@@ -250,7 +249,7 @@ class MessageStreams:
                         batch.append(frame)
                         size += len(frame)
                     writing = True
-                    with trio.fail_after(MESSAGE_WRITE_TIMEOUT_S):
+                    with trio.fail_after(self.limits.message_write_timeout_s):
                         await stream.write(b"".join(batch))
                     writing = False
                     self._failures.pop(peer_id, None)

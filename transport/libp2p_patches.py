@@ -77,7 +77,7 @@ WRITE_STALL_TIMEOUT_S = 10.0
 ABORT_TIMEOUT_S = 1.0  # closing a socket is local; bound it anyway
 MAX_QUEUED_CONTROL_FRAMES = 1_024
 
-# Read at every write, so a test may shorten it (one value per process).
+# Read at every write; `apply` sets it from the host's limits (one value per process).
 stall_timeout_s = WRITE_STALL_TIMEOUT_S
 # Connections aborted because a write stalled, in this process (all hosts).
 stalled_aborts = 0
@@ -186,8 +186,15 @@ def _recording_reader(original: Callable[[Any], Awaitable[None]]) -> Callable[[A
     return handle_incoming
 
 
-def apply() -> bool:
-    """Apply every patch in this process (idempotent); True if all are in place."""
+def apply(write_stall_timeout_s: float = WRITE_STALL_TIMEOUT_S) -> bool:
+    """Apply every patch in this process (idempotent); True if all are in place.
+
+    `write_stall_timeout_s` bounds a stalled secure-channel write. The patch
+    sits on py-libp2p's classes, so it is one value per process: the host that
+    started last sets it (in-process test nodes share one setting).
+    """
+    global stall_timeout_s
+    stall_timeout_s = write_stall_timeout_s
     write_path = install_write_path()
     queues = enlarge_gossip_queues()
     return write_path and queues

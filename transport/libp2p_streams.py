@@ -124,6 +124,11 @@ class StreamLimits:
     max_message_bytes: int = MAX_MESSAGE_BYTES
     inbound_request_read_timeout_s: float = INBOUND_REQUEST_READ_TIMEOUT_S
     handler_timeout_s: float = HANDLER_TIMEOUT_S
+    open_stream_timeout_s: float = OPEN_STREAM_TIMEOUT_S
+    message_write_timeout_s: float = MESSAGE_WRITE_TIMEOUT_S
+    # A secure-channel write that stalls this long aborts its connection
+    # (transport.libp2p_patches: one value per process, set by the host that starts).
+    write_stall_timeout_s: float = MESSAGE_WRITE_TIMEOUT_S
     max_inbound_requests: int = MAX_INBOUND_REQUESTS
     max_inbound_requests_per_peer: int = MAX_INBOUND_REQUESTS_PER_PEER
     max_inbound_message_streams_per_peer: int = MAX_INBOUND_MESSAGE_STREAMS_PER_PEER

@@ -504,8 +504,9 @@ def test_rejections_by_topic_and_reason_keep_the_peer_level_ones(records):
 
 
 @pytest.mark.spark
-def test_a_model_argument_out_of_range_leaves_a_note_not_a_crash(records, tmp_path):
+def test_a_model_argument_out_of_range_leaves_a_note_not_a_crash(records, tmp_path, monkeypatch):
     from analytics import report
+    from analytics.jobs import modelcheck
 
     # --d 1 is refused by the command line; a direct call must not die after the Spark work.
     tables, texts, plots = report._model(records, tmp_path, k=3, d=1)
@@ -515,8 +516,18 @@ def test_a_model_argument_out_of_range_leaves_a_note_not_a_crash(records, tmp_pa
     assert [title for title, _ in texts] == [
         "Paper Figure 4 (table)", "Paper Figure 4: Monte-Carlo check", "Paper Figure 5 (table)"
     ]
-    [huge] = report._model(records, tmp_path, k=10**7, d=3)[0]
+    # The paper's figures take neither k nor d: the second call reuses the first's
+    # (drawing them and their Monte-Carlo check again costs seconds and shows nothing new).
+    texts_by_title = dict(texts)
+    monkeypatch.setattr(modelcheck, "paper_figures", lambda out: modelcheck.PaperFigures(
+        figure4_table=texts_by_title["Paper Figure 4 (table)"],
+        figure5_table=texts_by_title["Paper Figure 5 (table)"],
+        figure4_png=plots[0], figure5_png=plots[1],
+        figure4_monte_carlo_table=texts_by_title["Paper Figure 4: Monte-Carlo check"],
+    ))
+    [huge], huge_texts, huge_plots = report._model(records, tmp_path, k=10**7, d=3)
     assert huge.rows == () and "k must be in" in huge.note
+    assert (huge_texts, huge_plots) == (texts, plots)
 
 
 # --------------------------------------------------------------------------- command line

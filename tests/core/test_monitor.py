@@ -7,7 +7,16 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from node.core.event import MAX_AUTH_REFS, MAX_EVENT_BYTES, MAX_PARENTS, MAX_STATE_KEY_BYTES
+from node.core.event import (
+    MAX_AUTH_REFS,
+    MAX_EVENT_BYTES,
+    MAX_PARENTS,
+    MAX_STATE_KEY_BYTES,
+    SIGNING_DOMAIN,
+    EventFormatError,
+    decode_event,
+    signed_encoding,
+)
 from node.core import antichain as antichain_module
 from node.core.monitor import MAX_FUTURE_SKEW_MS, Rejected
 from node.core.outcomes import AddStatus, RejectReason
@@ -279,6 +288,19 @@ def assert_no_unexpected_rejection(receiver: Replica, raw: bytes) -> None:
     verdict = receiver.monitor.check(raw, NOW_MS, known=receiver.graph.knows)
     if isinstance(verdict, Rejected):
         assert not verdict.detail.startswith("unexpected"), verdict
+    assert_decodes_canonically_or_is_refused(raw)
+
+
+def assert_decodes_canonically_or_is_refused(raw: bytes) -> None:
+    """The decoder refuses with a named reason, or its event re-encodes to exactly `raw`."""
+    try:
+        event = decode_event(raw)
+    except EventFormatError as error:
+        assert error.reason
+        return
+    rebuilt = signed_encoding(event.signing_body()[len(SIGNING_DOMAIN):], event.signature)
+    assert rebuilt == raw == event.raw
+    assert decode_event(rebuilt) == event
 
 
 @settings(max_examples=300, suppress_health_check=[HealthCheck.function_scoped_fixture])

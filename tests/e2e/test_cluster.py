@@ -14,6 +14,8 @@ from deploy.cluster import LocalCluster, megnode_command
 
 DELIVERY_TIMEOUT_S = 60.0
 CATCH_UP_TIMEOUT_S = 120.0
+# Anti-entropy alone delivers whatever its interval; a short one only makes it sooner.
+FAST_ANTI_ENTROPY = "anti_entropy_interval_ms = 500\nanti_entropy_jitter_ms = 100\n"
 
 
 def subscribe_all(cluster: LocalCluster, index: int, topic: str, count: int) -> list[dict]:
@@ -72,14 +74,17 @@ def run_topic(cluster: LocalCluster, publishes_per_node: int) -> tuple[str, int]
 def test_every_subscriber_gets_every_event_once_in_causal_order(tmp_path, nodes):
     with LocalCluster(tmp_path, nodes) as cluster:
         topic, total = run_topic(cluster, publishes_per_node=20)
-        expected = non_acks(all_delivered(cluster, 0, topic))
+        # One status per node (each CLI call is a process): what it delivered so far,
+        # its buffer and rejections, and how long its confirmed order is.
+        statuses = [cluster.topic_status(i, topic) for i in range(nodes)]
+        delivered = [subscribe_all(cluster, i, topic, statuses[i]["delivered"]) for i in range(nodes)]
+        expected = non_acks(delivered[0])
         assert len(expected) == total
         for i in range(nodes):
-            assert_causal_exactly_once(all_delivered(cluster, i, topic), expected)
-            status = cluster.topic_status(i, topic)
-            assert status["buffered"] == 0 and status["rejected"] == {}
+            assert_causal_exactly_once(delivered[i], expected)
+            assert statuses[i]["buffered"] == 0 and statuses[i]["rejected"] == {}
         # The quorum-confirmed order is the same sequence on every node.
-        lengths = [cluster.topic_status(i, topic)["order"]["confirmed_length"] for i in range(nodes)]
+        lengths = [status["order"]["confirmed_length"] for status in statuses]
         common = min(lengths)
         assert common > 0
         confirmed = [subscribe_all_order(cluster, i, topic, common) for i in range(nodes)]
@@ -87,7 +92,9 @@ def test_every_subscriber_gets_every_event_once_in_causal_order(tmp_path, nodes)
 
 
 def test_anti_entropy_alone_delivers_everything(tmp_path):
-    with LocalCluster(tmp_path, 3, fast_path="none") as cluster:
+    config = tmp_path / "node.toml"
+    config.write_text(FAST_ANTI_ENTROPY)
+    with LocalCluster(tmp_path / "c", 3, fast_path="none", extra_args=("--config", str(config))) as cluster:
         topic, total = run_topic(cluster, publishes_per_node=30)
         for i in range(3):
             status = cluster.topic_status(i, topic)
@@ -123,7 +130,9 @@ def test_stopped_node_catches_up_and_killed_node_loses_nothing(tmp_path):
         cluster.wait_delivered(topic, total, CATCH_UP_TIMEOUT_S)
 
 
-def test_cli_misuse_gives_one_clear_line(tmp_path):
+def test_cli_misuse_gives_one_clear_line_and_sigterm_stops_the_daemon_cleanly(tmp_path):
+    """Misuse of the CLI, then (on the same one-node cluster, started with `-v
+    --log-file`) a SIGTERM: a clean exit, and the daemon's log in the log file."""
     def run(*args, data_dir=tmp_path / "nodeless"):
         return subprocess.run(megnode_command(*args, "--data-dir", str(data_dir)),
                               capture_output=True, text=True, timeout=60)
@@ -149,7 +158,8 @@ def test_cli_misuse_gives_one_clear_line(tmp_path):
     assert_one_line(run("run", "--listen", "/ip4/999.0.0.1/tcp/1"), "not a valid multiaddr")
     assert_one_line(run("run", "--bootstrap", "/ip4/127.0.0.1/tcp/4001"), "/p2p/")
 
-    with LocalCluster(tmp_path / "c", 1) as cluster:
+    log_file = tmp_path / "daemon.log"
+    with LocalCluster(tmp_path / "c", 1, extra_args=("-v", "--log-file", str(log_file))) as cluster:
         result = cluster.cli_raw(0, "topic", "join", "xyz")
         assert result.returncode == 2 and "not a topic id" in result.stderr
         result = cluster.cli_raw(0, "publish", "00" * 32, "hello")
@@ -171,10 +181,6 @@ def test_cli_misuse_gives_one_clear_line(tmp_path):
         assert_one_line(run("export-logs", str(unwritable / "logs"),
                             data_dir=cluster.nodes[0].data_dir), "cannot export logs")
 
-
-def test_sigterm_stops_the_daemon_cleanly_and_its_log_goes_to_the_log_file(tmp_path):
-    log_file = tmp_path / "daemon.log"
-    with LocalCluster(tmp_path / "c", 1, extra_args=("-v", "--log-file", str(log_file))) as cluster:
         node = cluster.nodes[0]
         assert node.process is not None
         node.process.send_signal(signal.SIGTERM)

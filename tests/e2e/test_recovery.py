@@ -9,6 +9,9 @@ driven through the CLI. Two failures the cluster benchmark found:
   cut-off streams got honest peers banned;
 * a node stopped for longer than the transport timeouts never recovered: its
   connections were left with half a message on the wire, still "open".
+  The stall test shortens those timeouts (`transport_timeout_ms`, 10 s by
+  default) so the node is stopped well past them in seconds, not tens of
+  seconds, and checks that they did fire.
 
 Every wait is bounded by a named timeout and polls a condition.
 """
@@ -28,7 +31,10 @@ DELIVERY_TIMEOUT_S = 90.0  # a bound, not an expectation: 2-core CI runs other t
 CATCH_UP_TIMEOUT_S = 90.0
 BURST_EVENTS_PER_PUBLISHER = 1_000
 STALL_EVENTS = 2_000
-STOPPED_S = 20.0  # longer than the transport's write, stream-open and stall timeouts (10 s)
+# The stall test's transport write, stream-open and stall timeouts, and how long the
+# node stays stopped: well past them (the defaults, 10 s and 20 s, test the same).
+STALL_TEST_TRANSPORT_TIMEOUT_MS = 2_000
+STOPPED_S = 5.0
 
 
 def bootstrap_events(nodes: int) -> int:
@@ -82,7 +88,9 @@ def test_a_publishing_burst_reaches_everyone_and_bans_nobody(tmp_path):
 
 
 def test_a_node_stopped_past_the_timeouts_catches_up_when_resumed(tmp_path):
-    with LocalCluster(tmp_path, NODES) as cluster:
+    config = tmp_path / "node.toml"
+    config.write_text(f"transport_timeout_ms = {STALL_TEST_TRANSPORT_TIMEOUT_MS}\n")
+    with LocalCluster(tmp_path / "cluster", NODES, extra_args=("--config", str(config))) as cluster:
         topic = open_topic(cluster)
         stopped = NODES - 1
         running = [i for i in range(NODES) if i != stopped]
@@ -98,3 +106,6 @@ def test_a_node_stopped_past_the_timeouts_catches_up_when_resumed(tmp_path):
         cluster.wait_delivered(topic, total, CATCH_UP_TIMEOUT_S, indices=[stopped])
         assert_nobody_banned(cluster)
         cluster.wait_connected(timeout_s=CATCH_UP_TIMEOUT_S)
+        # The stop outlasted the timeouts: every writer gave its stalled connection up.
+        aborted = {i: cluster.status(i)["stats"].get("connections_aborted", 0) for i in running}
+        assert all(count >= 1 for count in aborted.values()), aborted

@@ -45,6 +45,31 @@ def test_the_ack_interval_is_a_setting(tmp_path):
         load_config(write(tmp_path, "ack_interval_ms = 0\n"))
 
 
+def test_the_transport_timeout_is_a_setting_defaulting_to_the_transports(tmp_path):
+    from node.config import DEFAULT_TRANSPORT_TIMEOUT_MS
+    from transport.libp2p_streams import MESSAGE_WRITE_TIMEOUT_S, OPEN_STREAM_TIMEOUT_S
+    from transport.libp2p_patches import WRITE_STALL_TIMEOUT_S
+
+    assert (DEFAULT_TRANSPORT_TIMEOUT_MS / 1000 == MESSAGE_WRITE_TIMEOUT_S == OPEN_STREAM_TIMEOUT_S
+            == WRITE_STALL_TIMEOUT_S)
+    assert load_config(write(tmp_path, "transport_timeout_ms = 1500\n")).transport_timeout_ms == 1500
+    with pytest.raises(ConfigError, match="transport_timeout_ms must be a positive integer"):
+        load_config(write(tmp_path, "transport_timeout_ms = 0\n"))
+
+
+async def test_a_running_node_applies_the_transport_timeout_and_restores_the_stall_bound(tmp_path):
+    from node.runtime import Node
+    from transport import libp2p_patches
+
+    before = libp2p_patches.stall_timeout_s
+    async with Node.open(tmp_path / "n", config=NodeConfig(transport_timeout_ms=1500)) as node:
+        limits = node.host._limits
+        assert (limits.open_stream_timeout_s, limits.message_write_timeout_s,
+                limits.write_stall_timeout_s) == (1.5, 1.5, 1.5)
+        assert libp2p_patches.stall_timeout_s == 1.5  # one value per process
+    assert libp2p_patches.stall_timeout_s == before
+
+
 async def test_a_running_node_acks_at_the_configured_interval(tmp_path):
     from node.replica.ordering import DEFAULT_ACK_INTERVAL_MS
     from node.runtime import Node

@@ -7,6 +7,7 @@ shows which implementation strays and how.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Iterator, Sequence
 
 import pytest
@@ -47,8 +48,31 @@ def everything(store: Store) -> dict[str, list[tuple[bytes, bytes]]]:
     return {table: list(store.scan(table, b"")) for table in TABLES}
 
 
+PROTOCOL_METHODS = ("get", "scan", "apply", "close")
+
+
 def test_both_stores_satisfy_the_protocol(store: Store) -> None:
+    # isinstance on a runtime-checkable Protocol only sees method names; a caller
+    # also relies on the parameters (names, keyword-only flags, defaults).
     assert isinstance(store, Store)
+    for name in PROTOCOL_METHODS:
+        expected = inspect.signature(getattr(Store, name)).parameters
+        actual = inspect.signature(getattr(type(store), name)).parameters
+        assert [(p.name, p.kind, p.default) for p in actual.values()] == [
+            (p.name, p.kind, p.default) for p in expected.values()
+        ], name
+    # A fresh store: every table exists and is empty but for the format record.
+    assert everything(store) == {
+        table: [(STORE_FORMAT_KEY, str(STORE_FORMAT).encode())] if table == TABLE_META else []
+        for table in TABLES
+    }
+    assert store.apply([Put(TABLE_EVENTS, b"k", b"v")]) is None
+    assert isinstance(store.scan(TABLE_EVENTS, b""), Iterator)  # lazy, not a list
+    # bytes, not buffers into the store (a memoryview compares equal but is not hashable
+    # and dies with its transaction).
+    [(key, value)] = store.scan(TABLE_EVENTS, b"")
+    assert (type(key), type(value), type(store.get(TABLE_EVENTS, b"k"))) == (bytes, bytes, bytes)
+    assert (key, value) == (b"k", b"v")
 
 
 # --- get / put / delete -------------------------------------------------------

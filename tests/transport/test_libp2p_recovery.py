@@ -3,7 +3,7 @@
 The peer that stalls is a real P2PHost in a child process, stopped with
 SIGSTOP and resumed with SIGCONT, as a stopped or hung megnode would be. It
 reports what it received as JSON lines on stdout. The stall bound is
-shortened for the test (`libp2p_patches.stall_timeout_s`); everything
+shortened for the test (`StreamLimits.write_stall_timeout_s`, which the host applies to `libp2p_patches`); everything
 else runs with the production values. Every wait is bounded and polls a
 condition.
 """
@@ -36,6 +36,7 @@ from transport.libp2p_streams import (
     OVERSIZED_FRAME,
     TRUNCATED_FRAME,
     Misbehaviour,
+    StreamLimits,
     close_quietly,
     parse_peer_id,
 )
@@ -52,6 +53,9 @@ CHILD_SEED = bytes([9]) * 32
 CANCELLED_WRITES = 5
 CANCEL_AFTER_S = 0.3
 PAUSE_S = 1.5  # well inside the stall bound: the peer is slow, not dead
+# A stopped process never answers: any bound shows that a probe or dial gives up.
+DEAD_PROBE_TIMEOUT_S = 0.5
+DEAD_CONNECT_TIMEOUT_S = 1.0
 
 # The stalling peer: counts messages, reports count, peers and misbehaviour.
 CHILD = f"""
@@ -129,8 +133,9 @@ async def stalling_peer() -> AsyncIterator[Child]:
 
 
 @pytest.fixture
-def short_stall(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(libp2p_patches, "stall_timeout_s", TEST_STALL_TIMEOUT_S)
+def short_stall() -> StreamLimits:
+    """Limits whose write-stall bound is short (the host applies it to the write path)."""
+    return StreamLimits(write_stall_timeout_s=TEST_STALL_TIMEOUT_S)
 
 
 async def send_for(host: P2PHost, peer_id: str, seconds: float) -> None:
@@ -144,7 +149,8 @@ async def send_for(host: P2PHost, peer_id: str, seconds: float) -> None:
         await trio.sleep(0)
 
 
-async def test_a_stopped_peer_is_dropped_and_reached_again_once_resumed(short_stall) -> None:
+async def test_a_stopped_peer_is_dropped_and_reached_again_once_resumed(
+        short_stall: StreamLimits) -> None:
     """Writes to a stopped peer stall; its connection is aborted whole (never left with
     half a message on the wire), and once resumed the same peer receives again."""
     events: list[PeerEvent] = []
@@ -152,7 +158,7 @@ async def test_a_stopped_peer_is_dropped_and_reached_again_once_resumed(short_st
     with trio.fail_after(RECOVERY_TIMEOUT_S * 2):
         async with stalling_peer() as child, \
                 P2PHost(bytes([3]) * 32, gossip=NO_GOSSIP, on_peer=events.append,
-                        on_misbehaviour=faults.append) as host:
+                        on_misbehaviour=faults.append, limits=short_stall) as host:
             peer_id = await host.connect(child.address)
             await send_for(host, peer_id, 0.5)
             await child.wait_for(lambda s: s.get("received", 0) > 0)
@@ -210,16 +216,17 @@ async def test_writes_cancelled_mid_message_leave_the_connection_intact() -> Non
             assert set(child.state["faults"]) <= {TRUNCATED_FRAME}
 
 
-async def test_connect_does_not_trust_a_dead_connection(short_stall) -> None:
+async def test_connect_does_not_trust_a_dead_connection(short_stall: StreamLimits) -> None:
     with trio.fail_after(RECOVERY_TIMEOUT_S * 2):
-        async with stalling_peer() as child, P2PHost(bytes([3]) * 32, gossip=NO_GOSSIP) as host:
+        async with stalling_peer() as child, \
+                P2PHost(bytes([3]) * 32, gossip=NO_GOSSIP, limits=short_stall) as host:
             peer_id = await host.connect(child.address)
             assert await host.is_alive(peer_id)
             child.stop()
-            assert not await host.is_alive(peer_id, timeout_s=1.0)
+            assert not await host.is_alive(peer_id, timeout_s=DEAD_PROBE_TIMEOUT_S)
             # py-libp2p alone would return at once: the connection is still "open".
             with pytest.raises(ConnectError):
-                await host.connect(child.address, timeout_s=2.0)
+                await host.connect(child.address, timeout_s=DEAD_CONNECT_TIMEOUT_S)
             assert peer_id not in host.peers()
             child.resume()
             assert await host.connect(child.address) == peer_id
