@@ -42,7 +42,8 @@ from node.core.buffer import MAX_BUFFERED_PER_AUTHOR, MAX_BUFFERED_TOTAL, Delive
 from node.core.event import ID_BYTES, Event, pack, trusted_event
 from node.core.graph_commit import META_DELIVERED, GraphCommit
 from node.core.graph_walks import GraphWalks
-from node.core.outcomes import AddResult, AddStatus, RejectReason, Rejection
+from node.core.add_result import AddResult
+from node.core.outcomes import AddStatus, RejectReason, Rejection
 from node.core.pending import PendingWrites
 from node.core.rejections import MAX_REJECTED_REMEMBERED, RememberedRejections
 from node.core.store import (

@@ -4,7 +4,7 @@ Why a module of its own: the event decoder, the Reference Monitor and the
 graph all give rejection reasons, and the replica, the dissemination engine
 and the relay read them and the add statuses. One vocabulary, defined once,
 that every one of them imports (a leaf: the decoder at the bottom of the
-core uses it too), with `AddResult`, what `Graph.add` answers.
+core uses it too). `Graph.add` answers with `node.core.add_result.AddResult`.
 
 Statuses and reasons are `StrEnum`s: each member *is* its stable string, so
 logs, metrics counters, wire messages and stored rejections carry the same
@@ -16,12 +16,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import TYPE_CHECKING
 
 from node.core.fastinit import fast_init
-
-if TYPE_CHECKING:  # for annotations only: the event module imports this one
-    from node.core.event import Event
 
 
 class AddStatus(StrEnum):
@@ -68,32 +64,3 @@ class Rejection:
 
     event_id: bytes
     reason: RejectReason
-
-
-@fast_init
-@dataclass(frozen=True, slots=True)
-class AddResult:
-    """What one `add` did.
-
-    `status` is about the event passed in. `applied` lists every event that
-    became part of the graph (the event itself and any buffered descendants
-    it released), in application order; `rejected` the ones that failed
-    application checks. `missing` are parents the caller should fetch;
-    `dropped` buffered events evicted by the caps; `equivocations` applied
-    events whose (author, seq) was already taken by another event.
-    """
-
-    status: AddStatus
-    event_id: bytes
-    applied: tuple[Event, ...] = ()
-    rejected: tuple[Rejection, ...] = ()
-    missing: tuple[bytes, ...] = ()
-    dropped: tuple[bytes, ...] = ()
-    equivocations: tuple[Event, ...] = ()
-
-    @property
-    def reason(self) -> RejectReason | None:
-        for rejection in self.rejected:
-            if rejection.event_id == self.event_id:
-                return rejection.reason
-        return None

@@ -73,7 +73,8 @@ import random
 from collections import Counter
 from collections.abc import Mapping
 
-from node.core.outcomes import AddResult, AddStatus
+from node.core.add_result import AddResult
+from node.core.outcomes import AddStatus
 from node.core.event import KIND_CREATE, Event, pack_payload
 from node.core.graph import Graph
 from node.core.identity import Identity, sign_event
