@@ -7,6 +7,9 @@ message a user can act on.
 
 Why here and not in `node.core.identity`: the core is sans-IO (it never opens
 a file); the runtime, the CLI and the relay client load and save keys.
+`load_or_create_identity` is the node's own key (the runtime's data dir):
+made on first open, and its problems reported as `NodeError` like any other
+failure to open a node.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import stat
 from pathlib import Path
 
 from node.core.identity import SEED_BYTES, Identity
+from node.errors import NodeError
 
 KEY_FILE_MODE = 0o600
 
@@ -65,3 +69,18 @@ def load_identity(path: str | os.PathLike[str]) -> Identity:
             f"key file {path} is malformed: seed is {len(seed)} bytes, expected {SEED_BYTES}"
         )
     return Identity.from_seed(seed)
+
+
+def load_or_create_identity(path: Path) -> Identity:
+    """The node's identity from `path`, generated (mode 0600) if the file does not exist."""
+    if not path.exists():
+        identity = Identity.generate()
+        try:
+            save_identity(identity, path)
+        except KeyFileError as exc:
+            raise NodeError(str(exc)) from None
+        return identity
+    try:
+        return load_identity(path)
+    except KeyFileError as exc:
+        raise NodeError(str(exc)) from None

@@ -29,6 +29,8 @@ topics; each part is its own module:
     node.peer_executor   the pure peer policy's inputs and effects (bans, redials)
     node.dialer          `connect`, bootstrap dialling, mDNS discovery
     node.topic_records   the durable list of the topics this node replicates
+    node.relay_intake    relayed writers' requests, through the committer
+    node.keyfile         the node's key file (`load_or_create_identity`)
     node.errors          `NodeError`
 
 Data dir layout::
@@ -51,21 +53,20 @@ from typing import Any
 import trio
 
 from node.authoring import Authoring
-from node.committer import Act, CommitError, Committer, Create, Records, Tick
+from node.committer import CommitError, Committer, Create, Records, Tick
 from node.config import NodeConfig
-from node.core.event import Event
 from node.core.identity import Identity
 from node.core.peer_policy import TRANSPORT_FAULTS_BEFORE_BAN, PeerPolicy
 from node.core.store import Op
 from node.dialer import Dialer
 from node.effects import GOSSIP_TOPIC_PREFIX, PROTOCOL_DISSEMINATION, EffectRunner, gossip_topic
 from node.errors import NodeError, sole_exception
-from node.keyfile import KeyFileError, load_identity, save_identity
+from node.keyfile import load_or_create_identity
 from node.logschema import JsonLinesLogWriter
 from node.metrics import MetricsExporter, close_listeners, open_metrics_listeners
 from node.peer_executor import PeerExecutor
 from node.peer_ids import node_id_of, now_ms
-from node.relay import Handled, RelayServer
+from node.relay_intake import RelayIntake
 from node.replica.ordering import OrderConfig
 from node.replica.replica import Replica, ReplicaConfig
 from node.state.types import RULE_INVITE, RULE_PUBLIC
@@ -82,8 +83,7 @@ from transport.libp2p_liveness import PeerEvent
 from transport.libp2p_redial import Redialer
 from transport.libp2p_streams import Misbehaviour, StreamLimits
 from transport.messages import MAX_FRAME_BYTES
-from transport.relay import PROTOCOL_RELAY, Refused, RelayReason
-from transport.relay import encode as encode_relay
+from transport.relay import PROTOCOL_RELAY
 
 # The names callers import from here (the CLI, the control socket, the relay
 # client, tests, the README), some re-exported from the modules that own them.
@@ -163,8 +163,11 @@ class Node:
         self.committer = Committer(self.disseminator, self._run, now_ms, store,
                                    window_ms=config.commit_interval_ms)
         self._authoring = Authoring(self.committer, self._topics, rng)
-        # Relayed writers' requests (node.relay); their peers are devices, not replicas.
-        self.relay = RelayServer(self._relay_replica, rng)
+        # Relayed writers' requests (node.relay_intake); their peers are devices, not replicas.
+        self._relay_intake = RelayIntake(self.committer, self._topics,
+                                         self._peers.add_relay_client,
+                                         self._authoring.acknowledge, rng)
+        self.relay = self._relay_intake.server
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -280,7 +283,7 @@ class Node:
     async def _start(self) -> None:
         host = self.host
         host.set_message_handler(PROTOCOL_DISSEMINATION, self._on_frame)
-        host.set_request_handler(PROTOCOL_RELAY, self._on_relay_request)
+        host.set_request_handler(PROTOCOL_RELAY, self._relay_intake.on_request)
         if host.gossip_enabled:
             host.set_gossip_handler(self._on_gossip)
         self._nursery.start_soon(self.committer.run)  # first: opening topics writes through it
@@ -399,38 +402,6 @@ class Node:
         except CommitError as exc:
             raise NodeError(f"not stored: {exc}") from None
 
-    # ------------------------------------------------------------------ relayed writers
-
-    def _relay_replica(self, topic_id: bytes) -> Replica | None:
-        topic = self._topics.get(topic_id)
-        return None if topic is None else topic.replica
-
-    async def _on_relay_request(self, peer: str, data: bytes) -> bytes:
-        """A relayed device's request (node.relay, transport.relay). A submit is answered
-        only after what it added is durable, disseminated, and an ack is asked for."""
-        node_id = node_id_of(peer)
-        if node_id is None:
-            return encode_relay(Refused(RelayReason.BAD_REQUEST, "not an ed25519 peer id"))
-        self._peers.add_relay_client(node_id)  # a device: no push fan-out, no anti-entropy
-        device = bytes.fromhex(node_id)
-        handled: list[Handled] = []
-
-        def run(now: int) -> list[tuple[bytes, Event]]:  # runs inside the committer's step
-            handled.append(self.relay.handle(device, data, now))
-            return self._relayed_accepted(handled[0])
-
-        await self.committer.submit(Act(run))  # committed, pushed on as its entry point
-        if handled[0].wrote and handled[0].topic in self._topics:
-            # The relay duty: reference them (rate-limited in the replica).
-            await self.committer.submit(Act(self._authoring.acknowledge))
-        return handled[0].response
-
-    def _relayed_accepted(self, handled: Handled) -> list[tuple[bytes, Event]]:
-        """What a submit added, for the committer to commit (one step) and announce."""
-        if handled.topic is None or not handled.wrote or handled.topic not in self._topics:
-            return []
-        return [(handled.topic, event) for event in handled.applied]
-
     # ------------------------------------------------------------------ background tasks
 
     def _run(self, effects: Sequence[object]) -> None:
@@ -500,17 +471,3 @@ def parse_topic_id(value: bytes | str) -> bytes:
         raise NodeError(f"not a topic id (64 hex characters): {value!r}")
     return raw
 
-
-def load_or_create_identity(path: Path) -> Identity:
-    """The node's identity from `path`, generated (mode 0600) if the file does not exist."""
-    if not path.exists():
-        identity = Identity.generate()
-        try:
-            save_identity(identity, path)
-        except KeyFileError as exc:
-            raise NodeError(str(exc)) from None
-        return identity
-    try:
-        return load_identity(path)
-    except KeyFileError as exc:
-        raise NodeError(str(exc)) from None

@@ -23,8 +23,8 @@ every replica get every event. Two mechanisms:
 
 `AntiEntropy` is a mixin of `Disseminator`, split off so each half reads on
 its own; it owns the state `_init_anti_entropy` makes and uses the engine's
-(listed in the class body) and its `_send`, `_ingest`, `_note_news`,
-`_take_raws` and `_clean`.
+(listed in the class body) and its `_send`, `_note_news`, `_take_raws` and
+`_clean`, and `_ingest` (`transport.intake`).
 """
 
 from __future__ import annotations
@@ -79,7 +79,7 @@ class AntiEntropy:
     _peers: list[PeerId]
     _replicas: dict[bytes, Replica]
 
-    if TYPE_CHECKING:  # the engine's methods this half calls
+    if TYPE_CHECKING:  # the engine's (and its intake's) methods this half calls
         def _send(self, peer: PeerId, message: Message, data: bytes | None = None) -> Send: ...
         def _ingest(self, peer: PeerId, replica: Replica, raws: Sequence[bytes], channel: str,
                     now_ms: int, out: list[Effect]) -> list[bytes]: ...

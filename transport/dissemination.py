@@ -33,8 +33,8 @@ and the measurements):
    event costs at most push_fanout + (n-1)·forward_fanout pushes, about
    forward_fanout receipts per replica, whatever n). Push alone reaches most
    replicas; anti-entropy delivers the rest. Duplicates are recognised by id
-   before the signature is checked, so they cost one hash (`_ingest`, the
-   hot path every received event takes).
+   before the signature is checked, so they cost one hash (`_ingest` in
+   `transport.intake`, the hot path every received event takes).
 2. **Anti-entropy (the guarantee)** and 3. **the want backstop**: the
    exchanges live in `transport.anti_entropy` (a mixin of this class), the
    reconciliation they run in `transport.reconcile`. An exchange that moved
@@ -48,7 +48,8 @@ not all emit one at once.
 
 Bad input never raises out of the engine: an undecodable message or an
 event failing a hard Reference Monitor check is logged with its reason and
-counted against the peer (`peer_misbehaviour`, `transport.misbehaviour`); at
+counted against the peer (`peer_misbehaviour`; `transport.intake` counts,
+`transport.misbehaviour` says which faults are a peer's); at
 `misbehaviour_threshold` a `Disconnect` effect asks the runtime to drop it.
 """
 
@@ -61,13 +62,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from node.core.event import Event, event_id_of
-from node.core.outcomes import AddStatus
-from node.logschema import GOSSIP, SCHEMA_VERSION, SYNC
+from node.logschema import GOSSIP, SCHEMA_VERSION
 from node.replica.replica import Replica
 from transport.anti_entropy import AntiEntropy
 from transport.depletion import DepletionTimer
 from transport.dissemination_config import DisseminationConfig
-from transport.effects import Announce, Disconnect, Effect, Log, PeerId, Send
+from transport.effects import Announce, Effect, Log, PeerId, Send
 from transport.messages import (
     EVENT_FRAMING_BYTES,
     Events,
@@ -81,7 +81,7 @@ from transport.messages import (
     encode,
     event_bytes,
 )
-from transport.misbehaviour import MISBEHAVIOUR_REASONS, count_fault
+from transport.intake import Intake
 
 _STAT_KEYS = {kind: (f"messages_sent_{kind.__name__.lower()}", f"bytes_sent_{kind.__name__.lower()}")
               for kind in (Push, Offer, Reply, Want, Events)}
@@ -96,7 +96,7 @@ class _TopicTimers:
     depletion: DepletionTimer = field(default_factory=DepletionTimer)
 
 
-class Disseminator(AntiEntropy):
+class Disseminator(Intake, AntiEntropy):
     """Gossip push + anti-entropy for all topic replicas of one node."""
 
     def __init__(self, node_id: str, rng: random.Random,
@@ -330,6 +330,10 @@ class Disseminator(AntiEntropy):
         ]
         return out + self._spread_local(topic, [event.raw])
 
+    def _note_news(self, topic: bytes, peer: PeerId) -> None:
+        """An exchange moved events (either way): others may lack them too."""
+        self._timers[topic].news_from = peer
+
     # ------------------------------------------------------------- internals: push
 
     def _take_raws(self, raws: Sequence[bytes]) -> tuple[list[bytes], bool]:
@@ -379,88 +383,6 @@ class Disseminator(AntiEntropy):
                 sent = self._send(peer, Push(topic, tuple(batch)), data)
                 data = sent.data
                 out.append(sent)
-        return out
-
-    # ------------------------------------------------------------- internals: ingest
-
-    def _ingest(self, peer: PeerId, replica: Replica, raws: Sequence[bytes], channel: str,
-                now_ms: int, out: list[Effect]) -> list[bytes]:
-        """Receive a batch, commit it once, log it; return the raws that were new here."""
-        graph = replica.graph
-        topic = replica.topic_id
-        logging = self.config.log
-        fresh: list[bytes] = []
-        for raw in raws:
-            event_id = event_id_of(raw)
-            # Content-addressed: a known id is these very bytes, so skip the signature
-            # check. The hot path: each node hears each event about forward_fanout times.
-            if graph.has(event_id) or graph.is_buffered(event_id):
-                self.stats["duplicates"] += 1
-                if logging:
-                    out.append(self._log("duplicate", now_ms, topic, event_id=event_id,
-                                         channel=channel))
-                continue
-            outcome = replica.receive(raw, now_ms)
-            if outcome.status is AddStatus.REJECTED:
-                reason = outcome.reason or "rejected"
-                out.append(self._log("rejected", now_ms, topic, event_id=event_id, reason=reason))
-                if reason in MISBEHAVIOUR_REASONS:
-                    out += self._blame(peer, now_ms, topic, reason, log=False)
-                continue
-            if outcome.status is AddStatus.DUPLICATE:
-                self.stats["duplicates"] += 1
-                continue
-            fresh.append(raw)
-            self.stats[f"received_{channel}"] += 1
-            out.append(self._log("received", now_ms, topic, event_id=event_id, channel=channel))
-            if outcome.status is AddStatus.BUFFERED:
-                out.append(self._log("buffered", now_ms, topic, event_id=event_id))
-                for parent in outcome.missing:
-                    self._note_want_source(topic, parent, peer)
-            # Events failing the topic's auth rules stay vertices (and are still
-            # gossiped) but are never delivered to subscribers: log them as rejected.
-            unauthorized = dict(outcome.unauthorized)
-            for event in outcome.applied:
-                if event.id in unauthorized:
-                    out.append(self._log("rejected", now_ms, topic, event=event,
-                                         reason=unauthorized[event.id]))
-                else:
-                    out.append(self._log("delivered", now_ms, topic, event=event,
-                                         channel=channel, depth=graph.depth(event.id)))
-            for rejected_id, reason in outcome.rejected_ids:
-                if rejected_id != event_id:
-                    out.append(self._log("rejected", now_ms, topic, event_id=rejected_id,
-                                         reason=reason))
-        if graph.pending_ops and self._commits and not self._deferring:
-            # Durable before anything is forwarded or answered (in a batch,
-            # on_batch commits once at its end, before returning any effect;
-            # a driven engine's driver commits before carrying any out).
-            replica.commit()
-        if fresh and channel == SYNC:
-            self._note_news(topic, peer)
-        return fresh
-
-    def _note_news(self, topic: bytes, peer: PeerId) -> None:
-        """An exchange moved events (either way): others may lack them too."""
-        self._timers[topic].news_from = peer
-
-    def _blame(self, peer: PeerId, now_ms: int, topic: bytes | None, reason: str,
-               log: bool = True) -> list[Effect]:
-        """Count a hard fault against `peer`; at the threshold, ask to disconnect it.
-
-        `count_fault` keeps the counts (restarted after a disconnect, bounded
-        by MAX_BLAMED_PEERS). A fault in a frame not handed over by `peer`
-        itself (`on_message(accountable=False)`) is only counted in stats.
-        """
-        out: list[Effect] = []
-        if log:
-            out.append(self._log("rejected", now_ms, topic, reason=reason, peer=peer))
-        if not self._accountable:
-            self.stats["unattributed_faults"] += 1
-            return out
-        self.stats["misbehaviour"] += 1
-        if count_fault(self.peer_misbehaviour, peer, self.config.misbehaviour_threshold):
-            out.append(Disconnect(peer, reason))
         return out
 
     # ------------------------------------------------------------- internals: output

@@ -1,92 +1,50 @@
 """The Matrix Event Graph of one topic: the CRDT of the MEG paper, on a Store.
 
-Theory of operation
--------------------
-The state is a rooted DAG of events (paper, Listing 1). `add(event)` is the
-effector: if every parent is present (the delivery precondition), the event
-becomes a vertex, its parents stop being forward extremities and it becomes
-one; otherwise it waits in the *buffer* (`node.core.buffer`: persistent,
-capped per author and in total) until its parents arrive, and the moment
-the last one does, it is applied, which may release more buffered events
-(a cascade). `add` is idempotent (a known or buffered id is a duplicate)
-and commutative (the set of applied events, and so the edges and
-extremities, does not depend on arrival order) — the property tests check
-both.
+`Graph.add(event)` is the effector: an event whose parents are all here
+becomes a vertex (and may release buffered children: a cascade); one that
+lacks parents waits in the buffer (`node.core.buffer`). `add` is idempotent
+and commutative, never raises on bad events, and validates what needs the
+ancestry at application time (`node.core.antichain`, `node.core.rejections`);
+its answer is an `AddResult` (`node.core.outcomes`). Depth is computed here,
+never taken from the wire; the delivery table is the order events were
+applied in, a topological order subscribers resume from a cursor.
 
-Validation that needs the parents happens at application time, identically
-on every correct replica because it looks only at the event's ancestry:
-parents must form an antichain (`node.core.antichain`, a bounded search
-that accepts when its budget runs out; exhausted searches are counted in
-`antichain_searches_exhausted`). An event rejected there, and everything
-built on it, is remembered (`node.core.rejections`) so that it is never
-fetched again and its descendants are rejected in either arrival order.
-Stateless validation (encoding, signature, topic, clock) is the Reference
-Monitor's job and happens before `add`.
+Writes collect in a PendingWrites set that reads see, and become durable in
+one store transaction: `commit()`, or `take_writes()` for the node's
+committer (the only writer; both in `GraphCommit`, `node.core.graph_commit`),
+`discard_pending()` after a failed commit. Nothing of a batch may be
+acknowledged before its commit returned.
 
-Depth is computed locally (create = 0, else 1 + max parent depth) and never
-taken from the wire. The delivery table records the order in which events
-were applied: a topological order (never an event before its parents) that
-subscribers resume from a cursor.
-
-Writes collect in a PendingWrites set and reads always see them. They
-become durable in one store transaction (group commit): `commit()` hands
-them to the store and returns once the store has them, or `take_writes()`
-hands them to a caller that commits several write-sets in one transaction
-(the node's committer, node.committer, the only writer in a running node).
-Nothing of a batch may be acknowledged to anyone before that commit
-returned; after a failed one, `discard_pending()` forgets the batch and
-reloads what the store holds. The graph starts no thread and never waits on
-a clock: the store does the I/O.
-
-Key layout of the graph's own tables (every key starts with the 32-byte
-topic id T; the buffer's and the rejections' keys are in their modules)::
+Key layout (every key starts with the topic id T; docs/graph.md says why
+events live under their delivery position)::
 
     delivery      T|position                -> msgpack [depth, raw]  (the events themselves)
     events        T|id                      -> position (8 bytes)    (the id index)
     children      T|parent position|child   -> b""
-    extremities   T|id                      -> b""
-    authors       T|author|seq|id           -> b""   (per-author sequence index)
-    meta          T|"delivered"             -> applied events (8-byte big-endian)
-                  T|"equivocations"         -> applied events reusing an (author, seq)
+    extremities   T|id                      -> b""  (written once per commit)
+    authors       T|author|seq|id           -> b""  (per-author sequence index)
+    meta          T|"delivered", T|"equivocations" -> 8-byte big-endian counters
 
-Why events live under their delivery position: a group commit writes its
-events at the end of the log and its children entries next to their
-(recent) parents' positions, so it dirties a few pages per table that the
-fsync writes out. Keyed by their random ids, the same events and children
-entries would land on a different B-tree page each, and the commit would
-write (and fsync) most of both trees' pages every time: measured over 20
-commits of 1,024 events, 12.7 KB written to disk per event keyed by id
-against 3.1 KB in this layout, and the commit 2.5 times slower. Only the id
-index keeps random keys, and its entries are small.
-
-The walks anti-entropy needs (`not_below`, `recent`) live in
-`node.core.walks`, with the memo that makes a long catch-up's continuations
-cost one page each instead of the whole remaining gap, and the pages in
-delivery order for a peer lagging by more than MAX_WALK events (the
-delivery table is read by position for them: `_locate`, `_at`).
-
-The counters read on every `add` (delivered, buffered) and the remembered
-rejections are mirrored in memory; `discard_pending` reloads them.
-
-Layers built on the graph (topic state, the linearizer) keep their records
-through `table(name)` (`node.core.topic_table`), in the same transactions
-as the events they describe.
+The walks anti-entropy asks for are `GraphWalks` (`node.core.graph_walks`),
+a mixin of `Graph`. docs/graph.md has the whole theory of operation.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import msgpack
 
-from node.core import antichain, walks
+from node.core import antichain
 from node.core.buffer import MAX_BUFFERED_PER_AUTHOR, MAX_BUFFERED_TOTAL, DeliveryBuffer
-from node.core.event import ID_BYTES, Event, event_id_of, pack, trusted_event
-from node.core.fastinit import fast_init
+from node.core.event import ID_BYTES, Event, pack, trusted_event
+from node.core.graph_commit import META_DELIVERED, GraphCommit
+from node.core.graph_walks import GraphWalks
+from node.core.add_result import AddResult
 from node.core.outcomes import AddStatus, RejectReason, Rejection
-from node.core.pending import PendingWrites, Writes, commit_writes
+from node.core.pending import PendingWrites
 from node.core.rejections import MAX_REJECTED_REMEMBERED, RememberedRejections
 from node.core.store import (
     TABLE_AUTHORS,
@@ -98,10 +56,10 @@ from node.core.store import (
     Store,
 )
 from node.core.topic_table import TopicTable
+from node.core.walks import NotBelowMemo
 
 # Limits. Each is a named bound on memory, time or disk that a peer could
 # otherwise push without end (the buffer's and the rejections' are in their modules).
-MAX_WALK = 100_000  # default bound for ancestor/descendant walks
 NODE_CACHE_SIZE = 65_536  # (depth, parents) of recently used events
 EVENT_CACHE_SIZE = 4_096  # decoded events
 LATEST_SEQ_CACHE_SIZE = 4_096  # authors whose latest sequence number is cached
@@ -118,7 +76,6 @@ _UNCACHED = object()  # "not in the cache" (None is a cached "no events yet")
 _APPLIED = AddStatus.APPLIED
 _DUPLICATE = AddStatus.DUPLICATE
 
-_META_DELIVERED = b"delivered"
 _META_EQUIVOCATIONS = b"equivocations"
 
 
@@ -146,35 +103,6 @@ class GraphLimits:
     rejected_remembered: int = MAX_REJECTED_REMEMBERED
 
 
-@fast_init
-@dataclass(frozen=True, slots=True)
-class AddResult:
-    """What one `add` did.
-
-    `status` is about the event passed in. `applied` lists every event that
-    became part of the graph (the event itself and any buffered descendants
-    it released), in application order; `rejected` the ones that failed
-    application checks. `missing` are parents the caller should fetch;
-    `dropped` buffered events evicted by the caps; `equivocations` applied
-    events whose (author, seq) was already taken by another event.
-    """
-
-    status: AddStatus
-    event_id: bytes
-    applied: tuple[Event, ...] = ()
-    rejected: tuple[Rejection, ...] = ()
-    missing: tuple[bytes, ...] = ()
-    dropped: tuple[bytes, ...] = ()
-    equivocations: tuple[Event, ...] = ()
-
-    @property
-    def reason(self) -> RejectReason | None:
-        for rejection in self.rejected:
-            if rejection.event_id == self.event_id:
-                return rejection.reason
-        return None
-
-
 class _Cascade:
     """What one `add` did so far (a plain class: built for every event)."""
 
@@ -186,7 +114,7 @@ class _Cascade:
         self.equivocations: list[Event] = []
 
 
-class Graph:
+class Graph(GraphCommit, GraphWalks):
     """One topic's MEG over a Store. Single-threaded; not safe to share across threads."""
 
     def __init__(self, store: Store, topic_id: bytes, limits: GraphLimits = GraphLimits()) -> None:
@@ -211,7 +139,7 @@ class Graph:
         self._buffer = DeliveryBuffer(self._w, topic_id, limits.buffered_per_author,
                                       limits.buffered_total)
         self._rejections = RememberedRejections(self._w, topic_id, limits.rejected_remembered)
-        self._memo = walks.NotBelowMemo()
+        self._memo = NotBelowMemo()
         # Antichain searches that ran out of budget and accepted (since this
         # object was made; a statistic, not state: it is not persisted).
         self.antichain_searches_exhausted = 0
@@ -222,7 +150,7 @@ class Graph:
         self._root_seen = False
         # The extremities as the store holds them (as of the last commit). The
         # table is written once per commit, the difference from the live set
-        # (`_seal_batch`), not once per event: a chain of a thousand events
+        # (`GraphCommit._seal_batch`), not once per event: a chain of a thousand events
         # would otherwise add and remove a thousand keys in the write-set.
         self._stored_extremities: set[bytes] = set(self._extremities)
 
@@ -335,7 +263,7 @@ class Graph:
     @property
     def delivered_count(self) -> int:
         if self._delivered is None:
-            self._delivered = _from_u64(self._w.get(TABLE_META, self._t + _META_DELIVERED))
+            self._delivered = _from_u64(self._w.get(TABLE_META, self._t + META_DELIVERED))
             self._delivered_saved = self._delivered
         return self._delivered
 
@@ -373,74 +301,6 @@ class Graph:
     @property
     def equivocation_count(self) -> int:
         return _from_u64(self._w.get(TABLE_META, self._t + _META_EQUIVOCATIONS))
-
-    def ancestors(self, ids: Iterable[bytes], limit: int = MAX_WALK) -> list[bytes]:
-        """Strict ancestors of `ids` present here, newest (deepest) first, at most `limit`."""
-        return self._walk(ids, limit, self.parents_of)
-
-    def descendants(self, ids: Iterable[bytes], limit: int = MAX_WALK) -> list[bytes]:
-        """Strict descendants of `ids` present here, breadth first, at most `limit`."""
-        return self._walk(ids, limit, lambda i: tuple(self.children(i)))
-
-    def _walk(self, ids: Iterable[bytes], limit: int, step) -> list[bytes]:
-        frontier = sorted(i for i in set(ids) if self.has(i))
-        seen: set[bytes] = set(frontier)
-        out: list[bytes] = []
-        while frontier and len(out) < limit:
-            next_frontier: list[bytes] = []
-            for event_id in frontier:
-                for neighbour in step(event_id) or ():
-                    if neighbour not in seen:
-                        seen.add(neighbour)
-                        out.append(neighbour)
-                        next_frontier.append(neighbour)
-                        if len(out) >= limit:
-                            return out
-            frontier = sorted(next_frontier)
-        return out
-
-    def not_below(self, heads: Iterable[bytes], limit: int = MAX_WALK) -> list[bytes]:
-        """Events here that are neither `heads` nor their ancestors, parents first.
-
-        This is what a peer whose forward extremities are `heads` lacks (heads
-        unknown here are ignored). Up to MAX_WALK of them missing: the `limit`
-        shallowest, in (depth, id) order, which is a valid delivery order. A
-        query that continues an earlier one — the peer applied the page it
-        got and asks again with its new heads — is answered from a memo at
-        the cost of one page (`node.core.walks`); the answer is always the
-        one a full walk gives. More missing than that: a page in delivery
-        order whose every event has its parents below `heads` or earlier in
-        the page, so the peer can still apply it as it comes
-        (`walks.page_by_position`).
-        """
-        if limit <= 0:
-            return []
-        known = {h for h in heads if self.has(h)}
-        log = walks.DeliveryLog(self._locate, self._at, self.delivered_count)
-        return self._memo.not_below(self._node, self._extremities, known, limit, MAX_WALK, log)
-
-    def _locate(self, event_id: bytes) -> tuple[int, tuple[bytes, ...]] | None:
-        """(delivery position, parents) of an applied event: `walks.DeliveryLog.locate`."""
-        info = self._node(event_id)
-        return None if info is None else (int.from_bytes(info[2], "big"), info[1])
-
-    def _at(self, position: int) -> tuple[bytes, tuple[bytes, ...]]:
-        """(id, parents) of the event at a delivery position: `walks.DeliveryLog.at`."""
-        record = self._w.get(TABLE_DELIVERY, self._t + _u64(position))
-        assert record is not None, "delivery table has a hole"
-        raw = msgpack.unpackb(record)[1]
-        return event_id_of(raw), tuple(msgpack.unpackb(raw)[4])
-
-    def recent(self, since: Iterable[bytes], floor: int = 0,
-               cap: int = MAX_WALK) -> tuple[list[bytes], int]:
-        """Ids not below `since` with depth >= `floor`, deepest first; (ids, floor covered).
-
-        What an anti-entropy offer's Bloom filter holds. Beyond `cap` only the
-        deepest whole depth levels that fit are kept and the returned floor
-        is raised to match, so "every event at depth >= floor" stays true.
-        """
-        known = {s for s in since if self.has(s)}
-        return walks.recent(self._node, self._extremities, known, floor, cap)
 
     # ------------------------------------------------------------------ updates
 
@@ -494,44 +354,6 @@ class Graph:
         return AddResult(status, event_id, applied=tuple(cascade.applied),
                          rejected=tuple(cascade.rejected),
                          equivocations=tuple(cascade.equivocations))
-
-    def commit(self) -> int:
-        """Make every pending write durable in one transaction; returns the write count.
-
-        If the store raises, nothing of the batch is in it, but the graph still
-        shows the lost writes: call `discard_pending()`.
-        """
-        return commit_writes(self._store, self.take_writes())
-
-    def take_writes(self) -> Writes:
-        """Every pending write as a write-set, for a caller that commits it; empties the set.
-
-        The caller must commit it (`node.core.pending.commit_writes`) before
-        anything of it is acknowledged, and call `discard_pending()` if that
-        fails. Reads see the taken writes no more: take them only right
-        before the commit, with nothing read in between.
-        """
-        self._seal_batch()
-        return self._w.take_writes()
-
-    def _seal_batch(self) -> None:
-        """What every commit does before handing the write-set over: the deferred writes."""
-        live, stored = self._extremities, self._stored_extremities
-        if live != stored:
-            t, w = self._t, self._w
-            for gone in stored - live:
-                w.delete(TABLE_EXTREMITIES, t + gone)
-            for new in live - stored:
-                w.put(TABLE_EXTREMITIES, t + new, b"")
-            self._stored_extremities = set(live)
-        if self._delivered is not None and self._delivered != self._delivered_saved:
-            # One counter write per commit rather than one per applied event.
-            self._w.put(TABLE_META, self._t + _META_DELIVERED, _u64(self._delivered))
-            self._delivered_saved = self._delivered
-
-    @property
-    def pending_ops(self) -> int:
-        return len(self._w)
 
     def discard_pending(self) -> None:
         """Forget uncommitted writes (after a failed commit) and reload cached state."""
@@ -637,7 +459,7 @@ class Graph:
         w.put(TABLE_EVENTS, t + event_id, at)
         for info in infos:
             w.put(TABLE_CHILDREN, t + info[2] + event_id, b"")  # type: ignore[index]
-        extremities = self._extremities  # the table follows at commit (`_seal_batch`)
+        extremities = self._extremities  # the table follows at commit (`GraphCommit._seal_batch`)
         for parent in parents:
             extremities.discard(parent)
         extremities.add(event_id)

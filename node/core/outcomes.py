@@ -4,7 +4,7 @@ Why a module of its own: the event decoder, the Reference Monitor and the
 graph all give rejection reasons, and the replica, the dissemination engine
 and the relay read them and the add statuses. One vocabulary, defined once,
 that every one of them imports (a leaf: the decoder at the bottom of the
-core uses it too). `Graph.add` answers with `node.core.graph.AddResult`.
+core uses it too). `Graph.add` answers with `node.core.add_result.AddResult`.
 
 Statuses and reasons are `StrEnum`s: each member *is* its stable string, so
 logs, metrics counters, wire messages and stored rejections carry the same

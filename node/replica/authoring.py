@@ -39,7 +39,7 @@ from node.state.types import TYPE_MEMBER, AuthReason
 from node.state.view import StateView
 
 if TYPE_CHECKING:
-    from node.core.graph import AddResult
+    from node.core.add_result import AddResult
 
 
 class Authoring:

@@ -73,9 +73,10 @@ import random
 from collections import Counter
 from collections.abc import Mapping
 
+from node.core.add_result import AddResult
 from node.core.outcomes import AddStatus
 from node.core.event import KIND_CREATE, Event, pack_payload
-from node.core.graph import AddResult, Graph
+from node.core.graph import Graph
 from node.core.identity import Identity, sign_event
 from node.core.monitor import ReferenceMonitor, Rejected
 from node.core.order import OrderUpdate

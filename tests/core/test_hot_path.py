@@ -25,7 +25,7 @@ from node.core.event import (
     make_event,
 )
 from node.core.fastinit import fast_init
-from node.core.graph import AddResult
+from node.core.add_result import AddResult
 from node.core.outcomes import AddStatus, RejectReason, Rejection
 from node.replica.replica import Received, Replica, ReplicaConfig
 from storage.memory import MemoryStore

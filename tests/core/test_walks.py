@@ -13,8 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from node.core import graph as graph_module
-from node.core import walks
+from node.core import delivery_pages, graph_walks
 from node.core.event import KIND_MESSAGE
 from node.core.graph import Graph
 from node.core.identity import sign_event
@@ -174,7 +173,7 @@ def test_recent_keeps_whole_levels_and_raises_the_floor():
     assert set(ids) == everything_above
 
 
-WALK_TEST_BOUND = 50  # graph.MAX_WALK, scaled down from 100,000
+WALK_TEST_BOUND = 50  # graph_walks.MAX_WALK, scaled down from 100,000
 
 
 def catch_up(source: Replica, target: Replica, page: int, rounds: int = 300) -> list[str]:
@@ -193,7 +192,7 @@ def catch_up(source: Replica, target: Replica, page: int, rounds: int = 300) -> 
 def test_a_peer_lagging_beyond_the_walk_bound_gets_pages_it_can_apply(monkeypatch):
     # Regression: a walk stopped at MAX_WALK holds the *deepest* missing
     # events, and its "shallowest ten" were all buffered by the peer.
-    monkeypatch.setattr(graph_module, "MAX_WALK", WALK_TEST_BOUND)
+    monkeypatch.setattr(graph_walks, "MAX_WALK", WALK_TEST_BOUND)
     origin = chain(120)
     peer = Replica(MemoryStore(), origin.topic_id, identity("peer"))
     peer.receive(origin.graph.get(origin.topic_id).raw, NOW_MS)
@@ -205,7 +204,7 @@ def test_a_peer_lagging_beyond_the_walk_bound_gets_pages_it_can_apply(monkeypatc
 
 
 def test_a_peer_that_knows_nothing_is_paged_from_the_root(monkeypatch):
-    monkeypatch.setattr(graph_module, "MAX_WALK", WALK_TEST_BOUND)
+    monkeypatch.setattr(graph_walks, "MAX_WALK", WALK_TEST_BOUND)
     origin = chain(120)
     answer = origin.graph.not_below([], limit=10)
     assert answer == [e.id for _, e in origin.graph.deliveries(limit=10)]
@@ -225,7 +224,7 @@ def test_a_peer_back_from_a_partition_catches_up_in_pages(monkeypatch):
     # The peer wrote on an old head while cut off, and its events reached the
     # origin last: at the end of the origin's delivery order, above the 115
     # events the peer lacks.
-    monkeypatch.setattr(graph_module, "MAX_WALK", WALK_TEST_BOUND)
+    monkeypatch.setattr(graph_walks, "MAX_WALK", WALK_TEST_BOUND)
     origin = chain(120)
     peer = Replica(MemoryStore(), origin.topic_id, identity("peer"))
     for _, event in origin.graph.deliveries(limit=6):  # the root and bob's first five
@@ -248,7 +247,7 @@ def test_a_peer_back_from_a_partition_catches_up_in_pages(monkeypatch):
        keep=st.floats(0.0, 1.0), pick=st.integers(0, 10_000))
 def test_every_page_applies_in_order_whatever_the_walk_bound(seed, bound, page, keep, pick):
     with pytest.MonkeyPatch.context() as patch:  # one patch per example
-        patch.setattr(graph_module, "MAX_WALK", bound)
+        patch.setattr(graph_walks, "MAX_WALK", bound)
         check_pages_apply(seed, page, keep, pick)
 
 
@@ -277,12 +276,12 @@ def test_delivery_order_pages_are_valid_for_any_heads():
     for event in events:
         full.receive(event.raw, NOW_MS)
     graph = full.graph
-    log = walks.DeliveryLog(graph._locate, graph._at, graph.delivered_count)
+    log = delivery_pages.DeliveryLog(graph._locate, graph._at, graph.delivered_count)
     rng = random.Random(9)
     for _ in range(200):
         heads = {e.id for e in rng.sample(events, rng.randint(0, 4))}
         budget, limit = rng.choice([1, 5, 20, 1_000]), rng.randint(1, 30)
-        page = walks.page_by_position(log, heads, limit, budget)
+        page = delivery_pages.page_by_position(log, heads, limit, budget)
         below = brute_below(graph, heads)
         sent: set[bytes] = set()
         for event_id in page:

@@ -1,0 +1,138 @@
+"""What the engine takes in: received events into the replicas, faults against peers.
+
+Every event a peer hands over — by push, in an anti-entropy reply, in
+answer to a want — goes through `_ingest`: a known id is a duplicate and
+costs one hash (content-addressed: the same id is the same bytes, so the
+signature is not checked again; each node hears each event about
+`forward_fanout` times, so this is the hot path), anything else goes to
+`Replica.receive` and its outcome becomes log records, want sources for
+missing parents, and the raws new here (which push forwards). In
+standalone mode the batch is committed before anything is forwarded or
+answered (`transport.dissemination` explains who commits when).
+
+Faults are counted here too (`_blame`): a frame that does not decode, or an
+event failing a Reference Monitor check a correct peer never fails
+(`transport.misbehaviour`), counts against the peer that handed it over,
+and at `misbehaviour_threshold` a `Disconnect` effect asks the driver to drop
+it; a frame only attributed to a peer (`accountable=False`) is never held
+against it.
+
+`Intake` is a mixin of `Disseminator`, like `transport.anti_entropy`: it
+reads the engine's state listed in its class body.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from node.core.event import Event, event_id_of
+from node.core.outcomes import AddStatus
+from node.logschema import SYNC
+from node.replica.replica import Replica
+from transport.dissemination_config import DisseminationConfig
+from transport.effects import Disconnect, Effect, Log, PeerId
+from transport.misbehaviour import MISBEHAVIOUR_REASONS, count_fault
+
+# The statuses `_ingest` compares, bound once: on Python 3.11 every enum member
+# lookup (`AddStatus.REJECTED`) goes through EnumType.__getattr__ and costs
+# ~0.1 µs, which would be paid for every received event.
+_REJECTED = AddStatus.REJECTED
+_DUPLICATE = AddStatus.DUPLICATE
+_BUFFERED = AddStatus.BUFFERED
+
+
+class Intake:
+    """Received events and peer faults; a mixin of `Disseminator` (module docstring)."""
+
+    # The engine's state this part reads (set by `Disseminator.__init__`).
+    config: DisseminationConfig
+    stats: Counter[str]
+    peer_misbehaviour: Counter[PeerId]
+    _commits: bool  # standalone: the engine commits
+    _deferring: bool  # inside on_batch: commits wait for the end of the batch
+    _accountable: bool  # the frame being handled came from its sender
+
+    if TYPE_CHECKING:  # the engine's methods this part calls
+        def _log(self, record_type: str, now_ms: int, topic: bytes | None, *,
+                 event: Event | None = None, event_id: bytes | None = None,
+                 **fields: Any) -> Log | None: ...
+        def _note_want_source(self, topic: bytes, parent: bytes, peer: PeerId) -> None: ...
+        def _note_news(self, topic: bytes, peer: PeerId) -> None: ...
+
+    def _ingest(self, peer: PeerId, replica: Replica, raws: Sequence[bytes], channel: str,
+                now_ms: int, out: list[Effect]) -> list[bytes]:
+        """Receive a batch, commit it once, log it; return the raws that were new here."""
+        graph = replica.graph
+        topic = replica.topic_id
+        logging = self.config.log
+        fresh: list[bytes] = []
+        for raw in raws:
+            event_id = event_id_of(raw)
+            # Content-addressed: a known id is these very bytes, so skip the signature
+            # check. The hot path: each node hears each event about forward_fanout times.
+            if graph.has(event_id) or graph.is_buffered(event_id):
+                self.stats["duplicates"] += 1
+                if logging:
+                    out.append(self._log("duplicate", now_ms, topic, event_id=event_id,
+                                         channel=channel))
+                continue
+            outcome = replica.receive(raw, now_ms)
+            if outcome.status is _REJECTED:
+                reason = outcome.reason or "rejected"
+                out.append(self._log("rejected", now_ms, topic, event_id=event_id, reason=reason))
+                if reason in MISBEHAVIOUR_REASONS:
+                    out += self._blame(peer, now_ms, topic, reason, log=False)
+                continue
+            if outcome.status is _DUPLICATE:
+                self.stats["duplicates"] += 1
+                continue
+            fresh.append(raw)
+            self.stats[f"received_{channel}"] += 1
+            out.append(self._log("received", now_ms, topic, event_id=event_id, channel=channel))
+            if outcome.status is _BUFFERED:
+                out.append(self._log("buffered", now_ms, topic, event_id=event_id))
+                for parent in outcome.missing:
+                    self._note_want_source(topic, parent, peer)
+            # Events failing the topic's auth rules stay vertices (and are still
+            # gossiped) but are never delivered to subscribers: log them as rejected.
+            unauthorized = dict(outcome.unauthorized)
+            for event in outcome.applied:
+                if event.id in unauthorized:
+                    out.append(self._log("rejected", now_ms, topic, event=event,
+                                         reason=unauthorized[event.id]))
+                else:
+                    out.append(self._log("delivered", now_ms, topic, event=event,
+                                         channel=channel, depth=graph.depth(event.id)))
+            for rejected_id, reason in outcome.rejected_ids:
+                if rejected_id != event_id:
+                    out.append(self._log("rejected", now_ms, topic, event_id=rejected_id,
+                                         reason=reason))
+        if graph.pending_ops and self._commits and not self._deferring:
+            # Durable before anything is forwarded or answered (in a batch,
+            # on_batch commits once at its end, before returning any effect;
+            # a driven engine's driver commits before carrying any out).
+            replica.commit()
+        if fresh and channel == SYNC:
+            self._note_news(topic, peer)
+        return fresh
+
+    def _blame(self, peer: PeerId, now_ms: int, topic: bytes | None, reason: str,
+               log: bool = True) -> list[Effect]:
+        """Count a hard fault against `peer`; at the threshold, ask to disconnect it.
+
+        `count_fault` keeps the counts (restarted after a disconnect, bounded
+        by MAX_BLAMED_PEERS). A fault in a frame not handed over by `peer`
+        itself (`on_message(accountable=False)`) is only counted in stats.
+        """
+        out: list[Effect] = []
+        if log:
+            out.append(self._log("rejected", now_ms, topic, reason=reason, peer=peer))
+        if not self._accountable:
+            self.stats["unattributed_faults"] += 1
+            return out
+        self.stats["misbehaviour"] += 1
+        if count_fault(self.peer_misbehaviour, peer, self.config.misbehaviour_threshold):
+            out.append(Disconnect(peer, reason))
+        return out
