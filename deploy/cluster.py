@@ -27,9 +27,12 @@ import signal
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from node.control_client import CONTROL_SOCKET, ControlError, control_call
 
 START_TIMEOUT_S = 30.0  # one daemon from exec to its "started" line
 CONNECT_TIMEOUT_S = 30.0  # all nodes seeing each other
@@ -38,6 +41,7 @@ STOP_TIMEOUT_S = 15.0  # SIGTERM to exit before SIGKILL
 POLL_INTERVAL_S = 0.1
 STDERR_TAIL_BYTES = 4_000
 MAX_NODES = 64
+MAX_PARALLEL_DIALS = 16  # control-socket `connect` calls in flight while a cluster starts
 
 
 class ClusterError(Exception):
@@ -98,10 +102,39 @@ class LocalCluster:
         self.close()
 
     def start(self) -> None:
+        """Start every daemon at once, then connect each to the nodes started before it.
+
+        A daemon's start-up is mostly interpreter and import time, so the
+        daemons start side by side; each then dials the earlier ones over its
+        control socket (the `connect` op): the same mesh as bootstrapping
+        each from the earlier ones, without starting them one after another.
+        """
         for node in self.nodes:
-            self.start_node(node.index)
+            self._spawn(node.index, bootstrap=[])
+        for node in self.nodes:
+            node.info = self._read_started(node)
+        dials = [(node.index, earlier.address) for node in self.nodes
+                 for earlier in self.nodes[:node.index]]
+        if dials:  # side by side too: on a slow or lossy link each dial takes round trips
+            with ThreadPoolExecutor(max_workers=min(len(dials), MAX_PARALLEL_DIALS)) as pool:
+                list(pool.map(lambda dial: self.dial(*dial), dials))
+
+    def dial(self, index: int, address: str) -> str:
+        """Have node `index` dial `address` now; the peer id it reached."""
+        path = self.nodes[index].data_dir / CONTROL_SOCKET
+        try:
+            return control_call(path, {"op": "connect", "address": address},
+                                timeout_s=CLI_TIMEOUT_S)["peer"]
+        except ControlError as exc:
+            raise ClusterError(f"node {index} cannot dial {address}: {exc}") from None
 
     def start_node(self, index: int, bootstrap: list[str] | None = None) -> NodeProcess:
+        """(Re)start node `index`, bootstrapping from `bootstrap` (default: the running nodes)."""
+        node = self._spawn(index, bootstrap)
+        node.info = self._read_started(node)
+        return node
+
+    def _spawn(self, index: int, bootstrap: list[str] | None) -> NodeProcess:
         node = self.nodes[index]
         node.data_dir.mkdir(parents=True, exist_ok=True)
         if bootstrap is None:
@@ -116,7 +149,6 @@ class LocalCluster:
                                         stdout=subprocess.PIPE, stderr=stderr, env=self.env,
                                         start_new_session=True)
         stderr.close()
-        node.info = self._read_started(node)
         return node
 
     def listen_address(self, index: int) -> str:
@@ -229,7 +261,16 @@ class LocalCluster:
                               env=self.env, input=input_text)
 
     def status(self, index: int) -> dict[str, Any]:
-        return self.cli(index, "status")
+        """What `megnode status` prints, asked over the control socket from this process.
+
+        The waits poll it many times a second across all nodes: a CLI process per poll
+        would spend most of the test's time starting interpreters.
+        """
+        path = self.nodes[index].data_dir / CONTROL_SOCKET
+        try:
+            return control_call(path, {"op": "status"}, timeout_s=CLI_TIMEOUT_S)["status"]
+        except ControlError as exc:
+            raise ClusterError(f"status of node {index} failed: {exc}") from None
 
     def topic_status(self, index: int, topic: str) -> dict[str, Any]:
         for entry in self.status(index)["topics"]:

@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from node.config import FAST_PATHS, ConfigError, load_config
-from node.control_client import ControlError, control_call, control_lines
+from node.control_client import CONTROL_SOCKET, ControlError, control_call, control_lines
 from node.core.identity import Identity
 from node.keyfile import KeyFileError, save_identity
 
@@ -49,7 +49,6 @@ EXIT_USAGE = 2
 EXIT_FAILURE = 1
 DEFAULT_DATA_DIR = "megnode-data"
 KEY_FILE = "node.key"  # the same name node.runtime uses
-CONTROL_SOCKET = "control.sock"
 PUBLISH_BATCH = 1_000  # events per control request with --lines
 DAEMON_LOG_MAX_BYTES = 10 * 1024 * 1024  # `run --log-file`: rotated at this size
 DAEMON_LOG_BACKUPS = 5  # rotated files kept beside the current one
@@ -113,7 +112,6 @@ def cmd_run(args: argparse.Namespace) -> int:
     import trio
 
     from node.control import serve_control
-    from node.runtime import CONTROL_SOCKET as SOCKET_NAME
     from node.runtime import Node, NodeError
 
     try:
@@ -128,7 +126,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     async def main() -> None:
         async with Node.open(args.data_dir, config=config) as node:
             async with trio.open_nursery() as nursery:
-                await nursery.start(serve_control, node, Path(args.data_dir) / SOCKET_NAME)
+                await nursery.start(serve_control, node, Path(args.data_dir) / CONTROL_SOCKET)
                 _print_json({"event": "started", "node": node.node_id,
                              "peer_id": node.host.peer_id, "addresses": list(node.addresses)})
                 daemon_log.info("started node %s, listening on %s", node.node_id,

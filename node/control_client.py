@@ -13,6 +13,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+# The daemon's control socket, inside its data dir (mode 0600); the one place this name lives.
+CONTROL_SOCKET = "control.sock"
 MAX_REPLY_LINE_BYTES = 16 << 20
 RECEIVE_CHUNK = 65_536
 

@@ -55,6 +55,7 @@ import trio
 from node.authoring import Authoring
 from node.committer import CommitError, Committer, Create, Records, Tick
 from node.config import NodeConfig
+from node.control_client import CONTROL_SOCKET
 from node.core.identity import Identity
 from node.core.peer_policy import TRANSPORT_FAULTS_BEFORE_BAN, PeerPolicy
 from node.core.store import Op
@@ -98,7 +99,6 @@ logger = logging.getLogger("megnode")
 
 KEY_FILE = "node.key"
 STORE_DIR = "store"
-CONTROL_SOCKET = "control.sock"
 
 TICK_INTERVAL_S = 0.05  # how often the protocol timer runs; its own intervals are longer
 PEER_EVENT_CAPACITY = 1_024
