@@ -23,7 +23,7 @@ This module wires the parts and owns the lifecycle and the table of joined
 topics; each part is its own module:
 
     node.topic_handle    `Topic`: publish, state actions, subscriptions, status
-    node.authoring       what the node authors inside committer steps (publishes,
+    node.topic_writes    what the node authors inside committer steps (publishes,
                          state actions, acks, membership joins)
     node.effects         the engine's effects on the network and the log
     node.peer_executor   the pure peer policy's inputs and effects (bans, redials)
@@ -52,7 +52,7 @@ from typing import Any
 
 import trio
 
-from node.authoring import Authoring
+from node.topic_writes import TopicWrites
 from node.committer import CommitError, Committer, Create, Records, Tick
 from node.config import NodeConfig
 from node.control_client import CONTROL_SOCKET
@@ -162,11 +162,11 @@ class Node:
         # own records are applied in its steps, one commit each (node.committer).
         self.committer = Committer(self.disseminator, self._run, now_ms, store,
                                    window_ms=config.commit_interval_ms)
-        self._authoring = Authoring(self.committer, self._topics, rng)
+        self._writes = TopicWrites(self.committer, self._topics, rng)
         # Relayed writers' requests (node.relay_intake); their peers are devices, not replicas.
         self._relay_intake = RelayIntake(self.committer, self._topics,
                                          self._peers.add_relay_client,
-                                         self._authoring.acknowledge, rng)
+                                         self._writes.acknowledge, rng)
         self.relay = self._relay_intake.server
 
     # ------------------------------------------------------------------ lifecycle
@@ -382,7 +382,7 @@ class Node:
     async def _register(self, replica: Replica, record: bytes | None = b"") -> Topic:
         """Replicate `replica` here; `record` (unless None: written already) marks it stored."""
         self._check_room()
-        topic = Topic(self.node_id, replica, self._authoring)
+        topic = Topic(self.node_id, replica, self._writes)
         self._topics[replica.topic_id] = topic
         self.disseminator.add_topic(replica)
         if record is not None:
@@ -412,7 +412,7 @@ class Node:
         while True:
             # The engine's tick, membership pursuit and acks: one committer step.
             try:
-                await self.committer.submit(Tick(self._authoring.tick_duties))
+                await self.committer.submit(Tick(self._writes.tick_duties))
             except CommitError:
                 pass  # the committer logged it and reloaded the topics; the next tick retries
             self._peers.enforce_bans(now_ms())

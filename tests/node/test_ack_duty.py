@@ -1,4 +1,4 @@
-"""The ticker's ack duty (node.authoring.Authoring.acknowledge) catches nothing.
+"""The ticker's ack duty (node.topic_writes.TopicWrites.acknowledge) catches nothing.
 
 It used to wrap `Replica.maybe_ack` in a catch-all "no power to ack, ordering
 off: nothing to do". Neither raises: on a ready, authorizing replica (the duty
@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from node.authoring import Authoring
+from node.topic_writes import TopicWrites
 from node.replica.ordering import OrderConfig
 from node.replica.replica import Replica, ReplicaConfig
 from node.topic_handle import Topic
@@ -35,9 +35,9 @@ class _NoAuthor:
         raise AssertionError("not used")
 
 
-def _duty(replicas: list[Replica]) -> Authoring:
+def _duty(replicas: list[Replica]) -> TopicWrites:
     topics = {r.topic_id: Topic(r.identity.public_key.hex(), r, _NoAuthor()) for r in replicas}
-    return Authoring(committer=None, topics=topics, rng=random.Random(SEED))  # type: ignore[arg-type]
+    return TopicWrites(committer=None, topics=topics, rng=random.Random(SEED))  # type: ignore[arg-type]
 
 
 def test_only_an_indexer_acks_and_a_writer_without_the_power_gets_nothing() -> None:

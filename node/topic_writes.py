@@ -25,7 +25,7 @@ from node.topic_handle import JOIN_RETRY_MS, StateAction, Topic
 logger = logging.getLogger("megnode")
 
 
-class Authoring:
+class TopicWrites:
     """Authors a node's events through its committer (implements `TopicAuthor`)."""
 
     def __init__(self, committer: Committer, topics: Mapping[bytes, Topic],
