@@ -21,12 +21,17 @@ from __future__ import annotations
 
 import tomllib
 from dataclasses import dataclass, fields, replace
+from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
-from transport.defaults import DEFAULT_SYNC_INTERVAL_MS, DEFAULT_SYNC_JITTER_MS, MISBEHAVIOUR_THRESHOLD
+from transport.defaults import (
+    DEFAULT_LISTEN,
+    DEFAULT_SYNC_INTERVAL_MS,
+    DEFAULT_SYNC_JITTER_MS,
+    MISBEHAVIOUR_THRESHOLD,
+)
 
-DEFAULT_LISTEN = ("/ip4/127.0.0.1/tcp/0",)
 # The engine's defaults (transport.defaults), so a node and the simulator agree.
 DEFAULT_ANTI_ENTROPY_INTERVAL_MS = DEFAULT_SYNC_INTERVAL_MS
 DEFAULT_ANTI_ENTROPY_JITTER_MS = DEFAULT_SYNC_JITTER_MS
@@ -35,7 +40,17 @@ DEFAULT_WIDTH_SAMPLE_INTERVAL_MS = 1_000
 DEFAULT_PEER_MISBEHAVIOUR_LIMIT = MISBEHAVIOUR_THRESHOLD  # invalid messages before a disconnect
 DEFAULT_TRANSPORT_TIMEOUT_MS = 10_000  # transport.libp2p_streams / libp2p_patches defaults
 MAX_CONFIG_BYTES = 256 * 1024
-FAST_PATHS = ("push", "gossipsub", "none")
+
+
+class FastPath(StrEnum):
+    """How new events travel first; anti-entropy repairs whatever it loses."""
+
+    PUSH = "push"  # our batched push over libp2p streams
+    GOSSIPSUB = "gossipsub"  # libp2p GossipSub
+    NONE = "none"  # anti-entropy only
+
+
+FAST_PATHS = tuple(FastPath)
 MAX_PEERS_LISTED = 256
 
 
@@ -45,9 +60,9 @@ class ConfigError(Exception):
 
 @dataclass(frozen=True, slots=True)
 class NodeConfig:
-    listen: tuple[str, ...] = DEFAULT_LISTEN
+    listen: tuple[str, ...] = (DEFAULT_LISTEN,)
     bootstrap: tuple[str, ...] = ()
-    fast_path: str = "push"  # "push" (our batched push), "gossipsub", or "none" (anti-entropy only)
+    fast_path: str = FastPath.PUSH  # see FastPath
     # Find peers on the LAN by mDNS (node.mdns). Off by default: it announces the node
     # to the whole LAN, most servers and clouds carry no multicast, and a bootstrap
     # list is the predictable choice.

@@ -64,7 +64,7 @@ from prometheus_client import CollectorRegistry, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
-from node.logschema import CHANNELS
+from node.logschema import CHANNELS, DELIVERED
 
 if TYPE_CHECKING:
     from node.replica.replica import Replica
@@ -311,7 +311,7 @@ class MetricsExporter:
 
     def on_log(self, record: dict[str, Any]) -> None:
         """Feed one core log record: the first delivery of a remote event is observed."""
-        if record.get("type") != "delivered" or record.get("author") == self._node.node_id:
+        if record.get("type") != DELIVERED or record.get("author") == self._node.node_id:
             return
         try:
             replica = self._node.disseminator.replica(bytes.fromhex(record["topic"]))

@@ -54,7 +54,7 @@ import trio
 
 from node.topic_writes import TopicWrites
 from node.committer import CommitError, Committer, Create, Records, Tick
-from node.config import NodeConfig
+from node.config import FastPath, NodeConfig
 from node.control_client import CONTROL_SOCKET
 from node.core.identity import Identity
 from node.core.peer_policy import TRANSPORT_FAULTS_BEFORE_BAN, PeerPolicy
@@ -127,9 +127,9 @@ class Node:
         self.disseminator = Disseminator(
             self.node_id, rng,
             DisseminationConfig(
-                push=fast_path == "push",
+                push=fast_path == FastPath.PUSH,
                 # GossipSub carries every event authored here (`Announce` effects).
-                announce=fast_path == "gossipsub",
+                announce=fast_path == FastPath.GOSSIPSUB,
                 sync_interval_ms=config.anti_entropy_interval_ms,
                 sync_jitter_ms=min(config.anti_entropy_jitter_ms,
                                    config.anti_entropy_interval_ms - 1),
@@ -228,7 +228,7 @@ class Node:
                 if config.log_dir is not None:
                     log_writer = JsonLinesLogWriter(data_dir / config.log_dir,
                                                     identity.public_key.hex())
-                gossip = GossipConfig(enabled=config.fast_path == "gossipsub")
+                gossip = GossipConfig(enabled=config.fast_path == FastPath.GOSSIPSUB)
                 # One frame of the dissemination protocol may be as large as the
                 # protocol allows (a bounded reply of many events).
                 transport_timeout_s = config.transport_timeout_ms / 1000

@@ -20,7 +20,7 @@ import trio
 
 from node.core.event import Event
 from node.errors import NodeError
-from node.replica.order_views import Rewind
+from node.replica.order_views import ORDER_CAUSAL, ORDER_CONFIRMED, ORDERS, Rewind
 from node.replica.ordering import KIND_ACK
 from node.replica.replica import Received, Replica
 from node.state.roles import Role
@@ -188,10 +188,10 @@ class Topic:
         from there. Each `Delivered` position is the subscriber's current length
         (positions from `since` on are watched). Only these yield `Rewind`.
         """
-        if order not in ("causal", "confirmed", "tentative"):
+        if order not in ORDERS:
             raise NodeError('subscribe order must be "causal", "confirmed" or "tentative"')
-        if order != "causal":
-            view = self._subscribe_confirmed if order == "confirmed" else self._subscribe_tentative
+        if order != ORDER_CAUSAL:
+            view = self._subscribe_confirmed if order == ORDER_CONFIRMED else self._subscribe_tentative
             async for item in view(since):
                 yield item
             return

@@ -19,3 +19,6 @@ DEFAULT_SYNC_JITTER_MS: Final = 500
 # Hard faults (malformed or forged events: `transport.misbehaviour`) from one
 # peer before the engine asks to disconnect it: a correct peer never causes one.
 MISBEHAVIOUR_THRESHOLD: Final = 20
+
+# Where a node listens unless told otherwise: loopback, any free port.
+DEFAULT_LISTEN: Final = "/ip4/127.0.0.1/tcp/0"

@@ -66,7 +66,7 @@ from libp2p.tools.anyio_service import background_trio_service
 from transport import libp2p_patches
 from transport.libp2p_gossip import GossipConfig, GossipHandler, GossipStats, GossipTopics, build_pubsub
 from transport.libp2p_identity import key_pair_from_seed, peer_id_of_key_pair
-from transport.libp2p_listen import DEFAULT_LISTEN
+from transport.defaults import DEFAULT_LISTEN
 from transport.libp2p_liveness import (
     CLOSE_TIMEOUT_S,
     LIVENESS_PROBE_TIMEOUT_S,

@@ -1,4 +1,4 @@
-"""Where a libp2p host listens: the default address, and a check that fixed ports are free.
+"""A check that a libp2p host's fixed listen ports are free (the default address: transport.defaults).
 
 Its own module because the check guards against a py-libp2p behaviour that
 no caller would guess: listeners bind with SO_REUSEPORT (for TCP hole
@@ -13,8 +13,6 @@ import socket
 from collections.abc import Sequence
 
 import multiaddr
-
-DEFAULT_LISTEN = "/ip4/127.0.0.1/tcp/0"
 
 
 def check_ports_free(addresses: Sequence[str]) -> None:
