@@ -143,11 +143,9 @@ def user_id(author: bytes) -> str:
 
 def is_user_id(value: object) -> bool:
     """True for a well-formed user id (64 lowercase hex characters)."""
-    return (
-        isinstance(value, str)
-        and len(value) == USER_ID_CHARS
-        and all(c in _HEX_DIGITS for c in value)
-    )
+    # `issuperset` walks the string in C: the auth rules ask this for every
+    # member event they check, and a per-character generator was ~10x slower.
+    return isinstance(value, str) and len(value) == USER_ID_CHARS and _HEX_DIGITS.issuperset(value)
 
 
 def member_key(author: bytes) -> StateKey:
