@@ -6,6 +6,10 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
+# pytest-xdist workers for `make test`: the suite is half simulation (CPU) and half
+# real daemons (waiting), so two workers use a 2-core machine; `make test TEST_WORKERS=0`
+# runs it in one process.
+TEST_WORKERS ?= 2
 
 .PHONY: venv test bench sweep demo clean
 
@@ -23,7 +27,7 @@ $(STAMP): pyproject.toml
 # pytest exits 5 when it collected no test: that is a failure here, never a pass.
 test: venv
 	$(VENV)/bin/lint-imports
-	$(PY) -m pytest -q -p no:cacheprovider tests; rc=$$?; \
+	$(PY) -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadgroup tests; rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests" >&2; exit 1; fi; exit $$rc
 
 bench: venv

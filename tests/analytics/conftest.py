@@ -18,8 +18,11 @@ The session binds to 127.0.0.1 and has no UI (see `analytics.spark`).
 from __future__ import annotations
 
 import shutil
+from pathlib import Path
 
 import pytest
+
+_HERE = Path(__file__).resolve().parent
 
 SPARK_MASTER = "local[2]"
 SHUFFLE_PARTITIONS = 1
@@ -42,3 +45,11 @@ def spark():
     )
     yield session
     session.stop()
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Under pytest-xdist (`make test` runs two workers) every Spark test goes to one
+    worker (`--dist loadgroup`), so the suite starts one JVM, not one per worker."""
+    for item in items:
+        if item.path.resolve().parent == _HERE:
+            item.add_marker(pytest.mark.xdist_group("spark"))
