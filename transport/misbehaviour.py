@@ -1,7 +1,7 @@
 """Misbehaviour accounting: which faults are a peer's, and when to drop it.
 
 A correct peer validates every event before it relays it, so some Reference
-Monitor verdicts (`MisbehaviourReason`) can only come from a faulty or
+Monitor verdicts (`MISBEHAVIOUR_REASONS`) can only come from a faulty or
 malicious sender; the engine counts those (and undecodable frames) against
 the peer that handed them over, and at `DisseminationConfig.
 misbehaviour_threshold` (default `transport.defaults.MISBEHAVIOUR_THRESHOLD`)
@@ -14,39 +14,35 @@ list of blameable reasons reads as one table.
 from __future__ import annotations
 
 from collections import Counter
-from enum import StrEnum
 from typing import Final
+
+from node.core.outcomes import RejectReason
 
 MAX_BLAMED_PEERS: Final = 4_096  # peers whose fault counts are remembered (the least suspect go first)
 
 
-class MisbehaviourReason(StrEnum):
-    """Reference Monitor rejection reasons a correct peer never causes.
-
-    The values are the core's reason strings (`node.core.monitor`): a
-    StrEnum, so a member equals, hashes and logs as its string.
-    """
-
-    NOT_BYTES = "not_bytes"
-    TOO_LARGE = "too_large"
-    NOT_MSGPACK = "not_msgpack"
-    BAD_SHAPE = "bad_shape"
-    BAD_FIELD = "bad_field"
-    UNKNOWN_VERSION = "unknown_version"
-    NOT_CANONICAL = "not_canonical"
-    TOO_MANY_PARENTS = "too_many_parents"
-    DUPLICATE_PARENTS = "duplicate_parents"
-    NO_PARENTS = "no_parents"
-    TOO_MANY_AUTH_REFS = "too_many_auth_refs"
-    DUPLICATE_AUTH_REFS = "duplicate_auth_refs"
-    STATE_KEY_TOO_LONG = "state_key_too_long"
-    BAD_SIGNATURE = "bad_signature"
-    ID_MISMATCH = "id_mismatch"
-    WRONG_TOPIC = "wrong_topic"
-
-
-# For `reason in MISBEHAVIOUR_REASONS` with the core's plain-string reasons.
-MISBEHAVIOUR_REASONS: Final = frozenset(MisbehaviourReason)
+# The core's rejection reasons (`node.core.outcomes.RejectReason`) a correct peer never
+# causes: every decoder verdict, a bad signature or id, an event of another topic.
+# Not blamed: a future timestamp (our clock may be behind), a full buffer, an antichain
+# or rejected-parent verdict on an event the sender may only have buffered.
+MISBEHAVIOUR_REASONS: Final = frozenset({
+    RejectReason.NOT_BYTES,
+    RejectReason.TOO_LARGE,
+    RejectReason.NOT_MSGPACK,
+    RejectReason.BAD_SHAPE,
+    RejectReason.BAD_FIELD,
+    RejectReason.UNKNOWN_VERSION,
+    RejectReason.NOT_CANONICAL,
+    RejectReason.TOO_MANY_PARENTS,
+    RejectReason.DUPLICATE_PARENTS,
+    RejectReason.NO_PARENTS,
+    RejectReason.TOO_MANY_AUTH_REFS,
+    RejectReason.DUPLICATE_AUTH_REFS,
+    RejectReason.STATE_KEY_TOO_LONG,
+    RejectReason.BAD_SIGNATURE,
+    RejectReason.ID_MISMATCH,
+    RejectReason.WRONG_TOPIC,
+})
 
 
 def count_fault(counts: Counter[str], peer: str, threshold: int) -> bool:
