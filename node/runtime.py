@@ -288,7 +288,7 @@ class Node:
             host.set_gossip_handler(self._on_gossip)
         self._nursery.start_soon(self.committer.run)  # first: opening topics writes through it
         for topic_id, wants_membership in stored_topics(self.store):
-            topic = await self._open_topic(topic_id)
+            topic = await self._open_topic(topic_id, record=None)  # its record stays as it is
             topic.wants_membership = wants_membership
         self._nursery.start_soon(self._peers.watch_peers, self._peer_receive)
         self._nursery.start_soon(self._peers.watch_transport, self._misbehaviour_receive)
@@ -351,9 +351,8 @@ class Node:
         topic_id = parse_topic_id(topic_id)
         if topic_id in self._topics:
             return self._topics[topic_id]
-        topic = await self._open_topic(topic_id)
+        topic = await self._open_topic(topic_id, record=WANTS_MEMBERSHIP)
         topic.wants_membership = True
-        await self._write_records(topic_record(topic_id, WANTS_MEMBERSHIP))
         for peer in self.disseminator.peers:
             self._run(self.disseminator.sync_with(peer, topic_id, now_ms()))
         return topic
@@ -375,9 +374,9 @@ class Node:
         return ReplicaConfig(ordering=OrderConfig() if interval is None
                              else OrderConfig(ack_interval_ms=interval))
 
-    async def _open_topic(self, topic_id: bytes) -> Topic:
+    async def _open_topic(self, topic_id: bytes, record: bytes | None = b"") -> Topic:
         replica = Replica(self.store, topic_id, self.identity, self._replica_config())
-        return await self._register(replica)
+        return await self._register(replica, record)
 
     async def _register(self, replica: Replica, record: bytes | None = b"") -> Topic:
         """Replicate `replica` here; `record` (unless None: written already) marks it stored."""
