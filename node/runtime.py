@@ -58,7 +58,8 @@ from node.config import FastPath, NodeConfig
 from node.control_client import CONTROL_SOCKET
 from node.core.identity import Identity
 from node.core.peer_policy import TRANSPORT_FAULTS_BEFORE_BAN, PeerPolicy
-from node.core.store import Op
+from node.backup import BackupError, finish_backup, prepare_target
+from node.core.store import Op, StoreError
 from node.dialer import Dialer
 from node.effects import GOSSIP_TOPIC_PREFIX, PROTOCOL_DISSEMINATION, EffectRunner, gossip_topic
 from node.errors import NodeError, sole_exception
@@ -429,6 +430,24 @@ class Node:
         node_id = node_id_of(origin)
         if node_id is not None:
             await self.committer.receive(node_id, data, accountable=False)
+
+    # ------------------------------------------------------------------ backup
+
+    async def backup(self, out: str | Path) -> dict[str, object]:
+        """A consistent copy of the store into the empty directory `out` (node.backup).
+
+        The copy runs in a worker thread: LMDB reads one snapshot in its own
+        read transaction, the committer keeps writing and the trio loop stays
+        free. Everything committed before the call is in the copy.
+        """
+        try:
+            target = prepare_target(Path(out))
+            await trio.to_thread.run_sync(self.store.copy_to, target)
+            return await trio.to_thread.run_sync(finish_backup, target)
+        except (BackupError, StoreError) as exc:
+            raise NodeError(str(exc)) from None
+        except OSError as exc:
+            raise NodeError(f"backup to {out} failed: {exc.strerror or exc}") from None
 
     # ------------------------------------------------------------------ peers and status
 
