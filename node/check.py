@@ -51,6 +51,7 @@ from node.core.store import (
     TABLE_META,
     TABLES,
     Delete,
+    Store,
     StoreError,
     prefix_upper_bound,
 )
@@ -362,6 +363,29 @@ def _check_index(txn: lmdb.Transaction, events: Any, delivery: Any, topic: bytes
             report.add(Damage.INDEX_DANGLING, position, event_id.hex()[:16])
 
 
+# --------------------------------------------------------------------- at start
+
+
+def quick_check_topic(store: Store, topic: bytes) -> str | None:
+    """What is wrong with `topic` by a cheap test, or None: run on every start.
+
+    Two reads: the delivered counter must name the last delivery record
+    (position counter - 1, none when 0). A torn or truncated topic fails it
+    and the node refuses to serve that topic (serving the others); the full
+    walk is `check_data_dir`.
+    """
+    counter = int.from_bytes(store.get(TABLE_META, topic + META_DELIVERED) or b"", "big")
+    last = list(store.scan(TABLE_DELIVERY, topic, reverse=True, limit=1))
+    if not last:
+        return None if counter == 0 else f"delivered counter {counter} but no events stored"
+    key = last[0][0]
+    position = int.from_bytes(key[ID_BYTES:], "big") if len(key) == ID_BYTES + POSITION_BYTES \
+        else -1
+    if position != counter - 1:
+        return f"delivered counter {counter} but the last stored position is {position}"
+    return None
+
+
 # --------------------------------------------------------------------- the repair
 
 
@@ -399,4 +423,5 @@ def repair_topic(store_dir: Path, topic: bytes) -> RepairResult:
 
 
 __all__ = ["CheckError", "Damage", "Finding", "RepairResult", "StoreError", "StoreReport",
-           "TopicReport", "check_data_dir", "check_topic", "record_verdict", "repair_topic"]
+           "TopicReport", "check_data_dir", "check_topic", "quick_check_topic", "record_verdict",
+           "repair_topic"]

@@ -26,7 +26,7 @@ from node.core.event import KIND_MESSAGE
 from node.core.identity import sign_event
 from node.core.store import TABLE_DELIVERY, TABLE_EVENTS, TABLE_META, TABLES
 from node.core.graph_commit import META_DELIVERED
-from node.runtime import Node
+from node.runtime import Node, NodeError
 from storage.lmdb_data_dir import StoreLockedError
 from storage.lmdb_store import LmdbStore
 from tests.helpers import identity, new_topic, random_dag
@@ -188,3 +188,31 @@ def test_repair_drops_a_damaged_topic_and_the_node_refetches_it(tmp_path: Path) 
     assert trio.run(restart_b) == ids
     report = check_data_dir(store_b)
     assert report.ok and [t.events for t in report.topics] == [len(ids)]
+
+
+def test_a_node_refuses_to_serve_a_topic_the_start_check_finds_damaged(tmp_path: Path) -> None:
+    async def two_topics() -> tuple[bytes, bytes]:
+        async with Node.open(tmp_path / "n", listen=LOOPBACK) as node:
+            damaged = await node.create_topic("damaged")
+            await damaged.publish_many([b"x%d" % i for i in range(5)])
+            healthy = await node.create_topic("healthy")
+            return damaged.topic_id, healthy.topic_id
+
+    damaged, healthy = trio.run(two_topics)
+    store_dir = tmp_path / "n" / "store"
+
+    def truncate(txn, dbs):  # the last event gone, the counter still counting it
+        counter = int.from_bytes(txn.get(damaged + META_DELIVERED, db=dbs[TABLE_META]), "big")
+        assert txn.delete(damaged + pos(counter - 1), db=dbs[TABLE_DELIVERY])
+
+    edit(store_dir, truncate)
+
+    async def reopen() -> None:
+        with trio.fail_after(WAIT_S):
+            async with Node.open(tmp_path / "n", listen=LOOPBACK) as node:
+                assert healthy in node.topics and damaged not in node.topics
+                assert damaged.hex() in node.status()["damaged_topics"]
+                with pytest.raises(NodeError, match="damaged"):
+                    await node.join(damaged)
+
+    trio.run(reopen)
