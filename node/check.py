@@ -73,6 +73,7 @@ class Damage(StrEnum):
     """What a finding says is wrong. Stable strings: the report and the tests use them."""
 
     MISSING_TABLE = "missing_table"  # store-wide: a named database is absent
+    UNREADABLE = "unreadable"  # store-wide: LMDB failed mid-walk (a corrupt page)
     BAD_KEY = "bad_key"  # a key of the wrong length for its table
     BAD_RECORD = "bad_record"  # a delivery value that is not msgpack [depth, raw]
     UNDECODABLE = "undecodable"  # the raw event does not decode
@@ -166,8 +167,13 @@ def check_data_dir(store_dir: Path) -> StoreReport:
     try:
         env = _open_read_only(store_dir)
         try:
-            with env.begin() as txn:
-                return _check_env(env, txn, store_dir)
+            try:
+                with env.begin() as txn:
+                    return _check_env(env, txn, store_dir)
+            except lmdb.Error as exc:  # a corrupt B-tree page: no per-topic verdict possible
+                report = StoreReport(store_dir)
+                report.store_findings.append(Finding(Damage.UNREADABLE, detail=str(exc)))
+                return report
         finally:
             env.close()
     finally:
