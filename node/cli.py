@@ -17,11 +17,17 @@
     megnode status --data-dir D              peers, topics, extremities, buffer, rejections
     megnode connect ADDRESS --data-dir D     dial a peer by its /p2p/ address
     megnode export-logs --data-dir D OUT     copy the dissemination logs for analysis
+    megnode check --data-dir D               integrity check of a stopped node's store
+                                             (exit 0 clean, 1 damage found)
+    megnode repair TOPIC --data-dir D        drop a damaged topic's state; refetched on start
+    megnode backup OUT --data-dir D          consistent copy of the store (daemon running or not)
+    megnode restore FROM --data-dir D [--force]   put a backup in place (daemon stopped)
     megnode analyze LOGDIR --out REPORT      Spark analysis of collected logs
     megnode simulate [...]                   the deterministic simulator
 
-Every command but `run`, `keygen`, `relay-publish`, `export-logs`, `analyze` and
-`simulate` talks to the daemon over its control socket (`relay-publish` needs
+Every command but `run`, `keygen`, `relay-publish`, `export-logs`, `check`, `repair`,
+`restore`, `analyze` and `simulate` talks to the daemon over its control socket
+(`backup` does when a daemon runs, else it copies the stopped node's store itself) (`relay-publish` needs
 no daemon: it dials the relay itself, node.relay_client). User mistakes (bad address,
 bad topic id, unreadable key, data dir in use, no daemon running) give one
 clear line on stderr and exit status 2; nothing prints a traceback for them.
@@ -283,6 +289,72 @@ def cmd_export_logs(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _store_dir(args: argparse.Namespace) -> Path:
+    return _data_dir(args) / "store"  # node.runtime.STORE_DIR (not imported: it loads libp2p)
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    """Print one JSON line per topic and a summary line; exit 0 clean, 1 damage found."""
+    from node.check import CheckError, check_data_dir
+    from node.core.store import StoreError
+
+    try:
+        report = check_data_dir(_store_dir(args))
+    except (CheckError, StoreError) as exc:  # StoreLockedError: a daemon runs
+        raise UserError(f"cannot check: {exc}") from None
+    for topic in report.topics:
+        _print_json(topic.as_json())
+    _print_json(report.summary_json())
+    return EXIT_OK if report.ok else EXIT_FAILURE
+
+
+def cmd_repair(args: argparse.Namespace) -> int:
+    from node.check import CheckError, repair_topic
+    from node.core.store import StoreError
+
+    try:
+        topic = bytes.fromhex(args.topic)
+    except ValueError:
+        topic = b""
+    if len(topic) != 32:
+        raise UserError(f"not a topic id (64 hex characters): {args.topic!r}")
+    try:
+        result = repair_topic(_store_dir(args), topic)
+    except (CheckError, StoreError) as exc:
+        raise UserError(f"cannot repair: {exc}") from None
+    _print_json({"repaired": args.topic, "keys_deleted": result.deleted,
+                 "record_kept": result.recorded})
+    return EXIT_OK
+
+
+def cmd_backup(args: argparse.Namespace) -> int:
+    from node.backup import BackupError, backup_offline
+    from node.core.store import StoreError
+    from storage.lmdb_data_dir import StoreLockedError
+
+    out = Path(args.out).absolute()
+    try:
+        reply = backup_offline(_store_dir(args), out)
+    except StoreLockedError:  # a daemon holds the store: it makes the copy
+        reply = _control(args, {"op": "backup", "path": str(out)})
+        reply.pop("ok", None)
+    except (BackupError, StoreError) as exc:
+        raise UserError(f"cannot back up: {exc}") from None
+    _print_json(reply)
+    return EXIT_OK
+
+
+def cmd_restore(args: argparse.Namespace) -> int:
+    from node.backup import BackupError, restore
+    from node.core.store import StoreError
+
+    try:
+        _print_json(restore(_store_dir(args), Path(args.source), force=args.force))
+    except (BackupError, StoreError) as exc:  # StoreLockedError: a daemon runs
+        raise UserError(f"cannot restore: {exc}") from None
+    return EXIT_OK
+
+
 # ---------------------------------------------------------------------- parser
 
 
@@ -384,6 +456,26 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("out")
     p.add_argument("--log-dir", default="logs")
     p.set_defaults(func=cmd_export_logs)
+
+    p = with_data_dir(commands.add_parser(
+        "check", help="check a stopped node's store; exit 0 clean, 1 damage found"))
+    p.set_defaults(func=cmd_check)
+
+    p = with_data_dir(commands.add_parser(
+        "repair", help="drop a damaged topic's stored state (the node refetches it from peers)"))
+    p.add_argument("topic")
+    p.set_defaults(func=cmd_repair)
+
+    p = with_data_dir(commands.add_parser("backup", help="a consistent copy of the store "
+                                          "into the empty directory OUT (hot, if a daemon runs)"))
+    p.add_argument("out")
+    p.set_defaults(func=cmd_backup)
+
+    p = with_data_dir(commands.add_parser("restore", help="put a backup in place "
+                                          "(the daemon must be stopped)"))
+    p.add_argument("source", metavar="FROM")
+    p.add_argument("--force", action="store_true", help="replace an existing store")
+    p.set_defaults(func=cmd_restore)
 
     # Listed for --help; main() hands their arguments to their own parsers.
     commands.add_parser("analyze", help="Spark analysis of logs (see `megnode analyze -h`)")

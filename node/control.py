@@ -22,6 +22,7 @@ Requests:
     {"op": "set_state", "topic": ..., "type": "app.config", "state_key": "", "content": {...}}
     {"op": "invite" | "add_writer" | "ban", "topic": ..., "member": "<node id hex>"}
     {"op": "set_role", "topic": ..., "member": ..., "role": "indexer"|"writer"|"relayed"|"none"}
+    {"op": "backup", "path": "/absolute/empty/dir"}   (a hot copy of the store: node.backup)
 """
 
 from __future__ import annotations
@@ -200,6 +201,11 @@ async def _handle(node: Node, request: dict[str, Any], stream: trio.SocketStream
         # None: the member had that role already; nothing was written.
         await _send(stream, {"ok": True, "id": None if event_id is None else event_id.hex(),
                              "changed": event_id is not None})
+    elif op == "backup":
+        path = request.get("path")
+        if not isinstance(path, str) or not os.path.isabs(path):
+            raise NodeError("backup needs an absolute path")
+        await _send(stream, {"ok": True} | await node.backup(path))
     elif op == "connect":
         peer = await node.connect(str(request.get("address", "")))
         await _send(stream, {"ok": True, "peer": peer})

@@ -58,7 +58,9 @@ from node.config import FastPath, NodeConfig
 from node.control_client import CONTROL_SOCKET
 from node.core.identity import Identity
 from node.core.peer_policy import TRANSPORT_FAULTS_BEFORE_BAN, PeerPolicy
-from node.core.store import Op
+from node.backup import BackupError, finish_backup, prepare_target
+from node.check import quick_check_topic
+from node.core.store import Op, StoreError
 from node.dialer import Dialer
 from node.effects import GOSSIP_TOPIC_PREFIX, PROTOCOL_DISSEMINATION, EffectRunner, gossip_topic
 from node.errors import NodeError, sole_exception
@@ -141,6 +143,8 @@ class Node:
             commits=False,  # the committer is the node's only writer
         )
         self._topics: dict[bytes, Topic] = {}
+        # Stored topics the start check found damaged (node.check): not opened, not served.
+        self.damaged_topics: dict[bytes, str] = {}
         self.stats: dict[str, int] = {"outbox_dropped": 0, "send_failed": 0, "log_failed": 0,
                                       "redials": 0}
         self.metrics: MetricsExporter | None = None  # set by open() when metrics_port > 0
@@ -288,6 +292,12 @@ class Node:
             host.set_gossip_handler(self._on_gossip)
         self._nursery.start_soon(self.committer.run)  # first: opening topics writes through it
         for topic_id, wants_membership in stored_topics(self.store):
+            damage = quick_check_topic(self.store, topic_id)  # node.check: two reads
+            if damage is not None:  # serve the others; `megnode check` / `repair` fix it
+                self.damaged_topics[topic_id] = damage
+                logger.error("topic %s is damaged (%s): not served; stop the node and run "
+                             "`megnode check`, then `megnode repair`", topic_id.hex(), damage)
+                continue
             topic = await self._open_topic(topic_id, record=None)  # its record stays as it is
             topic.wants_membership = wants_membership
         self._nursery.start_soon(self._peers.watch_peers, self._peer_receive)
@@ -351,6 +361,10 @@ class Node:
         topic_id = parse_topic_id(topic_id)
         if topic_id in self._topics:
             return self._topics[topic_id]
+        damage = self.damaged_topics.get(topic_id) or quick_check_topic(self.store, topic_id)
+        if damage is not None:
+            raise NodeError(f"topic {topic_id.hex()} is damaged in the store ({damage}): stop "
+                            "the node and run `megnode repair`")
         topic = await self._open_topic(topic_id, record=WANTS_MEMBERSHIP)
         topic.wants_membership = True
         for peer in self.disseminator.peers:
@@ -430,6 +444,24 @@ class Node:
         if node_id is not None:
             await self.committer.receive(node_id, data, accountable=False)
 
+    # ------------------------------------------------------------------ backup
+
+    async def backup(self, out: str | Path) -> dict[str, object]:
+        """A consistent copy of the store into the empty directory `out` (node.backup).
+
+        The copy runs in a worker thread: LMDB reads one snapshot in its own
+        read transaction, the committer keeps writing and the trio loop stays
+        free. Everything committed before the call is in the copy.
+        """
+        try:
+            target = prepare_target(Path(out))
+            await trio.to_thread.run_sync(self.store.copy_to, target)
+            return await trio.to_thread.run_sync(finish_backup, target)
+        except (BackupError, StoreError) as exc:
+            raise NodeError(str(exc)) from None
+        except OSError as exc:
+            raise NodeError(f"backup to {out} failed: {exc.strerror or exc}") from None
+
     # ------------------------------------------------------------------ peers and status
 
     async def connect(self, address: str) -> str:
@@ -452,6 +484,7 @@ class Node:
             "peers": sorted(self.host.peers()),
             "fast_path": self.config.fast_path,
             "topics": [t.status() for t in self._topics.values()],
+            "damaged_topics": {t.hex(): why for t, why in self.damaged_topics.items()},
             "stats": dict(self.stats) | {k: v for k, v in self.disseminator.stats.items()}
             | {f"relay.{k}": v for k, v in self.relay.stats.items()},
         }

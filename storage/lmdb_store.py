@@ -89,6 +89,9 @@ class LmdbStore:
         self._closed = False
         self._mutex = threading.Lock()
         self._reader: lmdb.Transaction | None = None  # the shared read transaction (module doc)
+        # Held while `copy_to` runs in a worker thread: growing the map (or
+        # closing) needs every transaction of the process closed, the copy's too.
+        self._copying = threading.Lock()
         self.commits = 0  # how many batches were applied (group-commit statistics)
         try:
             self._path.mkdir(parents=True, exist_ok=True)
@@ -196,11 +199,29 @@ class LmdbStore:
             # No fsync here even with sync=False: that mode never promises
             # durability, and simulations open and close stores by the hundred.
             try:
-                self._env.close()
+                with self._copying:  # never close under a running copy_to
+                    self._env.close()
             finally:
                 unlock_data_dir(self._lock_fd)
 
     # --- extras (not part of the protocol) ----------------------------------
+
+    def copy_to(self, path: str | os.PathLike[str]) -> None:
+        """Write a consistent, compacted copy of the store into the empty directory `path`.
+
+        LMDB's copy reads one snapshot in a read transaction of its own, so it
+        may run in a worker thread while the writer commits (a hot backup,
+        node.backup); it never blocks the writer, except that growing the map
+        waits for it (and closing the store does).
+        """
+        with self._mutex:
+            self._check_open()
+            env = self._env
+        with self._copying:
+            try:
+                env.copy(os.fspath(path), compact=True)
+            except lmdb.Error as exc:
+                raise StoreError(f"cannot copy {self._path} to {path}: {exc}") from exc
 
     @property
     def path(self) -> Path:
@@ -329,8 +350,10 @@ class LmdbStore:
             )
         grown = min(current * MAP_GROWTH_FACTOR, MAX_MAP_SIZE_BYTES)
         try:
-            # No transaction is open here (the failed one was aborted and the
-            # mutex keeps other calls out), which set_mapsize requires.
-            self._env.set_mapsize(grown)
+            # No transaction is open here (the failed one was aborted, the
+            # mutex keeps other calls out, `_copying` waits for a copy_to),
+            # which set_mapsize requires.
+            with self._copying:
+                self._env.set_mapsize(grown)
         except lmdb.Error as exc:
             raise StoreError(f"cannot grow the map of {self._path} to {grown}: {exc}") from exc
