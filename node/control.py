@@ -36,6 +36,7 @@ from typing import Any
 import trio
 
 from node.core.event import Event
+from node.core.store import StoreError
 from node.replica.order_views import Rewind
 from node.runtime import Node, NodeError, parse_topic_id
 
@@ -228,6 +229,9 @@ async def _serve_client(node: Node, stream: trio.SocketStream, limiter: trio.Cap
                 except _StreamDone:
                     return  # a finished subscription ends the connection: the client reads to EOF
                 except NodeError as exc:
+                    await _send(stream, {"ok": False, "error": str(exc)})
+                except StoreError as exc:  # a damaged or full store: its message says which
+                    logger.error("control request %r: %s", request.get("op"), exc)
                     await _send(stream, {"ok": False, "error": str(exc)})
                 except (trio.BrokenResourceError, trio.ClosedResourceError):
                     raise
