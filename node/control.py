@@ -33,6 +33,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+import msgpack
 import trio
 
 from node.core.event import Event
@@ -47,6 +48,14 @@ MAX_CONTROL_CLIENTS = 64
 MAX_PUBLISH_BATCH = 10_000  # events in one publish_batch request
 CLIENT_IDLE_TIMEOUT_S = 30.0  # a client that sends nothing for this long is dropped
 SOCKET_MODE = 0o600
+# What decoding a damaged stored record raises (requests themselves are JSON).
+STORED_RECORD_ERRORS = (msgpack.UnpackException, msgpack.ExtraData, UnicodeDecodeError)
+
+
+def damaged_store_message(node: Node, exc: BaseException) -> str:
+    """One line for a request that met a stored record that does not decode."""
+    return (f"the store at {node.store.path} is damaged: a stored record does not decode "
+            f"({type(exc).__name__}); restore the store from a backup (docs/store.md)")
 
 
 class _StreamDone(Exception):
@@ -233,6 +242,12 @@ async def _serve_client(node: Node, stream: trio.SocketStream, limiter: trio.Cap
                 except StoreError as exc:  # a damaged or full store: its message says which
                     logger.error("control request %r: %s", request.get("op"), exc)
                     await _send(stream, {"ok": False, "error": str(exc)})
+                except STORED_RECORD_ERRORS as exc:
+                    # Requests are JSON; only records read back from the store are
+                    # msgpack or UTF-8 bytes, so a record that does not decode is damage.
+                    logger.exception("control request %r read a damaged record",
+                                     request.get("op"))
+                    await _send(stream, {"ok": False, "error": damaged_store_message(node, exc)})
                 except (trio.BrokenResourceError, trio.ClosedResourceError):
                     raise
                 except Exception as exc:  # a bug must cost one request, never the daemon

@@ -67,7 +67,8 @@ def lmdb_error(exc: lmdb.Error | OSError, path: Path, action: str) -> StoreError
             f"disk full: no space left on {path}; the last batch was not stored; "
             "reads still work")
     if isinstance(exc, _DAMAGE_ERRORS):
-        return StoreCorruptError(f"store {path} is damaged ({action}: {text})")
+        return StoreCorruptError(
+            f"the store at {path} is damaged (LMDB: {text}); restore it from a backup")
     return StoreError(f"{action} {path} failed: {text}")
 
 
