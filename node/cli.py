@@ -134,11 +134,13 @@ def cmd_run(args: argparse.Namespace) -> int:
         async with Node.open(args.data_dir, config=config, reinit=args.reinit) as node:
             async with trio.open_nursery() as nursery:
                 await nursery.start(serve_control, node, Path(args.data_dir) / CONTROL_SOCKET)
-                _print_json({"event": "started", "node": node.node_id,
-                             "peer_id": node.host.peer_id, "addresses": list(node.addresses)})
-                daemon_log.info("started node %s, listening on %s", node.node_id,
-                                ", ".join(node.addresses))
+                # Catch the signals before saying "started": a SIGTERM sent as soon
+                # as the line appears must stop the node cleanly (exit 0) too.
                 with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+                    _print_json({"event": "started", "node": node.node_id,
+                                 "peer_id": node.host.peer_id, "addresses": list(node.addresses)})
+                    daemon_log.info("started node %s, listening on %s", node.node_id,
+                                    ", ".join(node.addresses))
                     async for _ in signals:
                         break
                 nursery.cancel_scope.cancel()

@@ -39,6 +39,9 @@ from storage.memory import STORE_FORMAT_KEY, encode_store_format
 LOCK_FILE_NAME = "LOCK"
 DIR_MODE = 0o700  # the data dir: the node's user only
 FILE_MODE = 0o600  # every file in it
+# A failed write with less free space than this on the store's filesystem is
+# reported as "disk full" (LMDB turns a short write into EIO).
+DISK_FULL_BELOW_BYTES = 1 << 20
 # What LMDB says about a file it cannot make sense of: damage, not a bug.
 _DAMAGE_ERRORS: tuple[type[lmdb.Error], ...] = (
     lmdb.CorruptedError, lmdb.InvalidError, lmdb.PageNotFoundError, lmdb.IncompatibleError,
@@ -58,11 +61,24 @@ class StoreDiskFullError(StoreError):
     """A commit found no space left on the disk; the batch was not stored."""
 
 
+def _nearly_full(path: Path) -> bool:
+    """Whether the filesystem holding `path` has (almost) no space left.
+
+    LMDB reports a page write cut short by a full disk as EIO, not ENOSPC, so
+    a failed write is called "disk full" when the disk is in fact full.
+    """
+    try:
+        info = os.statvfs(path)
+    except OSError:
+        return False
+    return info.f_bavail * info.f_frsize < DISK_FULL_BELOW_BYTES
+
+
 def lmdb_error(exc: lmdb.Error | OSError, path: Path, action: str) -> StoreError:
     """The StoreError subclass (and one-line message) for an LMDB failure while `action`."""
     text = str(exc)
     if (isinstance(exc, lmdb.DiskError) or getattr(exc, "errno", None) == errno.ENOSPC
-            or "No space left" in text):
+            or "No space left" in text or _nearly_full(path)):
         return StoreDiskFullError(
             f"disk full: no space left on {path}; the last batch was not stored; "
             "reads still work")
