@@ -157,3 +157,20 @@ def test_disk_full_is_named_and_the_store_carries_on(small_tmpfs: Path) -> None:
         assert store.get(TABLE_EVENTS, b"00000-000") is not None  # reads still work
         store.apply_writes({TABLE_EVENTS: {b"small": b"fits"}})  # a small write still fits
         assert store.get(TABLE_EVENTS, b"small") == b"fits"
+
+
+# --- damage the graph meets ----------------------------------------------------------
+
+
+def test_a_hole_in_the_delivery_table_is_a_typed_store_error(tmp_path: Path) -> None:
+    """A store claiming delivered events it lacks: DamagedTopicError, not an AssertionError."""
+    from node.core.graph import DamagedTopicError, Graph
+    from node.core.graph_commit import META_DELIVERED
+    from node.core.store import TABLE_META
+
+    topic = bytes(range(32))
+    with LmdbStore(tmp_path / "store") as store:
+        store.apply_writes({TABLE_META: {topic + META_DELIVERED: (3).to_bytes(8, "big")}})
+        with pytest.raises(DamagedTopicError, match="hole at position 0") as damaged:
+            Graph(store, topic).deliveries()
+        assert isinstance(damaged.value, StoreError)  # what the control socket reports
