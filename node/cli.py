@@ -1,7 +1,8 @@
 """The `megnode` command line.
 
     megnode keygen --data-dir D              create the node's identity key
-    megnode run --data-dir D [...]           run the daemon (Ctrl-C stops it cleanly)
+    megnode run --data-dir D [...]           run the daemon (Ctrl-C stops it cleanly;
+                                             --reinit: accept a lost store, docs/store.md)
     megnode topic create NAME --data-dir D   create a topic; prints its id
     megnode topic join TOPIC --data-dir D    join a topic by id
     megnode topic leave TOPIC --data-dir D
@@ -38,6 +39,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import shutil
 import signal
 import subprocess
@@ -48,6 +50,7 @@ from typing import Any
 from node.config import FAST_PATHS, ConfigError, load_config
 from node.control_client import CONTROL_SOCKET, ControlError, control_call, control_lines
 from node.core.identity import Identity
+from node.core.store import StoreError
 from node.keyfile import KeyFileError, save_identity
 
 EXIT_OK = 0
@@ -58,6 +61,7 @@ KEY_FILE = "node.key"  # the same name node.runtime uses
 PUBLISH_BATCH = 1_000  # events per control request with --lines
 DAEMON_LOG_MAX_BYTES = 10 * 1024 * 1024  # `run --log-file`: rotated at this size
 DAEMON_LOG_BACKUPS = 5  # rotated files kept beside the current one
+DAEMON_UMASK = 0o077  # `run`: files for the node's user only
 
 
 class UserError(Exception):
@@ -120,6 +124,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     from node.control import serve_control
     from node.runtime import Node, NodeError
 
+    # Everything the daemon creates (store, logs, control socket, key) is for
+    # its user only, whatever umask it was started with (docs/store.md).
+    os.umask(DAEMON_UMASK)
     try:
         config = load_config(args.config).with_overrides(
             listen=args.listen or None, bootstrap=args.bootstrap or None,
@@ -130,14 +137,16 @@ def cmd_run(args: argparse.Namespace) -> int:
     daemon_log = logging.getLogger("megnode")
 
     async def main() -> None:
-        async with Node.open(args.data_dir, config=config) as node:
+        async with Node.open(args.data_dir, config=config, reinit=args.reinit) as node:
             async with trio.open_nursery() as nursery:
                 await nursery.start(serve_control, node, Path(args.data_dir) / CONTROL_SOCKET)
-                _print_json({"event": "started", "node": node.node_id,
-                             "peer_id": node.host.peer_id, "addresses": list(node.addresses)})
-                daemon_log.info("started node %s, listening on %s", node.node_id,
-                                ", ".join(node.addresses))
+                # Catch the signals before saying "started": a SIGTERM sent as soon
+                # as the line appears must stop the node cleanly (exit 0) too.
                 with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+                    _print_json({"event": "started", "node": node.node_id,
+                                 "peer_id": node.host.peer_id, "addresses": list(node.addresses)})
+                    daemon_log.info("started node %s, listening on %s", node.node_id,
+                                    ", ".join(node.addresses))
                     async for _ in signals:
                         break
                 nursery.cancel_scope.cancel()
@@ -146,13 +155,13 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     try:
         trio.run(main)
-    except NodeError as exc:
+    except (NodeError, StoreError) as exc:  # StoreError: a store damaged under a running node
         raise UserError(str(exc)) from None
     except BaseExceptionGroup as group:  # e.g. the control socket's NodeError, from a nursery
         from node.runtime import sole_exception
 
         sole = sole_exception(group)
-        if isinstance(sole, NodeError):
+        if isinstance(sole, (NodeError, StoreError)):
             raise UserError(str(sole)) from None
         raise
     return EXIT_OK
@@ -380,6 +389,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--log-file", help="the daemon's own log (warnings; info with -v) goes to "
                    "this file, rotated, instead of stderr")
     p.add_argument("-v", "--verbose", action="store_true")
+    p.add_argument("--reinit", action="store_true",
+                   help="start with an empty store although this node has run before "
+                        "(its store is missing or empty; docs/store.md)")
     p.set_defaults(func=cmd_run)
 
     p = commands.add_parser("topic", help="create, join or leave topics")

@@ -63,6 +63,8 @@ If the commit fails (disk full, I/O error) every topic's uncommitted writes
 are discarded (each graph reloads what the store holds), no effect is
 carried out, and every submitter of the step gets `CommitError`; received
 events are simply not acknowledged, and anti-entropy fetches them again.
+The committer carries on: a full disk costs the batches that do not fit,
+reads still work, and the next batch that fits commits (docs/store.md).
 """
 
 from __future__ import annotations
@@ -78,7 +80,7 @@ import trio
 from node.core.event import Event
 from node.core.pending import Writes, commit_writes, merge_writes
 from node.replica.replica import Replica
-from node.core.store import Op, Put, Store
+from node.core.store import Op, Put, Store, StoreError
 from transport.dissemination import Disseminator
 from transport.effects import Effect
 
@@ -341,9 +343,12 @@ class Committer:
                              len(frames), len(local), exc)
                 self.stats["failed_batches"] += 1
                 self._discard_all(created)
+                # A StoreError's message is for users already ("disk full: no space
+                # left on X; the last batch was not stored; reads still work").
+                reason = str(exc) if isinstance(exc, StoreError) else f"commit failed: {exc}"
                 for pending in local:
                     if pending.error is None:
-                        pending.error = CommitError(f"commit failed: {exc}")
+                        pending.error = CommitError(reason)
                 return
             self.stats["batches"] += 1
             self.stats["frames"] += len(frames)

@@ -34,9 +34,11 @@ import os
 from pathlib import Path
 from typing import Any
 
+import msgpack
 import trio
 
 from node.core.event import Event
+from node.core.store import StoreError
 from node.replica.order_views import Rewind
 from node.runtime import Node, NodeError, parse_topic_id
 
@@ -47,6 +49,22 @@ MAX_CONTROL_CLIENTS = 64
 MAX_PUBLISH_BATCH = 10_000  # events in one publish_batch request
 CLIENT_IDLE_TIMEOUT_S = 30.0  # a client that sends nothing for this long is dropped
 SOCKET_MODE = 0o600
+# What decoding a damaged stored record raises (requests themselves are JSON,
+# so only records read back from the store are msgpack or UTF-8 bytes).
+STORED_RECORD_ERRORS = (msgpack.UnpackException, msgpack.ExtraData, UnicodeDecodeError)
+MSGPACK_FAILURE_PREFIX = "Unpack failed"  # msgpack's plain ValueError for a cut-short record
+
+
+def is_damaged_record(exc: BaseException) -> bool:
+    """Whether `exc` is what decoding a damaged stored record raises."""
+    return isinstance(exc, STORED_RECORD_ERRORS) or (
+        isinstance(exc, ValueError) and str(exc).startswith(MSGPACK_FAILURE_PREFIX))
+
+
+def damaged_store_message(node: Node, exc: BaseException) -> str:
+    """One line for a request that met a stored record that does not decode."""
+    return (f"the store at {node.store.path} is damaged: a stored record does not decode "
+            f"({type(exc).__name__}); restore the store from a backup (docs/store.md)")
 
 
 class _StreamDone(Exception):
@@ -235,10 +253,17 @@ async def _serve_client(node: Node, stream: trio.SocketStream, limiter: trio.Cap
                     return  # a finished subscription ends the connection: the client reads to EOF
                 except NodeError as exc:
                     await _send(stream, {"ok": False, "error": str(exc)})
+                except StoreError as exc:  # a damaged or full store: its message says which
+                    logger.error("control request %r: %s", request.get("op"), exc)
+                    await _send(stream, {"ok": False, "error": str(exc)})
                 except (trio.BrokenResourceError, trio.ClosedResourceError):
                     raise
                 except Exception as exc:  # a bug must cost one request, never the daemon
                     logger.exception("control request %r failed", request.get("op"))
+                    if is_damaged_record(exc):
+                        await _send(stream, {"ok": False,
+                                             "error": damaged_store_message(node, exc)})
+                        continue
                     await _send(stream, {"ok": False,
                                          "error": f"internal error: {type(exc).__name__}: {exc}"})
         except (trio.BrokenResourceError, trio.ClosedResourceError, ValueError):

@@ -75,7 +75,7 @@ from node.replica.replica import Replica, ReplicaConfig
 from node.state.types import RULE_INVITE, RULE_PUBLIC
 from node.topic_handle import Delivered, Topic
 from node.topic_records import WANTS_MEMBERSHIP, forget_topic, stored_topics, topic_record
-from storage.lmdb_data_dir import StoreLockedError
+from node.data_dir import KEY_FILE, STORE_DIR, open_data_dir
 from storage.lmdb_store import LmdbStore
 from transport.dissemination import Disseminator
 from transport.dissemination_config import DisseminationConfig
@@ -99,8 +99,6 @@ __all__ = [
 
 logger = logging.getLogger("megnode")
 
-KEY_FILE = "node.key"
-STORE_DIR = "store"
 
 TICK_INTERVAL_S = 0.05  # how often the protocol timer runs; its own intervals are longer
 PEER_EVENT_CAPACITY = 1_024
@@ -185,21 +183,18 @@ class Node:
         bootstrap: Sequence[str] | None = None,
         config: NodeConfig | None = None,
         seed: int | None = None,
+        reinit: bool = False,
     ) -> AsyncIterator["Node"]:
-        """Open (creating if needed) the data dir, start networking, yield the node."""
+        """Open (creating if needed) the data dir, start networking, yield the node.
+
+        `reinit` lets a node that has run before start with a missing or empty
+        store (`node.data_dir_open`); without it that is refused.
+        """
         config = (config or NodeConfig()).with_overrides(
             listen=list(listen) if listen is not None else None,
             bootstrap=list(bootstrap) if bootstrap is not None else None)
         data_dir = Path(data_dir)
-        try:
-            data_dir.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise NodeError(f"cannot create data dir {data_dir}: {exc.strerror}") from None
-        identity = load_or_create_identity(data_dir / KEY_FILE)
-        try:
-            store = LmdbStore(data_dir / STORE_DIR)
-        except StoreLockedError as exc:
-            raise NodeError(str(exc)) from None
+        identity, store = open_data_dir(data_dir, reinit=reinit)
         log_writer = None
         peer_send, peer_receive = trio.open_memory_channel[PeerEvent](PEER_EVENT_CAPACITY)
 

@@ -53,8 +53,12 @@ import lmdb
 from node.core.store import MAX_KEY_BYTES, TABLES, Op, Put, StoreClosedError, StoreError
 from storage.lmdb_cursors import read_backward, read_forward
 from storage.lmdb_data_dir import (
+    DIR_MODE,
     check_format,
+    check_tables,
+    existing_tables,
     fsync_dir,
+    lmdb_error,
     lock_data_dir,
     open_env,
     unlock_data_dir,
@@ -94,7 +98,7 @@ class LmdbStore:
         self._copying = threading.Lock()
         self.commits = 0  # how many batches were applied (group-commit statistics)
         try:
-            self._path.mkdir(parents=True, exist_ok=True)
+            self._path.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
         except OSError as exc:
             raise StoreError(f"cannot create data dir {self._path}: {exc}") from exc
         self._lock_fd = lock_data_dir(self._path)
@@ -128,7 +132,7 @@ class LmdbStore:
                 return (self._reader or self._read_txn()).get(key, None, db)
             except lmdb.Error as exc:
                 self._drop_reader()
-                raise StoreError(f"read from {self._path} failed: {exc}") from exc
+                raise lmdb_error(exc, self._path, "reading from") from exc
 
     def scan(
         self,
@@ -158,7 +162,7 @@ class LmdbStore:
                         pairs = read_forward(cursor, prefix, start, limit)
             except lmdb.Error as exc:
                 self._drop_reader()
-                raise StoreError(f"read from {self._path} failed: {exc}") from exc
+                raise lmdb_error(exc, self._path, "reading from") from exc
             return iter(pairs)
 
     def apply(self, ops: Sequence[Op]) -> None:
@@ -288,9 +292,11 @@ class LmdbStore:
 
         def open_all(txn: lmdb.Transaction) -> None:
             dbs.clear()
+            existing = existing_tables(txn)
             for name in TABLES:
                 dbs[name] = self._env.open_db(name.encode("ascii"), txn=txn, create=True)
             check_format(txn, dbs, self._path)
+            check_tables(existing, self._path)  # after the format: its error says more
 
         self._write(open_all)
         return dbs
@@ -339,7 +345,7 @@ class LmdbStore:
             except lmdb.MapFullError:
                 self._grow_map()
             except lmdb.Error as exc:
-                raise StoreError(f"write to {self._path} failed: {exc}") from exc
+                raise lmdb_error(exc, self._path, "writing to") from exc
 
     def _grow_map(self) -> None:
         current = int(self._env.info()["map_size"])

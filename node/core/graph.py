@@ -54,6 +54,7 @@ from node.core.store import (
     TABLE_EXTREMITIES,
     TABLE_META,
     Store,
+    StoreError,
 )
 from node.core.topic_table import TopicTable
 from node.core.walks import NotBelowMemo
@@ -85,6 +86,21 @@ def _u64(value: int) -> bytes:
 
 def _from_u64(raw: bytes | None) -> int:
     return 0 if raw is None else int.from_bytes(raw, "big")
+
+
+class DamagedTopicError(StoreError):
+    """The store's records of a topic contradict each other: the store file is damaged.
+
+    A typed error rather than an assertion, so the node reports it as one line
+    (the control socket answers the request with its message) instead of
+    "internal error: AssertionError", and `python -O` cannot skip the check.
+    """
+
+
+def _damaged(topic_id: bytes, what: str) -> DamagedTopicError:
+    return DamagedTopicError(
+        f"the store is damaged: topic {topic_id.hex()}: {what}; restore the store "
+        "from a backup (docs/store.md)")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -273,7 +289,8 @@ class Graph(GraphCommit, GraphWalks):
         end = min(self.delivered_count, since + limit)
         for position in range(max(since, 0), end):
             record = self._w.get(TABLE_DELIVERY, self._t + _u64(position))
-            assert record is not None, "delivery table has a hole"
+            if record is None:
+                raise _damaged(self._t, f"the delivery table has a hole at position {position}")
             event = trusted_event(msgpack.unpackb(record)[1])
             cached = self._events.get(event.id)  # hand out the one object the graph holds
             out.append((position, event if cached is None else cached))
@@ -392,7 +409,8 @@ class Graph(GraphCommit, GraphWalks):
         if position is None:
             return None
         record = self._w.get(TABLE_DELIVERY, self._t + position)
-        assert record is not None, "the id index names a position the delivery table lacks"
+        if record is None:
+            raise _damaged(self._t, "the id index names a position the delivery table lacks")
         return record
 
     def _node(self, event_id: bytes) -> _NodeInfo | None:
@@ -403,7 +421,8 @@ class Graph(GraphCommit, GraphWalks):
         if position is None:
             return None
         record = self._w.get(TABLE_DELIVERY, self._t + position)
-        assert record is not None, "the id index names a position the delivery table lacks"
+        if record is None:
+            raise _damaged(self._t, "the id index names a position the delivery table lacks")
         depth, raw = msgpack.unpackb(record)
         info = (depth, tuple(msgpack.unpackb(raw)[4]), position)
         self._remember(self._nodes, event_id, info, NODE_CACHE_SIZE)

@@ -1,0 +1,176 @@
+"""Opening a store and a node's data dir safely, in-process (the processes: tests/e2e/test_store_faults.py).
+
+Every damaged file must become a `StoreCorruptError` naming the file before
+LMDB maps it (a truncated file mapped is a SIGBUS, which would kill pytest
+itself); a node that has run before refuses a missing store or key; a data
+dir is private; a full disk is a `StoreDiskFullError` after which reads and
+smaller writes still work.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from node.core.store import TABLE_EVENTS, TABLES, StoreError
+from node.data_dir import KEY_FILE, STARTED_MARKER, STORE_DIR, open_data_dir
+from node.errors import NodeError
+from storage.lmdb_data_dir import StoreDiskFullError
+from storage.lmdb_meta import DATA_FILE_NAME, StoreCorruptError, check_data_file
+from storage.lmdb_store import LmdbStore
+
+BATCHES = 40
+ENTRIES_PER_BATCH = 50
+VALUE_BYTES = 500
+TMPFS_SIZE = "4m"
+
+
+def filled_store(path: Path) -> Path:
+    with LmdbStore(path) as store:
+        for batch in range(BATCHES):
+            store.apply_writes({TABLE_EVENTS: {
+                f"{batch:04}-{i:04}".encode(): os.urandom(VALUE_BYTES)
+                for i in range(ENTRIES_PER_BATCH)}})
+    return path / DATA_FILE_NAME
+
+
+@pytest.mark.parametrize("cut", ["half", "8k", "one page", "4097 bytes", "100 bytes"])
+def test_a_truncated_data_file_is_refused_before_it_is_mapped(cut: str, tmp_path: Path) -> None:
+    data = filled_store(tmp_path / "store")
+    size = data.stat().st_size
+    new_size = {"half": size // 2 // 4096 * 4096, "8k": 8192, "one page": 4096,
+                "4097 bytes": 4097, "100 bytes": 100}[cut]
+    os.truncate(data, new_size)
+    with pytest.raises(StoreCorruptError, match=f"{data}.*truncated"):
+        LmdbStore(tmp_path / "store")
+
+
+def test_zeroed_meta_pages_are_refused(tmp_path: Path) -> None:
+    data = filled_store(tmp_path / "store")
+    with open(data, "r+b") as handle:
+        handle.write(bytes(8192))
+    with pytest.raises(StoreCorruptError, match="no LMDB magic"):
+        check_data_file(tmp_path / "store")
+
+
+def test_a_healthy_store_passes_and_reopens(tmp_path: Path) -> None:
+    filled_store(tmp_path / "store")
+    check_data_file(tmp_path / "store")
+    with LmdbStore(tmp_path / "store") as store:
+        assert store.get(TABLE_EVENTS, b"0000-0000") is not None
+
+
+def test_a_store_missing_tables_is_refused(tmp_path: Path) -> None:
+    import lmdb
+
+    path = tmp_path / "store"
+    LmdbStore(path).close()
+    env = lmdb.open(str(path), max_dbs=len(TABLES))
+    with env.begin(write=True) as txn:
+        txn.drop(env.open_db(TABLES[-1].encode(), txn=txn), delete=True)
+    env.close()
+    with pytest.raises(StoreCorruptError, match=f"lacks the table.*{TABLES[-1]}"):
+        LmdbStore(path)
+
+
+def test_store_files_are_private_whatever_the_umask(tmp_path: Path) -> None:
+    old = os.umask(0o022)
+    try:
+        LmdbStore(tmp_path / "store").close()
+    finally:
+        os.umask(old)
+    assert (tmp_path / "store").stat().st_mode & 0o777 == 0o700
+    for entry in (tmp_path / "store").iterdir():
+        assert entry.stat().st_mode & 0o077 == 0, entry
+
+
+# --- the node's data dir ---------------------------------------------------------
+
+
+def test_first_start_is_automatic_and_writes_the_marker(tmp_path: Path) -> None:
+    _, store = open_data_dir(tmp_path / "node")
+    store.close()
+    assert (tmp_path / "node" / STARTED_MARKER).exists()
+    assert (tmp_path / "node").stat().st_mode & 0o777 == 0o700
+
+
+def test_a_deleted_store_is_refused_unless_reinit(tmp_path: Path) -> None:
+    data_dir = tmp_path / "node"
+    open_data_dir(data_dir)[1].close()
+    (data_dir / STORE_DIR / DATA_FILE_NAME).unlink()
+    with pytest.raises(NodeError, match="missing or empty but this node has run before.*--reinit"):
+        open_data_dir(data_dir)
+    open_data_dir(data_dir, reinit=True)[1].close()
+
+
+def test_a_lost_key_with_a_store_is_refused(tmp_path: Path) -> None:
+    data_dir = tmp_path / "node"
+    _, store = open_data_dir(data_dir)
+    store.apply_writes({TABLE_EVENTS: {b"k": b"v"}})
+    store.close()
+    (data_dir / KEY_FILE).unlink()
+    (data_dir / STARTED_MARKER).unlink()  # the store alone is enough to know
+    with pytest.raises(NodeError, match="missing but this node has run before"):
+        open_data_dir(data_dir)
+    assert not (data_dir / KEY_FILE).exists()
+
+
+@pytest.mark.parametrize("mode", [0o770, 0o707])
+def test_a_data_dir_others_can_write_is_refused(mode: int, tmp_path: Path) -> None:
+    data_dir = tmp_path / "node"
+    data_dir.mkdir()
+    data_dir.chmod(mode)
+    with pytest.raises(NodeError, match="writable by other users"):
+        open_data_dir(data_dir)
+
+
+# --- a full disk -------------------------------------------------------------------
+
+
+@pytest.fixture
+def small_tmpfs(tmp_path: Path) -> Iterator[Path]:
+    mount_point = tmp_path / "tmpfs"
+    mount_point.mkdir()
+    result = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={TMPFS_SIZE}", "tmpfs",
+                             str(mount_point)], capture_output=True, text=True)
+    if result.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {result.stderr.strip()}")
+    try:
+        yield mount_point
+    finally:
+        subprocess.run(["umount", str(mount_point)], check=True)
+
+
+def test_disk_full_is_named_and_the_store_carries_on(small_tmpfs: Path) -> None:
+    with LmdbStore(small_tmpfs / "store") as store:
+        with pytest.raises(StoreDiskFullError) as full:
+            for batch in range(10_000):  # far more than 4 MiB
+                store.apply_writes({TABLE_EVENTS: {
+                    f"{batch:05}-{i:03}".encode(): os.urandom(VALUE_BYTES) for i in range(100)}})
+        assert str(full.value) == (f"disk full: no space left on {small_tmpfs / 'store'}; "
+                                   "the last batch was not stored; reads still work")
+        assert isinstance(full.value, StoreError)
+        assert store.get(TABLE_EVENTS, b"00000-000") is not None  # reads still work
+        store.apply_writes({TABLE_EVENTS: {b"small": b"fits"}})  # a small write still fits
+        assert store.get(TABLE_EVENTS, b"small") == b"fits"
+
+
+# --- damage the graph meets ----------------------------------------------------------
+
+
+def test_a_hole_in_the_delivery_table_is_a_typed_store_error(tmp_path: Path) -> None:
+    """A store claiming delivered events it lacks: DamagedTopicError, not an AssertionError."""
+    from node.core.graph import DamagedTopicError, Graph
+    from node.core.graph_commit import META_DELIVERED
+    from node.core.store import TABLE_META
+
+    topic = bytes(range(32))
+    with LmdbStore(tmp_path / "store") as store:
+        store.apply_writes({TABLE_META: {topic + META_DELIVERED: (3).to_bytes(8, "big")}})
+        with pytest.raises(DamagedTopicError, match="hole at position 0") as damaged:
+            Graph(store, topic).deliveries()
+        assert isinstance(damaged.value, StoreError)  # what the control socket reports
