@@ -3,7 +3,13 @@
 from __future__ import annotations
 
 import random
+import subprocess
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
+
+import pytest
 
 import msgpack
 
@@ -86,3 +92,18 @@ def sync(source: Replica, target: Replica, now_ms: int = 10**12) -> int:
         assert event is not None
         target.receive(event.raw, now_ms)
     return len(missing)
+
+
+@contextmanager
+def mounted_tmpfs(mount_point: Path, size: str) -> Iterator[Path]:
+    """A tmpfs of `size` (e.g. "3m") at `mount_point`, unmounted afterwards; the test is
+    skipped, with the reason, where mounting is not permitted."""
+    mount_point.mkdir()
+    result = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs",
+                             str(mount_point)], capture_output=True, text=True)
+    if result.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {result.stderr.strip()}")
+    try:
+        yield mount_point
+    finally:
+        subprocess.run(["umount", str(mount_point)], check=True)

@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from deploy.cluster import megnode_command
+from tests.helpers import mounted_tmpfs
 
 LISTEN = "/ip4/127.0.0.1/tcp/0"
 START_TIMEOUT_S = 30.0  # a refused start ends long before; a started one prints a line
@@ -225,16 +226,8 @@ def test_a_data_dir_others_can_write_is_refused(tmp_path: Path) -> None:
 
 @pytest.fixture
 def small_tmpfs(tmp_path: Path) -> Iterator[Path]:
-    mount_point = tmp_path / "tmpfs"
-    mount_point.mkdir()
-    result = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={DISK_FULL_TMPFS}", "tmpfs",
-                             str(mount_point)], capture_output=True, text=True)
-    if result.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {result.stderr.strip()}")
-    try:
+    with mounted_tmpfs(tmp_path / "tmpfs", DISK_FULL_TMPFS) as mount_point:
         yield mount_point
-    finally:
-        subprocess.run(["umount", str(mount_point)], check=True)
 
 
 def test_disk_full_is_one_line_reads_still_work_and_sigterm_exits_0(

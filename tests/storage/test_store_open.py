@@ -10,7 +10,6 @@ smaller writes still work.
 from __future__ import annotations
 
 import os
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -22,6 +21,7 @@ from node.errors import NodeError
 from storage.lmdb_data_dir import StoreDiskFullError
 from storage.lmdb_meta import DATA_FILE_NAME, StoreCorruptError, check_data_file
 from storage.lmdb_store import LmdbStore
+from tests.helpers import mounted_tmpfs
 
 BATCHES = 40
 ENTRIES_PER_BATCH = 50
@@ -133,16 +133,8 @@ def test_a_data_dir_others_can_write_is_refused(mode: int, tmp_path: Path) -> No
 
 @pytest.fixture
 def small_tmpfs(tmp_path: Path) -> Iterator[Path]:
-    mount_point = tmp_path / "tmpfs"
-    mount_point.mkdir()
-    result = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={TMPFS_SIZE}", "tmpfs",
-                             str(mount_point)], capture_output=True, text=True)
-    if result.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {result.stderr.strip()}")
-    try:
+    with mounted_tmpfs(tmp_path / "tmpfs", TMPFS_SIZE) as mount_point:
         yield mount_point
-    finally:
-        subprocess.run(["umount", str(mount_point)], check=True)
 
 
 def test_disk_full_is_named_and_the_store_carries_on(small_tmpfs: Path) -> None:
