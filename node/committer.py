@@ -78,9 +78,9 @@ from typing import Any, Union
 import trio
 
 from node.core.event import Event
-from node.core.pending import Writes, commit_writes, merge_writes
+from node.core.pending import commit_writes, merge_writes, writes_of
 from node.replica.replica import Replica
-from node.core.store import Op, Put, Store, StoreError
+from node.core.store import Op, Store, StoreError
 from transport.dissemination import Disseminator
 from transport.effects import Effect
 
@@ -435,7 +435,7 @@ class Committer:
         graphs += [r.graph for r in created]
         write_sets = [g.take_writes() for g in graphs if g.pending_ops]
         if records:
-            write_sets.append(_records_writes(records))
+            write_sets.append(writes_of(records))
         writes = merge_writes(write_sets)
         if writes:
             commit_writes(self._store, writes)
@@ -453,10 +453,3 @@ class Committer:
                 logger.error("cannot reload topic %s after a failed commit: %s",
                              graph.topic_id.hex(), exc)
 
-
-def _records_writes(ops: Sequence[Op]) -> Writes:
-    """The node's record ops as a write-set (None: delete); a later op on a key wins."""
-    writes: Writes = {}
-    for op in ops:
-        writes.setdefault(op.table, {})[op.key] = op.value if isinstance(op, Put) else None
-    return writes

@@ -36,6 +36,8 @@ commit per step that way, whatever the step touched.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from sortedcontainers import SortedDict
 
 from node.core.event import ID_BYTES, KEY_BYTES
@@ -176,11 +178,7 @@ class PendingWrites:
 
     def take_ops(self) -> list[Op]:
         """All pending writes as store ops, emptying this write-set."""
-        ops: list[Op] = []
-        for table, pending in self.take_writes().items():
-            for key, value in pending.items():
-                ops.append(Delete(table, key) if value is _TOMBSTONE else Put(table, key, value))
-        return ops
+        return ops_of(self.take_writes())
 
     def take_writes(self) -> Writes:
         """All pending writes as {table: {key: value or None}}, emptying this write-set.
@@ -196,6 +194,20 @@ class PendingWrites:
         self._tables = {}
         self._plain = {}
         self._groups = {}
+
+
+def ops_of(writes: Writes) -> list[Op]:
+    """A write-set as store ops (a None value is a Delete)."""
+    return [Delete(table, key) if value is _TOMBSTONE else Put(table, key, value)
+            for table, pending in writes.items() for key, value in pending.items()]
+
+
+def writes_of(ops: Sequence[Op]) -> Writes:
+    """Store ops as a write-set (a Delete is None); a later op on a key wins."""
+    writes: Writes = {}
+    for op in ops:
+        writes.setdefault(op.table, {})[op.key] = op.value if isinstance(op, Put) else _TOMBSTONE
+    return writes
 
 
 def merge_writes(write_sets: list[Writes]) -> Writes:
@@ -234,8 +246,7 @@ def commit_writes(store: Store, writes: Writes) -> int:
     if apply_writes is not None:
         apply_writes(writes)
     else:
-        store.apply([Delete(table, key) if value is _TOMBSTONE else Put(table, key, value)
-                     for table, pending in writes.items() for key, value in pending.items()])
+        store.apply(ops_of(writes))
     return count
 
 
