@@ -15,7 +15,6 @@ import random
 import shutil
 import signal
 import subprocess
-import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 

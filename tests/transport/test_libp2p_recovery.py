@@ -24,7 +24,6 @@ import pytest
 import trio
 from libp2p.custom_types import TProtocol
 
-from transport import libp2p_patches
 from transport.framing import encode_frame
 from transport.libp2p_gossip import MAX_GOSSIP_MESSAGE_BYTES, GossipConfig, gossip_chunks
 from transport.libp2p_host import ConnectError, P2PHost
