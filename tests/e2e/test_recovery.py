@@ -47,6 +47,9 @@ def open_topic(cluster: LocalCluster) -> str:
     for i in range(1, len(cluster.nodes)):
         cluster.cli(i, "topic", "join", topic)
     cluster.wait_joined(topic, JOIN_TIMEOUT_S)
+    # Each node's own join is in its own state; wait until every node has every join
+    # too, or a node stopped next may hold the only copy of its join (CI saw 2004/2005).
+    cluster.wait_delivered(topic, bootstrap_events(len(cluster.nodes)), JOIN_TIMEOUT_S)
     return topic
 
 
