@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from tests.transport.pair import NodePair, closure, load, random_fork, random_universe
@@ -12,11 +12,29 @@ from transport.reconcile import judge_offer, recent_events
 from transport.messages import BloomFilter
 
 SALT = b"\x07" * 16
-EXACT_BITS = 64  # ~1e-13 false positives: the walks are tested, not the filter
+EXACT_BITS = 64
+
+
+class ExactFilter(BloomFilter):
+    """A filter without false positives: the walks are tested here, not the filter.
+
+    A real one of 64 bits per id still has some: with a three-id window
+    Hypothesis found one (seed=588, window=2) whose LIKELY mark rightly hid its
+    ancestors below the floor, which the protocol repairs with a fresh salt
+    (the module docstring of transport.reconcile), not the walk.
+    """
+
+    __slots__ = ("ids",)
+
+    def __contains__(self, event_id: bytes) -> bool:
+        return event_id in self.ids
 
 
 def exact_bloom(ids: list[bytes]) -> BloomFilter:
-    return BloomFilter.build(ids, SALT, EXACT_BITS, 7)
+    bloom = BloomFilter.build(ids, SALT, EXACT_BITS, 7)
+    exact = ExactFilter(salt=bloom.salt, hashes=bloom.hashes, bits=bloom.bits)
+    object.__setattr__(exact, "ids", frozenset(ids))
+    return exact
 
 
 def all_ids(replica) -> set[bytes]:
@@ -131,6 +149,7 @@ def test_with_common_heads_the_filter_covers_only_what_came_since(seed):
 
 @settings(max_examples=30, deadline=None)
 @given(st.integers(0, 10**6), st.integers(1, 12))
+@example(588, 2)  # a false positive of a real filter once hid ancestors below the floor
 def test_a_shallow_window_is_exact_or_says_truncated(seed, window):
     pair, _ = two_subsets(seed)
     a = pair.replicas["a"]
