@@ -7,7 +7,8 @@ keeping a second set of counters on the hot path. Only the dissemination
 latency is new state: a histogram fed from the `delivered` log records the
 core emits (`on_log`).
 
-Exported (all names start with `megnode_`; `topic` is the 64-hex topic id):
+Exported (all names start with `megnode_`; `topic` is the 64-hex topic id of an
+open topic, or a local alias `private-<n>` for any other: see below):
 
     name                                       type       labels          source
     events_accepted_total                      counter    topic, origin   replica counters
@@ -39,6 +40,18 @@ timestamp is the author's clock, so across machines the figure includes
 clock skew; a negative difference is counted as 0. Bytes are dissemination
 frames (push and anti-entropy); gossipsub's own traffic is not in them.
 
+Invite topics are not named by their id. A topic id is how a peer asks for a
+topic, and scrapes leave the machine (a Prometheus server, dashboards,
+alerts), so a topic whose join rule is not public - or whose join rule this
+node cannot know yet (no create event) - is labelled `private-<n>`: n counts
+from 1 in the order the exporter first sees such topics (sorted by id at
+each scrape), fixed for the life of the process; after a restart the same
+set of topics gets the same aliases. The node stores no local name for a
+topic to use instead (the create event's name is the creator's, and it
+travels with the topic). Open topics (public join rule, or a topic that
+keeps no state) keep their hex id. docs/access.md lists what else is not
+protected on the node's own machine (its logs name every topic id).
+
 Why a trio task and not prometheus_client's `start_http_server` thread: a
 scrape reads the core's state (Counters, the graph's caches, LMDB through the
 graph), which the trio thread mutates without locks by design. Answering on
@@ -65,6 +78,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
 from node.logschema import CHANNELS, DELIVERED
+from node.state.types import RULE_PUBLIC
+from node.state.view import StateView
 
 if TYPE_CHECKING:
     from node.replica.replica import Replica
@@ -100,6 +115,7 @@ NODE_COUNTERS = (
 )
 BYTES_BY_MESSAGE_PREFIX = "bytes_sent_"
 REJECTED_PREFIX = "rejected."
+PRIVATE_ALIAS_PREFIX = "private-"
 
 
 # --------------------------------------------------------------------------- what is observed
@@ -146,15 +162,46 @@ class ObservedNode(Protocol):
 # --------------------------------------------------------------------------- collection
 
 
+def is_open(replica: Replica) -> bool:
+    """True if anyone may read the topic: it keeps no state, or its join rule is public.
+
+    A replica without the create event does not know its join rule yet: not open.
+    """
+    if not replica.ready:
+        return False
+    if not replica.authorizing:
+        return True
+    tracker = replica.tracker
+    return StateView(tracker.state(tracker.current_group()), replica.graph).join_rule() \
+        == RULE_PUBLIC
+
+
+class TopicLabels:
+    """The `topic` label of each topic: the hex id if open, else a process-stable alias."""
+
+    def __init__(self) -> None:
+        self._aliases: dict[bytes, str] = {}  # kept after a leave: a re-join gets the same
+
+    def label(self, topic_id: bytes, replica: Replica) -> str:
+        if is_open(replica):
+            return topic_id.hex()
+        alias = self._aliases.get(topic_id)
+        if alias is None:
+            alias = f"{PRIVATE_ALIAS_PREFIX}{len(self._aliases) + 1}"
+            self._aliases[topic_id] = alias
+        return alias
+
+
 class NodeCollector:
     """A prometheus_client collector reading one node's own counters at scrape time."""
 
     def __init__(self, node: ObservedNode) -> None:
         self._node = node
+        self._labels = TopicLabels()
 
     def collect(self) -> Iterator[Metric]:
         node = self._node
-        yield from _topic_metrics(node)
+        yield from _topic_metrics(node, self._labels)
         peers = GaugeMetricFamily("megnode_peers", "Peers with an open connection")
         peers.add_metric([], len(node.host.peers()))
         yield peers
@@ -172,7 +219,7 @@ class NodeCollector:
             yield CounterMetricFamily(name, help_text, value=node.stats.get(key, 0))
 
 
-def _topic_metrics(node: ObservedNode) -> Iterator[Metric]:
+def _topic_metrics(node: ObservedNode, labels: TopicLabels) -> Iterator[Metric]:
     accepted = CounterMetricFamily("megnode_events_accepted", "Events accepted into the graph",
                                    labels=["topic", "origin"])
     rejected = CounterMetricFamily("megnode_events_rejected", "Events rejected, by reason",
@@ -186,7 +233,7 @@ def _topic_metrics(node: ObservedNode) -> Iterator[Metric]:
                                     "Forward extremities (the graph's width)", labels=["topic"])
     topics = node.topics
     for topic_id, topic in sorted(topics.items()):
-        label = topic_id.hex()
+        label = labels.label(topic_id, topic.replica)
         counters = topic.replica.counters
         graph = topic.replica.graph
         local, remote = accepted_counts(counters)

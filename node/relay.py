@@ -13,16 +13,29 @@ What the relay checks, in order, for a submit:
 1. the request decodes and is within bounds (`transport.relay.decode`);
 2. the peer is within its request rate (`RateLimiter`, a token bucket per
    key: a device cannot make a relay verify signatures without bound);
-3. the relay replicates the topic, holds its create event, and can
-   reference relayed events (it is a writer or indexer: its acks do that);
-4. per event: the bytes decode as one canonical event, of this topic,
+3. the relay replicates the topic and holds its create event, and the peer
+   may ask about it (`requester_access`): for a topic whose join rule is not
+   public, the peer's key is joined in the current resolved state, or it is
+   invited and the request is about its own member event (its join). Anyone
+   else gets `UNKNOWN_TOPIC` with one fixed detail: the answer for a topic
+   this relay never heard of, so a refusal does not reveal that the topic
+   exists, that the relay replicates it, or who is in it (docs/access.md);
+4. the relay can reference relayed events (it is a writer or indexer: its
+   acks do that);
+5. per event: the bytes decode as one canonical event, of this topic,
    signed by the requesting peer's own key (a relay hands on what a device
    signed, not what it forwards for others), and the author holds the
    relayed role in the current state - except the author's own member event
    (its join with `"relayed": true` is how a device declares the role);
-5. then the event takes the path of any remote event, `Replica.receive`:
+6. then the event takes the path of any remote event, `Replica.receive`:
    Reference Monitor (signature, size, future timestamps...), graph,
    auth rules. Its verdict is the event's outcome.
+
+The requester's key is the key its libp2p peer id embeds (the Noise
+handshake proved the peer holds it; `node.relay_intake` derives it): requests
+are not signed, and a submitted event counts only if signed by that same key.
+Every answer that carries a topic's ids (a Template's parents and auth
+references, a SubmitResult's outcomes) passes step 3 first.
 
 Events are handled in the order given, so a batch may carry a device's join
 followed by its first messages. After a submit, the relay's ack duty
@@ -36,13 +49,15 @@ import random
 from collections import Counter, OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from enum import StrEnum
 
 from node.core.event import Event, EventFormatError, decode_event
 from node.core.outcomes import AddStatus
 from node.replica.replica import NotReadyError, PublishError, Replica
 from node.state.actions import NotAuthorizedError
 from node.state.roles import Role
-from node.state.types import TYPE_MEMBER, user_id
+from node.state.types import RULE_PUBLIC, TYPE_MEMBER, Membership, user_id
+from node.state.view import StateView
 from transport.relay import (
     Outcome,
     Refused,
@@ -62,6 +77,10 @@ from transport.relay import (
 REQUESTS_PER_S = 20.0
 REQUEST_BURST = 40
 MAX_TRACKED_PEERS = 4_096  # rate-limiter entries; the least recently seen go first
+# The one answer for "no such topic here", "not ready yet" and "you may not read it":
+# the same reason and the same words, so a refusal tells a non-member nothing.
+NOT_FOUND_DETAIL = ("this relay serves no such topic to this key (unknown here, not received "
+                    "yet, or the key is not a member)")
 
 
 class RelayRefusal(Exception):
@@ -147,8 +166,9 @@ class RelayServer:
     # ------------------------------------------------------------------ requests
 
     def _template(self, author: bytes, request: TemplateRequest, now_ms: int) -> Handled:
-        replica = self._replica(request.topic)
-        if not _is_own_member_event(author, request.kind, request.state_key):
+        joining = _is_own_member_event(author, request.kind, request.state_key)
+        replica = self._replica(request.topic, author, joining)
+        if not joining:
             self._require_relayed(replica, author)
         try:
             seq, parents, auth = replica.relayed_template(
@@ -162,7 +182,9 @@ class RelayServer:
                                        now_ms)))
 
     def _submit(self, author: bytes, request: SubmitRequest, now_ms: int) -> Handled:
-        replica = self._replica(request.topic)
+        # An invitee passes with any batch: only its own member event can get past
+        # the per-event role check below, and it learns nothing but its own ids.
+        replica = self._replica(request.topic, author, joining=True)
         outcomes: list[Outcome] = []
         applied: list[Event] = []
         for raw in request.events:
@@ -212,15 +234,23 @@ class RelayServer:
 
     # ------------------------------------------------------------------ checks
 
-    def _replica(self, topic: bytes) -> Replica:
+    def _replica(self, topic: bytes, author: bytes, joining: bool) -> Replica:
+        """The topic's replica if `author` may ask about it; RelayRefusal otherwise.
+
+        `joining`: the request may be the author's own member event, which an
+        invitee may ask for. "Not here", "not ready" and "not yours to read"
+        are one answer (UNKNOWN_TOPIC, NOT_FOUND_DETAIL), checked before any
+        answer that depends on the topic's state or this relay's role in it.
+        """
         replica = self.replica_of(topic)
-        if replica is None:
-            raise RelayRefusal(RelayReason.UNKNOWN_TOPIC,
-                               f"this relay does not replicate {topic.hex()}")
-        if not replica.ready:
-            raise RelayRefusal(RelayReason.NOT_READY,
-                               "the relay has not received the topic's create event yet; "
-                               "retry later")
+        if replica is None or not replica.ready:
+            # Not ready: the relay waits for the create event and cannot tell
+            # whether the topic is open; "not found" reveals no interest in it.
+            raise RelayRefusal(RelayReason.UNKNOWN_TOPIC, NOT_FOUND_DETAIL)
+        access = requester_access(replica, author)
+        if access is Access.NONE or (access is Access.INVITEE and not joining):
+            self.stats["not_member_refused"] += 1
+            raise RelayRefusal(RelayReason.UNKNOWN_TOPIC, NOT_FOUND_DETAIL)
         if not replica.authorizing or replica.ordering is None:
             raise RelayRefusal(RelayReason.NOT_AUTHORIZED,
                                "the topic keeps no roles or order, so it has no relayed writers")
@@ -240,6 +270,34 @@ class RelayServer:
                 f"{user_id(author)[:12]}… has role {role.value} in this topic; a relayed writer "
                 "needs the writing level (granted by an admin: add-writer) and its own join "
                 "with relayed=true (RelayedWriter.join)")
+
+
+class Access(StrEnum):
+    """What a requester's key may ask a relay about one topic (`requester_access`)."""
+
+    READER = "reader"  # open topic, or a joined member: anything, then the role decides
+    INVITEE = "invitee"  # invited, not joined: its own member event (its join) only
+    NONE = "none"  # not found
+
+
+def requester_access(replica: Replica, key: bytes) -> Access:
+    """`key`'s access to a ready replica's topic in the current resolved state.
+
+    The read rule of docs/access.md ("shared" history): a topic that keeps no
+    state or whose join rule is public is open; otherwise a key reads iff it
+    is joined, and an invited key may only ask for its join. Pure and cheap:
+    the current state map is cached per state group by the tracker.
+    """
+    if not replica.authorizing:
+        return Access.READER
+    tracker = replica.tracker
+    view = StateView(tracker.state(tracker.current_group()), replica.graph)
+    if view.join_rule() == RULE_PUBLIC:
+        return Access.READER
+    membership = view.membership(user_id(key))
+    if membership == Membership.JOIN:
+        return Access.READER
+    return Access.INVITEE if membership == Membership.INVITE else Access.NONE
 
 
 def _is_own_member_event(author: bytes, kind: str, state_key: str | None) -> bool:

@@ -40,6 +40,13 @@ libp2p identity *is* its ed25519 event key (the Noise handshake proved it).
                       the whole request was refused (a `RelayReason`; detail
                       is one human-readable line).
 
+Who gets an answer. For a topic whose join rule is not public, a relay
+answers a TemplateRequest or SubmitRequest only to a key joined in the
+topic's current resolved state, or to an invited key asking about its own
+join; anyone else gets `Refused(UNKNOWN_TOPIC)` worded as for a topic the
+relay never heard of (`node.relay`, docs/access.md). A Template names event
+ids (parents, auth references): it is a read.
+
 Decoding is strict and bounded like `transport.messages`: anything wrong
 raises `RelayMessageError(reason)` and nothing else. Encoding checks the same
 bounds and raises ValueError (sending what the peer must reject is a local
@@ -97,8 +104,12 @@ class RelayReason(StrEnum):
     """
 
     BAD_REQUEST = "bad_request"  # the request did not decode (detail says why)
-    UNKNOWN_TOPIC = "unknown_topic"  # the relay does not replicate it
-    NOT_READY = "not_ready"  # the relay lacks the topic's create event
+    # "Not found": the relay does not replicate the topic, has not received its
+    # create event yet, or the requester's key may not read it (docs/access.md).
+    # One reason for the three, so a refusal reveals nothing to a non-member; the
+    # wire string predates that and stays. ("not_ready", the old answer while the
+    # create event was missing, is no longer sent; clients keep reasons as str.)
+    UNKNOWN_TOPIC = "unknown_topic"
     RATE_LIMITED = "rate_limited"  # too many requests from this peer; retry later
     NOT_RELAYED_WRITER = "not_relayed_writer"  # the author lacks the relayed role
     NOT_AUTHORIZED = "not_authorized"  # the auth rules refuse the draft

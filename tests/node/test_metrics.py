@@ -14,6 +14,8 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 
+import random
+
 import pytest
 import trio
 from prometheus_client.parser import text_string_to_metric_families
@@ -22,12 +24,18 @@ from node.config import NodeConfig
 from node.metrics import (
     MAX_REQUEST_BYTES,
     RequestError,
+    TopicLabels,
     accepted_counts,
+    is_open,
     parse_request,
     request_complete,
     response,
 )
+from node.replica.replica import Replica
 from node.runtime import Node, NodeError, Topic
+from node.state.types import RULE_PUBLIC, TYPE_JOIN_RULES
+from storage.memory import MemoryStore
+from tests.helpers import authorized_topic, identity
 
 TEST_TIMEOUT_S = 60.0
 HTTP_TIMEOUT_S = 10.0
@@ -149,6 +157,28 @@ async def test_scrape_reports_topic_peer_traffic_and_latency_figures(tmp_path):
                 assert own < observed  # a saw b's join at most, never its own events
 
 
+async def test_invite_topics_are_labelled_by_alias_never_by_id(tmp_path):
+    with trio.fail_after(TEST_TIMEOUT_S):
+        async with metrics_node(tmp_path / "a") as a:
+            invite = [await a.create_topic(f"secret {n}", access="invite") for n in range(2)]
+            public = await a.create_topic("public")
+            await invite[0].publish(b"x")
+            assert a.metrics is not None
+            body = (await http_get(a.metrics.port,
+                                   b"GET /metrics HTTP/1.0\r\n\r\n"))[2].decode()
+            for topic in invite:  # neither the id nor the name, in any case
+                assert topic.id_hex not in body.lower() and "secret" not in body
+            samples = await scrape(a)
+            by_id = sorted(invite, key=lambda t: t.topic_id)  # aliases follow id order
+            for n, topic in enumerate(by_id, start=1):
+                label = f"private-{n}"
+                assert value(samples, "megnode_events_delivered_total", topic=label) == \
+                    topic.replica.graph.delivered_count
+            assert value(samples, "megnode_topic_extremities", topic=public.id_hex) >= 1
+            assert value(samples, "megnode_topics") == 3
+            assert (await scrape(a)).keys() == samples.keys()  # the same aliases each scrape
+
+
 async def test_latency_is_delivery_time_minus_event_timestamp(tmp_path):
     with trio.fail_after(TEST_TIMEOUT_S):
         async with metrics_node(tmp_path / "a") as a:
@@ -241,3 +271,25 @@ def test_accepted_counts_split_local_and_remote():
     counters = {"created": 3, "applied": 10, "buffered": 2, "unauthorized": 1, "duplicate": 7}
     assert accepted_counts(counters) == (3, 8)
     assert accepted_counts({}) == (0, 0)
+
+
+def test_topic_labels_hide_every_topic_anyone_may_not_read():
+    rng = random.Random(1)
+    labels = TopicLabels()
+    invite = authorized_topic(author="alice")
+    public = authorized_topic(author="bob", join_rule=RULE_PUBLIC)
+    stateless = Replica.create_topic(MemoryStore(), identity("carol"), 1_000)
+    waiting = Replica(MemoryStore(), b"\x07" * 32, identity("dave"))  # no create event yet
+    assert not is_open(invite) and not is_open(waiting)
+    assert is_open(public) and is_open(stateless)
+    assert labels.label(public.topic_id, public) == public.topic_id.hex()
+    assert labels.label(stateless.topic_id, stateless) == stateless.topic_id.hex()
+    assert labels.label(invite.topic_id, invite) == "private-1"
+    assert labels.label(waiting.topic_id, waiting) == "private-2"
+    assert labels.label(invite.topic_id, invite) == "private-1"  # stable
+    # The join rule decides, as resolved now: made public, the id is no secret any more;
+    # back to invite, the topic gets its old alias again.
+    invite.set_state(TYPE_JOIN_RULES, "", {"join_rule": RULE_PUBLIC}, 2_000, rng)
+    assert labels.label(invite.topic_id, invite) == invite.topic_id.hex()
+    invite.set_state(TYPE_JOIN_RULES, "", {"join_rule": "invite"}, 3_000, rng)
+    assert labels.label(invite.topic_id, invite) == "private-1"

@@ -4,8 +4,9 @@ A relay node creates an invite-only topic, a second node joins it, and a
 device that holds only a key publishes through the relay (`RelayedWriter`).
 The properties that matter: the device's event is accepted (durable at the
 relay), referenced by the relay's own event, delivered to the second node,
-and part of the confirmed total order there; a device nobody granted the
-relayed role is refused with a reason; garbage is refused and the relay
+and part of the confirmed total order there; a device that is no member of
+the invite-only topic hears "not found" and a member without the relayed
+role is refused with a reason; garbage is refused and the relay
 keeps serving. Every wait is bounded and waits on a condition.
 """
 
@@ -20,6 +21,7 @@ import trio
 
 from node.core.event import decode_event, pack_payload
 from node.core.identity import Identity, sign_event
+from node.relay import NOT_FOUND_DETAIL
 from node.relay_client import RelayedWriter, RelayError, RelayRefusedError
 from node.runtime import Node, Topic
 from node.state.types import TYPE_MEMBER, Membership
@@ -111,14 +113,20 @@ async def test_unauthorised_device_is_refused_with_a_reason(tmp_path: Path) -> N
         async with relay_world(tmp_path) as (a, _b, topic_a, _topic_b):
             stranger = Identity.from_seed(b"s" * 32)
             async with RelayedWriter.open(stranger, a.addresses[0], topic_a.topic_id) as writer:
+                # Invite-only, and nobody invited it: "not found", the very answer for a
+                # topic the relay never heard of (no role, no auth-rule reason: docs/access.md).
                 with pytest.raises(RelayRefusedError) as refused:
                     await writer.publish(b"let me in")
-                assert refused.value.reason == RelayReason.NOT_RELAYED_WRITER
-                assert "has role none" in str(refused.value)
+                assert refused.value.reason == RelayReason.UNKNOWN_TOPIC
+                assert refused.value.detail == NOT_FOUND_DETAIL
                 with pytest.raises(RelayRefusedError) as refused:
-                    await writer.join()  # invite-only, and nobody invited it
-                assert refused.value.reason == RelayReason.NOT_AUTHORIZED
-                assert "not_invited" in str(refused.value)
+                    await writer.join()
+                assert refused.value.reason == RelayReason.UNKNOWN_TOPIC
+                assert refused.value.detail == NOT_FOUND_DETAIL
+            async with RelayedWriter.open(stranger, a.addresses[0], b"\x07" * 32) as writer:
+                with pytest.raises(RelayRefusedError) as unknown:
+                    await writer.join()
+                assert str(unknown.value) == str(refused.value)
             # A full writer's key is not a relayed writer either: it publishes itself.
             async with RelayedWriter.open(_b.identity, a.addresses[0], topic_a.topic_id) as writer:
                 with pytest.raises(RelayRefusedError) as refused:

@@ -85,6 +85,18 @@ class World:
         assert isinstance(result, SubmitResult), result
         return result.outcomes[0]
 
+    def join_member(self, who: Identity) -> Identity:
+        """`who` joins as a full writer with its own replica (not a relayed device)."""
+        self.alice.add_writer(who.public_key, self.tick(), self.rng)
+        self.alice.commit()
+        replica = Replica(MemoryStore(), self.alice.topic_id, who)
+        sync(self.alice, replica)
+        replica.join(self.tick(), self.rng)
+        replica.commit()
+        sync(replica, self.relay)
+        self.relay.commit()
+        return who
+
     def join_device(self) -> None:
         for event, _ in self.alice.add_writer(DEVICE.public_key, self.tick(), self.rng):
             pass
@@ -136,8 +148,17 @@ def test_template_keeps_the_device_chain_when_parents_are_scarce() -> None:
 
 def test_relay_that_cannot_reference_refuses_up_front() -> None:
     world = World(relay_is_writer=False)
-    reply = world.ask(TemplateRequest(world.relay.topic_id, KIND_MESSAGE, None, b"x"))
+    world.alice.add_writer(DEVICE.public_key, world.tick(), world.rng)  # invites the device
+    world.alice.commit()
+    sync(world.alice, world.relay)
+    world.relay.commit()
+    join = TemplateRequest(world.relay.topic_id, TYPE_MEMBER, DEVICE.public_key.hex(),
+                           pack_payload({"membership": "join", "relayed": True}))
+    reply = world.ask(join)
     assert isinstance(reply, Refused) and reply.reason == RelayReason.RELAY_CANNOT_REFERENCE
+    # Only to a key that may ask: to a stranger this relay does not serve the topic at all.
+    reply = world.ask(join, identity("stranger"))
+    assert isinstance(reply, Refused) and reply.reason == RelayReason.UNKNOWN_TOPIC
 
 
 def test_another_members_state_is_not_the_devices_to_set() -> None:
@@ -147,9 +168,11 @@ def test_another_members_state_is_not_the_devices_to_set() -> None:
                                       identity("alice").public_key.hex(),
                                       pack_payload({"membership": "leave"})))
     assert isinstance(reply, Refused) and reply.reason == RelayReason.NOT_AUTHORIZED
-    stranger = identity("stranger")
-    reply = world.ask(TemplateRequest(world.relay.topic_id, KIND_MESSAGE, None, b"x"), stranger)
+    # A joined member that is no relayed writer hears why (it may read the topic).
+    bob = world.join_member(BOB)
+    reply = world.ask(TemplateRequest(world.relay.topic_id, KIND_MESSAGE, None, b"x"), bob)
     assert isinstance(reply, Refused) and reply.reason == RelayReason.NOT_RELAYED_WRITER
+    assert "has role writer" in reply.detail
 
 
 def test_a_flood_is_rate_limited_per_peer() -> None:
@@ -191,7 +214,7 @@ def test_statuses_and_reasons_are_their_wire_strings() -> None:
     assert [status.value for status in SubmitStatus] == [
         "accepted", "duplicate", "buffered", "rejected"]
     assert [reason.value for reason in RelayReason] == [
-        "bad_request", "unknown_topic", "not_ready", "rate_limited", "not_relayed_writer",
+        "bad_request", "unknown_topic", "rate_limited", "not_relayed_writer",
         "not_authorized", "relay_cannot_reference", "author_not_sender", "wrong_topic",
         "not_an_event"]
     frame = encode(SubmitResult(b"\x01" * 32, (Outcome(b"\x05" * 32, SubmitStatus.BUFFERED),)))
