@@ -45,13 +45,25 @@ from .values import OrderError, OrderNode
 UNSEEN = -1  # clock value for a lane of which nothing has been seen
 
 
+# Where a node sits, packed in one int (lane * _LANE_STRIDE + seq): one dict
+# entry and one int per node instead of two of each (issue 17: flat memory).
+_LANE_STRIDE = 1 << 48
+
+
 @dataclass(slots=True)
 class Lane:
-    """A chain of one writer's nodes; `ids[i]` has seq `start + i`."""
+    """A chain of one writer's nodes; `ids[i]` has seq `start + i`.
+
+    `clocks[i]` is node i's clock without its own lane (whose entry is its
+    seq): a node that saw nothing new of other lanes shares its predecessor's
+    dict object, so a writer's plain chain costs one list slot per node.
+    Stored clocks are never mutated.
+    """
 
     writer: bytes
     start: int
     ids: list[bytes]
+    clocks: list[dict[int, int]]
 
     @property
     def end(self) -> int:
@@ -65,27 +77,36 @@ class CausalIndex:
         self.lanes: list[Lane] = []
         self.forks: dict[bytes, int] = {}  # writer -> lowest seq holding two nodes
         self._lanes_of: dict[bytes, list[int]] = {}
-        self._lane: dict[bytes, int] = {}
-        self._seq: dict[bytes, int] = {}
-        self._clock: dict[bytes, dict[int, int]] = {}
+        self._where: dict[bytes, int] = {}  # id -> lane * _LANE_STRIDE + seq
 
     def __contains__(self, node_id: bytes) -> bool:
-        return node_id in self._clock
+        return node_id in self._where
+
+    def where(self, node_id: bytes) -> tuple[int, int]:
+        """(lane, seq) of a node added here."""
+        return divmod(self._where[node_id], _LANE_STRIDE)
 
     def add(self, node: OrderNode) -> None:
         clock: dict[int, int] = {}
+        where = self._where
+        lanes = self.lanes
         for dep in node.deps:
-            dep_clock = self._clock.get(dep)
-            if dep_clock is None:
+            at = where.get(dep)
+            if at is None:
                 raise OrderError(f"node {node.id.hex()} references unknown {dep.hex()}")
-            for lane, seq in dep_clock.items():
+            dep_lane, dep_seq = divmod(at, _LANE_STRIDE)
+            chain = lanes[dep_lane]
+            for lane, seq in chain.clocks[dep_seq - chain.start].items():
                 if clock.get(lane, UNSEEN) < seq:
                     clock[lane] = seq
+            if clock.get(dep_lane, UNSEEN) < dep_seq:
+                clock[dep_lane] = dep_seq
         lane = self._place(node, clock)
-        clock[lane] = node.seq
-        self._lane[node.id] = lane
-        self._seq[node.id] = node.seq
-        self._clock[node.id] = clock
+        clock.pop(lane, None)  # its own lane's entry is its seq
+        clocks = lanes[lane].clocks
+        previous = clocks[-1] if clocks else None
+        clocks.append(previous if previous == clock else clock)  # type: ignore[arg-type]
+        where[node.id] = lane * _LANE_STRIDE + node.seq
 
     def _place(self, node: OrderNode, clock: dict[int, int]) -> int:
         mine = self._lanes_of.setdefault(node.writer, [])
@@ -104,13 +125,14 @@ class CausalIndex:
         if len(extendable) == 1:
             self.lanes[extendable[0]].ids.append(node.id)
             return extendable[0]
-        self.lanes.append(Lane(node.writer, node.seq, [node.id]))
+        self.lanes.append(Lane(node.writer, node.seq, [node.id], []))
         mine.append(len(self.lanes) - 1)
         return len(self.lanes) - 1
 
     def sees(self, y: bytes, x: bytes) -> bool:
         """True if x is y or an ancestor of y."""
-        return self._clock[y].get(self._lane[x], UNSEEN) >= self._seq[x]
+        x_lane, x_seq = divmod(self._where[x], _LANE_STRIDE)
+        return self.latest(y, x_lane) >= x_seq
 
     def sees_fork(self, y: bytes, writer: bytes, upto: int) -> bool:
         """True if y's past (y included) holds two nodes of `writer` with one seq <= `upto`.
@@ -137,17 +159,21 @@ class CausalIndex:
         return False
 
     def seq_of(self, node_id: bytes) -> int:
-        return self._seq[node_id]
+        return self._where[node_id] % _LANE_STRIDE
 
     def lanes_of(self, writer: bytes) -> list[int]:
         return self._lanes_of.get(writer, [])
 
     def lane_of(self, node_id: bytes) -> int:
-        return self._lane[node_id]
+        return self._where[node_id] // _LANE_STRIDE
 
     def latest(self, y: bytes, lane: int) -> int:
         """Highest seq of `lane` in y's past (y included), or UNSEEN."""
-        return self._clock[y].get(lane, UNSEEN)
+        y_lane, y_seq = divmod(self._where[y], _LANE_STRIDE)
+        if y_lane == lane:
+            return y_seq
+        chain = self.lanes[y_lane]
+        return chain.clocks[y_seq - chain.start].get(lane, UNSEEN)
 
     def node_at(self, lane: int, seq: int) -> bytes:
         chain = self.lanes[lane]

@@ -117,8 +117,10 @@ examples in the tests, but confirmation uses rounds, anchors and votes only.
 
 from __future__ import annotations
 
+from array import array
+
 from .clock import CausalIndex
-from .values import OrderNode
+from .values import OrderError, OrderNode
 
 ANCHOR_SPACING = 2  # rounds between anchors: a vote may come one round late
 NO_ROUND = -1  # round of a node outside this epoch or not by an indexer
@@ -143,14 +145,33 @@ class Consensus:
         self.quorum = quorum_size(len(indexers))
         # Two quorums share 2q - n indexers; one of them honest needs fewer forkers.
         self.tolerated_forks = max(0, 2 * self.quorum - len(indexers) - 1)
-        self.committed_round = -ANCHOR_SPACING
+        self._committed_round = -ANCHOR_SPACING
         self._index = index
         self._by_key = sorted(indexers)
-        self._round: dict[bytes, int] = {}
+        # Rounds by lane position: lane -> (first seq, rounds). An indexer's nodes
+        # of this epoch are a suffix of its lanes (the confirmed nodes before
+        # them are a prefix) and arrive in seq order, so an array of 8-byte
+        # rounds replaces a dict entry and an int object per node.
+        self._rounds: dict[int, tuple[int, array]] = {}
         self._top = NO_ROUND
         self._lanes: dict[bytes, int] = {}  # indexer -> lanes the caches were computed with
-        self._anchors: dict[int, tuple[bytes, ...]] = {}  # settled candidate lookups
-        self._voters: dict[bytes, set[bytes]] = {}  # anchor -> indexers who voted
+        # Settled candidate lookups and votes, for rounds above the committed one
+        # only: `next_commit` never asks about a round at or below it again.
+        self._anchors: dict[int, tuple[bytes, ...]] = {}
+        self._voters: dict[int, dict[bytes, set[bytes]]] = {}  # round -> anchor -> voters
+
+    @property
+    def committed_round(self) -> int:
+        return self._committed_round
+
+    @committed_round.setter
+    def committed_round(self, round_: int) -> None:
+        """Note a committed round and forget the anchors and votes at or below it."""
+        self._committed_round = round_
+        for settled in [r for r in self._anchors if r <= round_]:
+            del self._anchors[settled]
+        for settled in [r for r in self._voters if r <= round_]:
+            del self._voters[settled]
 
     def add(self, node: OrderNode) -> None:
         if node.writer not in self.indexers:
@@ -160,11 +181,26 @@ class Consensus:
             # A new branch of a forked indexer may hold another candidate anchor.
             self._anchors.clear()
         self._lanes[node.writer] = lanes
-        self._round[node.id] = self._compute_round(node)
-        self._top = max(self._top, self._round[node.id])
+        round_ = self._compute_round(node)
+        lane, seq = self._index.where(node.id)
+        entry = self._rounds.get(lane)
+        if entry is None:
+            entry = self._rounds[lane] = (seq, array("q"))
+        if seq != entry[0] + len(entry[1]):
+            raise OrderError(f"node {node.id.hex()}: round of seq {seq} out of lane order")
+        entry[1].append(round_)
+        self._top = max(self._top, round_)
 
     def round_of(self, node_id: bytes) -> int:
-        return self._round.get(node_id, NO_ROUND)
+        if node_id not in self._index:
+            return NO_ROUND
+        lane, seq = self._index.where(node_id)
+        entry = self._rounds.get(lane)
+        if entry is None:
+            return NO_ROUND
+        position = seq - entry[0]
+        rounds = entry[1]
+        return rounds[position] if 0 <= position < len(rounds) else NO_ROUND
 
     def _compute_round(self, node: OrderNode) -> int:
         index = self._index
@@ -260,7 +296,8 @@ class Consensus:
         return False
 
     def is_committed(self, anchor: bytes, round_: int) -> bool:
-        voters = self._voters.setdefault(anchor, set())  # votes are never withdrawn
+        # Votes are never withdrawn; forgotten with the round once it is committed.
+        voters = self._voters.setdefault(round_, {}).setdefault(anchor, set())
         for indexer in self._by_key:
             if len(voters) >= self.quorum:
                 break

@@ -57,11 +57,17 @@ RoleChange = Callable[[OrderNode], "frozenset[bytes] | None"]
 class Linearizer:
     def __init__(self, indexers: frozenset[bytes], role_change: RoleChange | None = None) -> None:
         self._index = CausalIndex()
+        # The unconfirmed nodes and their sort keys: a node leaves both when it is
+        # confirmed (only the causal index keeps it), so they hold the tentative
+        # tail, not the history (issue 17: flat memory).
         self._nodes: dict[bytes, OrderNode] = {}
         self._keys: dict[bytes, SortKey] = {}
         self._aside: dict[bytes, OrderNode] = {}  # relayed, not referenced yet
         self._confirmed: list[bytes] = []
-        self._is_confirmed: set[bytes] = set()
+        # The confirmed nodes of a lane are a prefix of it (a confirmed node's
+        # past is confirmed, and each lane node sees the one before): lane -> end
+        # of that prefix, instead of a set of every confirmed id.
+        self._confirmed_end: dict[int, int] = {}
         self._tentative = TopoList(self._keys.__getitem__)
         self._role_change = role_change
         self._consensus = Consensus(self._index, frozenset(indexers))
@@ -82,10 +88,13 @@ class Linearizer:
 
     def __contains__(self, node_id: bytes) -> bool:
         """True for nodes in the order (relayed nodes still aside are not)."""
-        return node_id in self._nodes
+        return node_id in self._index
 
     def is_confirmed(self, node_id: bytes) -> bool:
-        return node_id in self._is_confirmed
+        if node_id not in self._index:
+            return False
+        lane, seq = self._index.where(node_id)
+        return seq < self._confirmed_end.get(lane, 0)
 
     @property
     def confirmed_length(self) -> int:
@@ -165,7 +174,10 @@ class Linearizer:
             if known != node:
                 raise OrderError(f"id {node.id.hex()} reused for a different node")
             return unchanged
-        missing = [dep for dep in node.deps if dep not in self._nodes and dep not in self._aside]
+        if node.id in self._index:  # confirmed: its node is no longer kept to compare
+            return unchanged
+        index = self._index
+        missing = [dep for dep in node.deps if dep not in index and dep not in self._aside]
         if missing:
             raise OrderError(f"node {node.id.hex()} before its dependency {missing[0].hex()}")
         if relayed:
@@ -205,7 +217,8 @@ class Linearizer:
         self._nodes[node.id] = node
         self._keys[node.id] = sort_key(node)
         self._consensus.add(node)
-        open_deps = [dep for dep in node.deps if dep not in self._is_confirmed]
+        is_confirmed = self.is_confirmed
+        open_deps = [dep for dep in node.deps if not is_confirmed(dep)]
         return self._tentative.insert(node.id, open_deps)
 
     def _settle(self, before: tuple[bytes, ...], rewind: int) -> OrderUpdate:
@@ -215,7 +228,7 @@ class Linearizer:
             pass
         appended = tuple(self._confirmed[confirmed_before:])
         if appended:
-            remaining = [n for n in self._tentative if n not in self._is_confirmed]
+            remaining = [n for n in self._tentative if n in self._nodes]
             self._tentative.rebuild(remaining, self._deps_of)
             rewind = _shared_prefix(before, appended + self.tentative)
         return OrderUpdate(appended, self.tentative, confirmed_before + rewind)
@@ -225,13 +238,24 @@ class Linearizer:
         for round_, anchor in chain:
             batch = kahn(self._unconfirmed_past(anchor), self._deps_of, self._keys.__getitem__)
             self._confirmed.extend(batch)
-            self._is_confirmed.update(batch)
             self._consensus.committed_round = round_
             change = self._role_change_in(batch)
+            self._forget(batch)
             if change is not None:
                 self._new_epoch(change)
                 break
         return bool(chain)
+
+    def _forget(self, batch: list[bytes]) -> None:
+        """Mark `batch` confirmed and drop what only unconfirmed nodes need."""
+        ends = self._confirmed_end
+        where = self._index.where
+        for node_id in batch:
+            lane, seq = where(node_id)
+            if seq >= ends.get(lane, 0):
+                ends[lane] = seq + 1
+            del self._nodes[node_id]
+            del self._keys[node_id]
 
     def _role_change_in(self, batch: list[bytes]) -> frozenset[bytes] | None:
         change = None
@@ -245,7 +269,7 @@ class Linearizer:
     def _new_epoch(self, indexers: frozenset[bytes]) -> None:
         self._consensus = Consensus(self._index, indexers)
         for node_id in self._tentative:  # a topological order of the unconfirmed nodes
-            if node_id not in self._is_confirmed:
+            if node_id in self._nodes:
                 self._consensus.add(self._nodes[node_id])
 
     def _unconfirmed_past(self, anchor: bytes) -> set[bytes]:
@@ -253,7 +277,7 @@ class Linearizer:
         stack = [anchor]
         while stack:
             for dep in self._nodes[stack.pop()].deps:
-                if dep not in past and dep not in self._is_confirmed:
+                if dep not in past and dep in self._nodes:
                     past.add(dep)
                     stack.append(dep)
         return past
