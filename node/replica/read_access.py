@@ -12,6 +12,13 @@ topic and of every message it receives about one, so the answer is cheap:
 `readers()` is computed once per current state group (the tracker caches
 the group per set of extremities) and is then a frozenset lookup; message
 events do not change the group, only state events and merges of heads do.
+Resolving the current group costs a resolution whenever the heads changed,
+so the answer is also kept per *access epoch* (`Replica._access_epochs`: how
+many join-rules or power-levels events, and how many member events, were
+applied): an event of another kind adds no state event that could change
+who is joined, so the answer stays; an open topic stays open until a
+join-rules or power-levels event arrives, so a node of an open topic never
+resolves anything for this, however many members join.
 
 `Replica` (node.replica.replica) mixes this in; it owns the cache slot
 `_readers_cache` and clears it with its other state caches when pending
@@ -47,7 +54,8 @@ class ReadAccess:
 
     if TYPE_CHECKING:
         graph: Graph
-        _readers_cache: tuple[int, frozenset[bytes] | None] | None
+        _readers_cache: tuple[int, int, int, frozenset[bytes] | None] | None
+        _access_epochs: tuple[int, int]
 
         @property
         def ready(self) -> bool: ...
@@ -60,13 +68,18 @@ class ReadAccess:
         """Keys that may read this topic now; None: anyone may (module docstring)."""
         if not self.authorizing:  # not ready, or no topic state: nothing to restrict
             return None
+        rules, members = self._access_epochs
+        cached = self._readers_cache
+        if cached is not None and cached[0] == rules and (cached[3] is None
+                                                          or cached[1] == members):
+            return cached[3]  # an open topic stays open until its join rule may have changed
         tracker = self.tracker
         group = tracker.current_group()
-        cached = self._readers_cache
-        if cached is not None and cached[0] == group:
-            return cached[1]
-        readers = _readers_of(tracker.state(group), self.graph)
-        self._readers_cache = (group, readers)
+        if cached is not None and cached[2] == group:
+            readers = cached[3]
+        else:
+            readers = _readers_of(tracker.state(group), self.graph)
+        self._readers_cache = (rules, members, group, readers)
         return readers
 
     def may_read(self, key: bytes) -> bool:

@@ -106,11 +106,14 @@ from node.state.tracker import StateTracker
 from node.state.types import (
     RULE_INVITE,
     TYPE_JOIN_RULES,
+    TYPE_MEMBER,
     TYPE_POWER_LEVELS,
     Membership,
     StateKey,
 )
 from node.core.store import TABLE_STATE, Store
+
+_ACCESS_RULE_KINDS = frozenset({TYPE_JOIN_RULES, TYPE_POWER_LEVELS})
 
 __all__ = [
     "NotAuthorizedError", "NotReadyError", "OrderingDisabledError", "PublishError", "Received",
@@ -142,7 +145,9 @@ class Replica(StateOperations, Authoring, ReadAccess, Joining):
         self._tracker: StateTracker | None = None
         self._authorizing: bool | None = None
         self._order: TopicOrder | None = None
-        self._readers_cache: tuple[int, frozenset[bytes] | None] | None = None
+        self._readers_cache: tuple[int, int, int, frozenset[bytes] | None] | None = None
+        # (join-rules and power-levels events, member events) applied: node.replica.read_access
+        self._access_epochs = (0, 0)
         self.graph.on_discard(self._forget_state_caches)
         self.graph.on_discard(self._forget_order)
 
@@ -331,6 +336,12 @@ class Replica(StateOperations, Authoring, ReadAccess, Joining):
         if result.applied and authorizing:
             # Same write-set as the graph's: state commits with the events.
             unauthorized = tuple(self.tracker.apply(result.applied))
+            for event in result.applied:
+                kind = event.kind
+                if kind in _ACCESS_RULE_KINDS:  # who may read may have changed
+                    self._access_epochs = (self._access_epochs[0] + 1, self._access_epochs[1])
+                elif kind == TYPE_MEMBER:
+                    self._access_epochs = (self._access_epochs[0], self._access_epochs[1] + 1)
             for _, reason in unauthorized:
                 self.counters[f"rejected.{reason}"] += 1
             self.counters["unauthorized"] += len(unauthorized)
