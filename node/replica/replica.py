@@ -82,8 +82,10 @@ from node.core.monitor import ReferenceMonitor, Rejected
 from node.core.order import OrderUpdate
 from node.core.parents import DEFAULT_D_MAX, MAX_D_MAX, MIN_D_MAX
 from node.replica.authoring import Authoring
+from node.replica.joining import Joining
 from node.replica.order_views import ORDER_CAUSAL, ORDER_CONFIRMED, ORDER_TENTATIVE, OrderStatus
 from node.replica.ordering import TopicOrder
+from node.replica.read_access import ReadAccess
 from node.replica.state_ops import StateOperations
 from node.replica.types import (
     NotReadyError,
@@ -104,11 +106,14 @@ from node.state.tracker import StateTracker
 from node.state.types import (
     RULE_INVITE,
     TYPE_JOIN_RULES,
+    TYPE_MEMBER,
     TYPE_POWER_LEVELS,
     Membership,
     StateKey,
 )
 from node.core.store import TABLE_STATE, Store
+
+_ACCESS_RULE_KINDS = frozenset({TYPE_JOIN_RULES, TYPE_POWER_LEVELS})
 
 __all__ = [
     "NotAuthorizedError", "NotReadyError", "OrderingDisabledError", "PublishError", "Received",
@@ -116,12 +121,14 @@ __all__ = [
 ]
 
 
-class Replica(StateOperations, Authoring):
+class Replica(StateOperations, Authoring, ReadAccess, Joining):
     """One topic's replica on one node (see the module docstring).
 
     Receiving and reading live here; making local events is `Authoring`
     (node.replica.authoring), topic-state operations `StateOperations`
-    (node.replica.state_ops).
+    (node.replica.state_ops), who may read the topic `ReadAccess`
+    (node.replica.read_access), the terms of a join from outside `Joining`
+    (node.replica.joining).
     """
 
     def __init__(
@@ -138,6 +145,9 @@ class Replica(StateOperations, Authoring):
         self._tracker: StateTracker | None = None
         self._authorizing: bool | None = None
         self._order: TopicOrder | None = None
+        self._readers_cache: tuple[int, int, int, frozenset[bytes] | None] | None = None
+        # (join-rules and power-levels events, member events) applied: node.replica.read_access
+        self._access_epochs = (0, 0)
         self.graph.on_discard(self._forget_state_caches)
         self.graph.on_discard(self._forget_order)
 
@@ -296,6 +306,7 @@ class Replica(StateOperations, Authoring):
 
     def _forget_state_caches(self) -> None:
         self._authorizing = None  # the root itself may have been among the discarded writes
+        self._readers_cache = None  # group ids are only meaningful with the writes that made them
         if self._tracker is not None:
             self._tracker.clear_caches()
 
@@ -325,6 +336,12 @@ class Replica(StateOperations, Authoring):
         if result.applied and authorizing:
             # Same write-set as the graph's: state commits with the events.
             unauthorized = tuple(self.tracker.apply(result.applied))
+            for event in result.applied:
+                kind = event.kind
+                if kind in _ACCESS_RULE_KINDS:  # who may read may have changed
+                    self._access_epochs = (self._access_epochs[0] + 1, self._access_epochs[1])
+                elif kind == TYPE_MEMBER:
+                    self._access_epochs = (self._access_epochs[0], self._access_epochs[1] + 1)
             for _, reason in unauthorized:
                 self.counters[f"rejected.{reason}"] += 1
             self.counters["unauthorized"] += len(unauthorized)
