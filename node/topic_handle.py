@@ -24,6 +24,7 @@ from node.replica.order_views import ORDER_CAUSAL, ORDER_CONFIRMED, ORDERS, Rewi
 from node.replica.ordering import KIND_ACK
 from node.replica.replica import Received, Replica
 from node.state.roles import Role
+from node.state.types import JOIN_RULES_KEY, RULE_PUBLIC
 
 SUBSCRIBE_BATCH = 256  # deliveries read from the store per wake-up
 JOIN_RETRY_MS = 1_000  # membership pursuit: at most one join attempt per topic this often
@@ -96,6 +97,16 @@ class Topic:
         content = member.content()
         return content.get("membership") if isinstance(content, dict) else None
 
+    @property
+    def private(self) -> bool:
+        """True when only members may read the topic: its join rule (current state) is not
+        public. False until the create event is here, and for topics without state."""
+        if not self.replica.ready or not self.replica.authorizing:
+            return False
+        rule = self.replica.state().get(JOIN_RULES_KEY)
+        content = rule.content() if rule is not None else None
+        return not (isinstance(content, dict) and content.get("join_rule") == RULE_PUBLIC)
+
     def state(self) -> dict[str, dict[str, Any]]:
         """The current resolved topic state as {"type|state_key": {sender, content}}."""
         out: dict[str, dict[str, Any]] = {}
@@ -164,6 +175,11 @@ class Topic:
     async def publish_many(self, payloads: Sequence[bytes], kind: str = "message") -> list[bytes]:
         """Author several events in one group commit; their ids once all are durable."""
         return await self._author.publish_many(self, payloads, kind)
+
+    async def wait_changed(self) -> None:
+        """Wait until the topic may have moved (after a committer step or a peer change);
+        NodeError once it was left."""
+        await self._changes.wait()
 
     async def wait_ready(self, timeout_s: float) -> None:
         with trio.fail_after(timeout_s):
