@@ -80,12 +80,14 @@ class AntiEntropy:
     _replicas: dict[bytes, Replica]
 
     if TYPE_CHECKING:  # the engine's (and its intake's) methods this half calls
-        def _send(self, peer: PeerId, message: Message, data: bytes | None = None) -> Send: ...
+        def _send(self, peer: PeerId, message: Message, data: bytes | None = None) -> Send | None: ...
+        def _may_serve(self, peer: PeerId, replica: Replica) -> bool: ...
+        def _serving(self, replica: Replica, peers: Sequence[PeerId]) -> list[PeerId]: ...
         def _ingest(self, peer: PeerId, replica: Replica, raws: Sequence[bytes], channel: str,
                     now_ms: int, out: list[Effect]) -> list[bytes]: ...
         def _note_news(self, topic: bytes, peer: PeerId) -> None: ...
         def _take_raws(self, raws: Sequence[bytes]) -> tuple[list[bytes], bool]: ...
-        def _clean(self, effects: list[Effect | None]) -> list[Effect]: ...
+        def _clean(self, effects: Sequence[Effect | None]) -> list[Effect]: ...
 
     def _init_anti_entropy(self) -> None:
         self._sessions: dict[tuple[PeerId, bytes], _Session] = {}
@@ -116,13 +118,16 @@ class AntiEntropy:
         current = self._sessions.get((peer, topic))
         if current is not None and now_ms - current.active_ms <= self.config.session_timeout_ms:
             return []  # one exchange at a time per peer and topic
+        if not self._may_serve(peer, self._replicas[topic]):
+            return []  # a private topic: our heads are not for this peer
         session = _Session(peer, topic, xid=0, active_ms=now_ms,
                            window=self.config.initial_window_depth)
         self._sessions[(peer, topic)] = session
         self.stats["sessions"] += 1
         return self._clean([self._offer(session, now_ms)])
 
-    def _on_offer(self, peer: PeerId, replica: Replica, offer: Offer, now_ms: int) -> list[Effect]:
+    def _on_offer(self, peer: PeerId, replica: Replica, offer: Offer,
+                  now_ms: int) -> list[Effect | None]:
         graph = replica.graph
         known_since = [s for s in offer.since if graph.has(s)]
         limit = self.config.reply_max_events
@@ -146,8 +151,9 @@ class AntiEntropy:
             self._note_news(replica.topic_id, peer)  # the offerer lacked something
         return [self._send(peer, reply)]
 
-    def _on_reply(self, peer: PeerId, replica: Replica, reply: Reply, now_ms: int) -> list[Effect]:
-        out: list[Effect] = []
+    def _on_reply(self, peer: PeerId, replica: Replica, reply: Reply,
+                  now_ms: int) -> list[Effect | None]:
+        out: list[Effect | None] = []
         fresh = self._ingest(peer, replica, reply.events, SYNC, now_ms, out)
         session = self._sessions.get((peer, replica.topic_id))
         if session is None or session.xid != reply.xid:
@@ -183,7 +189,8 @@ class AntiEntropy:
             out += self.sync_with(peer, replica.topic_id, now_ms)
         return out
 
-    def _on_want(self, peer: PeerId, replica: Replica, want: Want, now_ms: int) -> list[Effect]:
+    def _on_want(self, peer: PeerId, replica: Replica, want: Want,
+                 now_ms: int) -> list[Effect | None]:
         graph = replica.graph
         found: list[Event] = []
         for event_id in want.ids:
@@ -198,15 +205,20 @@ class AntiEntropy:
 
     def _sync_random(self, topic: bytes, now_ms: int, rng: random.Random,
                      exclude: PeerId | None) -> list[Effect]:
-        idle = [p for p in self._peers if p != exclude and self._idle(p, topic, now_ms)]
+        idle = self._serving(self._replicas[topic], [
+            p for p in self._peers if p != exclude and self._idle(p, topic, now_ms)])
         return self.sync_with(rng.choice(idle), topic, now_ms) if idle else []
 
     def _idle(self, peer: PeerId, topic: bytes, now_ms: int) -> bool:
         session = self._sessions.get((peer, topic))
         return session is None or now_ms - session.active_ms > self.config.session_timeout_ms
 
-    def _wants(self, topic: bytes, replica: Replica, rng: random.Random) -> list[Effect]:
+    def _wants(self, topic: bytes, replica: Replica,
+               rng: random.Random) -> list[Effect | None]:
         if not self._peers or not replica.graph.buffered_count:
+            return []
+        sources = self._serving(replica, self._peers)  # a want names ids: readers only
+        if not sources:
             return []
         by_peer: dict[PeerId, list[bytes]] = {}
         graph = replica.graph
@@ -216,8 +228,8 @@ class AntiEntropy:
                 # again would only fetch it to reject it again, every retry, forever.
                 continue
             source = self._want_source.get((topic, parent))
-            if source not in self._peers:
-                source = rng.choice(self._peers)
+            if source not in sources:
+                source = rng.choice(sources)
             by_peer.setdefault(source, []).append(parent)
         self.stats["wants_sent"] += sum(len(v) for v in by_peer.values())
         if not by_peer:
@@ -237,7 +249,7 @@ class AntiEntropy:
         while len(self._since) > MAX_PEER_STATES:
             self._since.popitem(last=False)
 
-    def _offer(self, session: _Session, now_ms: int) -> Send:
+    def _offer(self, session: _Session, now_ms: int) -> Send | None:
         graph = self._replicas[session.topic].graph
         since = self._since.get((session.peer, session.topic), ())
         floor = offer_floor(graph, since, session.window)
@@ -257,7 +269,8 @@ class AntiEntropy:
         self._next_xid = 1 if xid >= MAX_XID else xid + 1
         return xid
 
-    def _send_missing(self, peer: PeerId, graph: Graph, heads: Sequence[bytes], xid: int) -> list[Effect]:
+    def _send_missing(self, peer: PeerId, graph: Graph, heads: Sequence[bytes],
+                      xid: int) -> list[Effect | None]:
         limit = self.config.reply_max_events
         ids = graph.not_below(heads, limit=limit + 1)
         if not ids:

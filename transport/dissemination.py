@@ -51,13 +51,34 @@ event failing a hard Reference Monitor check is logged with its reason and
 counted against the peer (`peer_misbehaviour`; `transport.intake` counts,
 `transport.misbehaviour` says which faults are a peer's); at
 `misbehaviour_threshold` a `Disconnect` effect asks the runtime to drop it.
+
+Read access (issue 15). A private topic (authorizing, join rule not public)
+is read only by the keys joined in the replica's current state
+(`node.replica.read_access`). The engine enforces it in one place each way:
+
+* every message about a topic that carries its events or ids (Push, Offer,
+  Reply, Want, Events) leaves through `_send`, which withholds it from a peer
+  that may not read the topic (`not_member_withheld`), and peer selection
+  (push fan-out, sync partner, want target) picks among readers only, so
+  fan-out is not wasted on peers the filter would refuse;
+* such a message *from* a peer that may not read the topic is dropped as if
+  the topic were unknown (no answer, nothing ingested; `not_member_dropped`,
+  logged with reason `not_member`), unless this replica is not joined itself
+  (an invitee catching up, or a member that left: it takes what comes but
+  still sends only to readers).
+
+A peer's key is `peer_key(peer)`: the simulator's convention by default
+(the peer id is the key in hex); the runtime passes the key a libp2p peer id
+embeds. A private topic is never announced (no `Announce`: GossipSub would
+hand it to any subscriber). The join handshake (`transport.join_handshake`)
+is how an invitee gets in.
 """
 
 from __future__ import annotations
 
 import random
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -68,9 +89,14 @@ from transport.anti_entropy import AntiEntropy
 from transport.depletion import DepletionTimer
 from transport.dissemination_config import DisseminationConfig
 from transport.effects import Announce, Effect, Log, PeerId, Send
+from transport.join_handshake import JoinHandshake
 from transport.messages import (
     EVENT_FRAMING_BYTES,
     Events,
+    JoinAsk,
+    JoinRefused,
+    JoinSubmit,
+    JoinTemplate,
     Message,
     MessageError,
     Offer,
@@ -84,7 +110,19 @@ from transport.messages import (
 from transport.intake import Intake
 
 _STAT_KEYS = {kind: (f"messages_sent_{kind.__name__.lower()}", f"bytes_sent_{kind.__name__.lower()}")
-              for kind in (Push, Offer, Reply, Want, Events)}
+              for kind in (Push, Offer, Reply, Want, Events, JoinAsk, JoinTemplate, JoinRefused,
+                           JoinSubmit)}
+# Messages that carry a topic's events or event ids: the read filter applies to them.
+_GUARDED = frozenset({Push, Offer, Reply, Want, Events})
+NOT_MEMBER = "not_member"  # the log reason of a message dropped by the read filter
+
+
+def key_of_hex_peer(peer: PeerId) -> bytes | None:
+    """The simulator's convention: a peer id is its author key in hex (None if it is not)."""
+    try:
+        return bytes.fromhex(peer)
+    except ValueError:
+        return None
 
 
 @dataclass
@@ -96,21 +134,29 @@ class _TopicTimers:
     depletion: DepletionTimer = field(default_factory=DepletionTimer)
 
 
-class Disseminator(Intake, AntiEntropy):
+class Disseminator(Intake, AntiEntropy, JoinHandshake):
     """Gossip push + anti-entropy for all topic replicas of one node."""
 
     def __init__(self, node_id: str, rng: random.Random,
                  config: DisseminationConfig = DisseminationConfig(), *,
-                 commits: bool = True) -> None:
-        """`commits=False`: the driver commits (module docstring), the engine never does."""
+                 commits: bool = True,
+                 peer_key: Callable[[PeerId], bytes | None] = key_of_hex_peer) -> None:
+        """`commits=False`: the driver commits (module docstring), the engine never does.
+
+        `peer_key`: the author key a peer id is bound to (None if unknown); the
+        read filter of private topics asks it (module docstring).
+        """
         self.node_id = node_id  # lowercase hex (it names the node in logs)
         self.config = config
         self._commits = commits
         self._rng = rng
+        self._peer_key = peer_key
+        self._keys: dict[PeerId, bytes | None] = {}  # peer_key of each connected peer
         self._replicas: dict[bytes, Replica] = {}
         self._timers: dict[bytes, _TopicTimers] = {}
         self._peers: list[PeerId] = []  # sorted: random choices must not depend on hash order
         self._init_anti_entropy()
+        self._init_join_handshake()
         self.peer_misbehaviour: Counter[PeerId] = Counter()
         self.stats: Counter[str] = Counter()
         self._deferring = False  # inside on_batch: commits wait for the end of the batch
@@ -127,6 +173,7 @@ class Disseminator(Intake, AntiEntropy):
         self._replicas.pop(topic, None)
         self._timers.pop(topic, None)
         self._forget_topic(topic)
+        self._forget_join_topic(topic)
 
     def replica(self, topic: bytes) -> Replica:
         return self._replicas[topic]
@@ -150,6 +197,7 @@ class Disseminator(Intake, AntiEntropy):
             return []
         self._peers.append(peer)
         self._peers.sort()
+        self._keys[peer] = self._peer_key(peer)
         out: list[Effect] = [self._log("peer_up", now_ms, None, peer=peer)]
         if self.config.sync_on_connect:
             for topic in sorted(self._replicas):
@@ -160,7 +208,9 @@ class Disseminator(Intake, AntiEntropy):
         if peer not in self._peers:
             return []
         self._peers.remove(peer)
+        self._keys.pop(peer, None)
         self._forget_peer(peer)
+        self._forget_join_peer(peer)
         return self._clean([self._log("peer_down", now_ms, None, peer=peer)])
 
     # ------------------------------------------------------------- local events
@@ -256,10 +306,19 @@ class Disseminator(Intake, AntiEntropy):
                 return self._clean(self._blame(peer, now_ms, None,
                                                f"bad_message:{error.reason}"))
             replica = self._replicas.get(message.topic)
+            kind = type(message)
+            if kind is JoinAsk:  # answered whether or not we know the topic: one refusal for all
+                return self._clean(self._on_join_ask(peer, replica, message, now_ms))
             if replica is None:
                 self.stats["unknown_topic"] += 1  # not a fault: the peer may serve topics we do not
                 return []
-            handler = self._HANDLERS[type(message)]
+            if kind in _GUARDED and not self._accepts(peer, replica):
+                # A private topic's message from a peer that may not read it: as if
+                # the topic were unknown here (no answer, nothing ingested).
+                self.stats["not_member_dropped"] += 1
+                return self._clean([self._log("rejected", now_ms, replica.topic_id,
+                                              reason=NOT_MEMBER, peer=peer)])
+            handler = self._HANDLERS[kind]
             return self._clean(handler(self, peer, replica, message, now_ms))
         finally:
             self._accountable = True
@@ -277,7 +336,39 @@ class Disseminator(Intake, AntiEntropy):
         return out
 
     _HANDLERS = {Push: _on_push, Offer: AntiEntropy._on_offer, Reply: AntiEntropy._on_reply,
-                 Want: AntiEntropy._on_want, Events: AntiEntropy._on_events}
+                 Want: AntiEntropy._on_want, Events: AntiEntropy._on_events,
+                 JoinTemplate: JoinHandshake._on_join_template,
+                 JoinRefused: JoinHandshake._on_join_refused,
+                 JoinSubmit: JoinHandshake._on_join_submit}
+
+    # ------------------------------------------------------------- read access
+
+    def _key(self, peer: PeerId) -> bytes | None:
+        key = self._keys.get(peer)
+        return key if key is not None or peer in self._keys else self._peer_key(peer)
+
+    def _may_serve(self, peer: PeerId, replica: Replica) -> bool:
+        """May `peer` be sent this topic's events and ids? (one set lookup for a private topic)"""
+        readers = replica.readers()
+        if readers is None or self._key(peer) in readers:
+            return True
+        # Catching up after a join: our copy of the state may not show the member
+        # that took our join in as a member yet (transport.join_handshake).
+        return (replica.identity.public_key not in readers
+                and self._is_sponsor(replica.topic_id, peer))
+
+    def _accepts(self, peer: PeerId, replica: Replica) -> bool:
+        """Do we take this topic's messages from `peer`? Readers' only, once we are joined."""
+        readers = replica.readers()
+        return (readers is None or self._key(peer) in readers
+                or replica.identity.public_key not in readers)
+
+    def _serving(self, replica: Replica, peers: Sequence[PeerId]) -> list[PeerId]:
+        """The peers of `peers` that may read the topic (all of them for an open topic)."""
+        readers = replica.readers()
+        if readers is None:
+            return list(peers)
+        return [p for p in peers if self._may_serve(p, replica)]
 
     # ------------------------------------------------------------- internals: topics
 
@@ -361,15 +452,16 @@ class Disseminator(Intake, AntiEntropy):
     def _spread_local(self, topic: bytes, raws: list[bytes]) -> list[Effect]:
         """The fast path for events authored here: push them, and announce them if asked."""
         out = self._push(topic, raws, exclude=(), fanout=self.config.push_fanout)
-        if self.config.announce and raws:
-            out.append(Announce(topic, tuple(raws)))
+        if self.config.announce and raws and not self._replicas[topic].is_private():
+            out.append(Announce(topic, tuple(raws)))  # never for a private topic
         return out
 
     def _push(self, topic: bytes, raws: list[bytes], exclude: Sequence[PeerId],
               fanout: int) -> list[Effect]:
         if not self.config.push or fanout <= 0:
             return []
-        candidates = [p for p in self._peers if p not in exclude]
+        candidates = self._serving(self._replicas[topic],
+                                   [p for p in self._peers if p not in exclude])
         if not candidates:
             return []
         chosen = self._rng.sample(candidates, min(fanout, len(candidates)))
@@ -381,13 +473,20 @@ class Disseminator(Intake, AntiEntropy):
             data = None
             for peer in sorted(chosen):
                 sent = self._send(peer, Push(topic, tuple(batch)), data)
-                data = sent.data
-                out.append(sent)
+                if sent is not None:
+                    data = sent.data
+                    out.append(sent)
         return out
 
     # ------------------------------------------------------------- internals: output
 
-    def _send(self, peer: PeerId, message: Message, data: bytes | None = None) -> Send:
+    def _send(self, peer: PeerId, message: Message, data: bytes | None = None) -> Send | None:
+        """The one way out: a Send of `message`, or None if the read filter withholds it."""
+        if type(message) in _GUARDED:
+            replica = self._replicas.get(message.topic)
+            if replica is not None and not self._may_serve(peer, replica):
+                self.stats["not_member_withheld"] += 1
+                return None
         data = data if data is not None else encode(message)
         stats = self.stats
         messages_key, bytes_key = _STAT_KEYS[type(message)]

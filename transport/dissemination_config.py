@@ -52,6 +52,7 @@ DEFAULT_WIDTH_SAMPLE_MS: Final = 1_000
 REPLY_MAX_BYTES: Final = MAX_FRAME_BYTES - FRAME_HEADROOM_BYTES  # event bytes in one answer
 MAX_WANT_SOURCES: Final = 65_536  # remembered "who sent the child of this missing parent"
 MAX_PEER_STATES: Final = 65_536  # remembered (peer, topic) -> last common heads
+MAX_JOIN_ASKS: Final = 16  # peers one `request_join` asks (transport.join_handshake)
 
 
 @dataclass(frozen=True, slots=True)

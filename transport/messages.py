@@ -20,6 +20,12 @@ before anything else. Five kinds exist (see `transport.dissemination` and
 * `Events` — events sent outside a Reply: answers to a Want, and the
   offerer's second half of a reconciliation (what the responder lacks).
 
+Four more carry the join handshake of a private topic
+(`transport.join_handshake`): `JoinAsk` (may I join?), `JoinTemplate` (yes:
+sign your join on these parents, auth refs and seq), `JoinRefused` (one
+reason, `not_found`, whatever the cause, so a refusal reveals nothing) and
+`JoinSubmit` (my signed join).
+
 Decoding is strict and bounded: the frame size is checked before parsing,
 msgpack is told the largest string/array/bin it may allocate, and every field
 is type- and range-checked. Anything wrong raises `MessageError(reason)` —
@@ -42,11 +48,12 @@ import hashlib
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Any, Union
 
 import msgpack
 
-from node.core.event import ID_BYTES, MAX_EVENT_BYTES
+from node.core.event import ID_BYTES, MAX_AUTH_REFS, MAX_EVENT_BYTES, MAX_PARENTS, MAX_SEQ
 
 WIRE_VERSION = 1
 
@@ -56,6 +63,10 @@ TAG_OFFER = 2
 TAG_REPLY = 3
 TAG_WANT = 4
 TAG_EVENTS = 5
+TAG_JOIN_ASK = 6
+TAG_JOIN_TEMPLATE = 7
+TAG_JOIN_REFUSED = 8
+TAG_JOIN_SUBMIT = 9
 
 # Limits. A peer can make us allocate or loop at most this much per message.
 MAX_FRAME_BYTES = 4 * 1024 * 1024  # one message; a libp2p frame or a sim packet
@@ -182,7 +193,44 @@ class Events:
     events: tuple[bytes, ...]
 
 
-Message = Union[Push, Offer, Reply, Want, Events]
+class JoinRefusal(StrEnum):
+    """Why a join was refused; one value on purpose (module docstring)."""
+
+    NOT_FOUND = "not_found"  # unknown topic, not a member myself, or you may not join
+
+
+@dataclass(frozen=True, slots=True)
+class JoinAsk:
+    """A would-be member asks a peer for the terms of its join."""
+
+    topic: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class JoinTemplate:
+    """The terms on which the asker may join: sign a join with these (node.replica.joining)."""
+
+    topic: bytes
+    parents: tuple[bytes, ...]
+    auth: tuple[bytes, ...]
+    seq: int
+
+
+@dataclass(frozen=True, slots=True)
+class JoinRefused:
+    topic: bytes
+    reason: JoinRefusal = JoinRefusal.NOT_FOUND
+
+
+@dataclass(frozen=True, slots=True)
+class JoinSubmit:
+    """The asker's signed join, for the member to receive like any event."""
+
+    topic: bytes
+    raw: bytes
+
+
+Message = Union[Push, Offer, Reply, Want, Events, JoinAsk, JoinTemplate, JoinRefused, JoinSubmit]
 
 
 # --------------------------------------------------------------------------- encoding
@@ -226,6 +274,18 @@ def encode(message: Message) -> bytes:
     elif isinstance(message, Events):
         body = head + [TAG_EVENTS, message.topic, message.xid, message.more,
                        _check_events(message.events)]
+    elif isinstance(message, JoinAsk):
+        body = head + [TAG_JOIN_ASK, message.topic]
+    elif isinstance(message, JoinTemplate):
+        if not 1 <= len(message.parents) <= MAX_PARENTS or not 0 <= message.seq <= MAX_SEQ:
+            raise ValueError("join template out of bounds")
+        body = head + [TAG_JOIN_TEMPLATE, message.topic,
+                       _check_ids(message.parents, MAX_PARENTS, "parents"),
+                       _check_ids(message.auth, MAX_AUTH_REFS, "auth refs"), message.seq]
+    elif isinstance(message, JoinRefused):
+        body = head + [TAG_JOIN_REFUSED, message.topic, str(JoinRefusal(message.reason))]
+    elif isinstance(message, JoinSubmit):
+        body = head + [TAG_JOIN_SUBMIT, message.topic, _check_events((message.raw,))[0]]
     else:
         raise TypeError(f"not a message: {message!r}")
     frame = msgpack.packb(body, use_bin_type=True)
@@ -313,7 +373,9 @@ def _bloom(value: Any) -> BloomFilter:
 
 
 # Field count (after version and tag) of each message kind.
-_ARITY = {TAG_PUSH: 2, TAG_OFFER: 7, TAG_REPLY: 6, TAG_WANT: 2, TAG_EVENTS: 4}
+_ARITY = {TAG_PUSH: 2, TAG_OFFER: 7, TAG_REPLY: 6, TAG_WANT: 2, TAG_EVENTS: 4,
+          TAG_JOIN_ASK: 1, TAG_JOIN_TEMPLATE: 4, TAG_JOIN_REFUSED: 2, TAG_JOIN_SUBMIT: 2}
+_REFUSALS = {r.value: r for r in JoinRefusal}
 
 
 def decode(data: bytes) -> Message:
@@ -354,8 +416,34 @@ def decode(data: bytes) -> Message:
                      _flag(truncated, "truncated"), _flag(more, "more"), _events(events))
     if tag == TAG_WANT:
         return Want(topic, _ids(fields[1], MAX_WANT_IDS, "wanted ids"))
+    if tag >= TAG_JOIN_ASK:
+        return _decode_join(tag, topic, fields)
     _, xid, more, events = fields
     return Events(topic, _xid(xid), _flag(more, "more"), _events(events))
+
+
+def _decode_join(tag: int, topic: bytes, fields: list[Any]) -> Message:
+    if tag == TAG_JOIN_ASK:
+        return JoinAsk(topic)
+    if tag == TAG_JOIN_TEMPLATE:
+        _, parents, auth, seq = fields
+        parent_ids = _ids(parents, MAX_PARENTS, "parents")
+        if not parent_ids:
+            raise _fail("bad_field", "parents")
+        if not _int_in(seq, 0, MAX_SEQ):
+            raise _fail("bad_field", "seq")
+        return JoinTemplate(topic, parent_ids, _ids(auth, MAX_AUTH_REFS, "auth refs"), seq)
+    if tag == TAG_JOIN_REFUSED:
+        reason = _REFUSALS.get(fields[1]) if isinstance(fields[1], str) else None
+        if reason is None:
+            raise _fail("bad_field", "reason")
+        return JoinRefused(topic, reason)
+    raw = fields[1]
+    if not isinstance(raw, bytes):
+        raise _fail("bad_field", "raw")
+    if len(raw) > MAX_EVENT_BYTES:
+        raise _fail("event_too_large", f"{len(raw)} > {MAX_EVENT_BYTES} bytes")
+    return JoinSubmit(topic, raw)
 
 
 def event_bytes(message: Message) -> int:

@@ -82,8 +82,10 @@ from node.core.monitor import ReferenceMonitor, Rejected
 from node.core.order import OrderUpdate
 from node.core.parents import DEFAULT_D_MAX, MAX_D_MAX, MIN_D_MAX
 from node.replica.authoring import Authoring
+from node.replica.joining import Joining
 from node.replica.order_views import ORDER_CAUSAL, ORDER_CONFIRMED, ORDER_TENTATIVE, OrderStatus
 from node.replica.ordering import TopicOrder
+from node.replica.read_access import ReadAccess
 from node.replica.state_ops import StateOperations
 from node.replica.types import (
     NotReadyError,
@@ -116,12 +118,14 @@ __all__ = [
 ]
 
 
-class Replica(StateOperations, Authoring):
+class Replica(StateOperations, Authoring, ReadAccess, Joining):
     """One topic's replica on one node (see the module docstring).
 
     Receiving and reading live here; making local events is `Authoring`
     (node.replica.authoring), topic-state operations `StateOperations`
-    (node.replica.state_ops).
+    (node.replica.state_ops), who may read the topic `ReadAccess`
+    (node.replica.read_access), the terms of a join from outside `Joining`
+    (node.replica.joining).
     """
 
     def __init__(
@@ -138,6 +142,7 @@ class Replica(StateOperations, Authoring):
         self._tracker: StateTracker | None = None
         self._authorizing: bool | None = None
         self._order: TopicOrder | None = None
+        self._readers_cache: tuple[int, frozenset[bytes] | None] | None = None
         self.graph.on_discard(self._forget_state_caches)
         self.graph.on_discard(self._forget_order)
 
@@ -296,6 +301,7 @@ class Replica(StateOperations, Authoring):
 
     def _forget_state_caches(self) -> None:
         self._authorizing = None  # the root itself may have been among the discarded writes
+        self._readers_cache = None  # group ids are only meaningful with the writes that made them
         if self._tracker is not None:
             self._tracker.clear_caches()
 

@@ -1,0 +1,104 @@
+"""Who may read a topic, from the replica's current resolved state (issue 15).
+
+The read rule of this round ("shared" history): for an authorizing topic
+whose join rule is not public, a key may read the topic iff it is *joined*
+in the state resolved at this replica's forward extremities. Everyone may
+read an open topic (public join rule), a pure MEG (no topic state) and a
+replica that is not ready yet (no create event: an invitee waiting for its
+topic holds nothing to leak, and only ever asks).
+
+The dissemination engine asks this before every message it sends about a
+topic and of every message it receives about one, so the answer is cheap:
+`readers()` is computed once per current state group (the tracker caches
+the group per set of extremities) and is then a frozenset lookup; message
+events do not change the group, only state events and merges of heads do.
+
+`Replica` (node.replica.replica) mixes this in; it owns the cache slot
+`_readers_cache` and clears it with its other state caches when pending
+writes are discarded.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from node.state.types import (
+    RULE_PUBLIC,
+    TYPE_MEMBER,
+    Membership,
+    content_of,
+    is_user_id,
+    user_id,
+)
+from node.state.view import StateView
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+    from node.core.graph import Graph
+    from node.state.tracker import StateTracker
+    from node.state.types import StateKey
+
+_MEMBERSHIPS = {m.value: m for m in Membership}
+
+
+class ReadAccess:
+    """The read-access half of `Replica` (see the module docstring)."""
+
+    if TYPE_CHECKING:
+        graph: Graph
+        _readers_cache: tuple[int, frozenset[bytes] | None] | None
+
+        @property
+        def ready(self) -> bool: ...
+        @property
+        def authorizing(self) -> bool: ...
+        @property
+        def tracker(self) -> StateTracker: ...
+
+    def readers(self) -> frozenset[bytes] | None:
+        """Keys that may read this topic now; None: anyone may (module docstring)."""
+        if not self.authorizing:  # not ready, or no topic state: nothing to restrict
+            return None
+        tracker = self.tracker
+        group = tracker.current_group()
+        cached = self._readers_cache
+        if cached is not None and cached[0] == group:
+            return cached[1]
+        readers = _readers_of(tracker.state(group), self.graph)
+        self._readers_cache = (group, readers)
+        return readers
+
+    def may_read(self, key: bytes) -> bool:
+        """True if the peer with author key `key` may be sent this topic's events and ids."""
+        readers = self.readers()
+        return readers is None or key in readers
+
+    def is_private(self) -> bool:
+        """True if reading is restricted to joined members (an authorizing, non-public topic)."""
+        return self.readers() is not None
+
+    def membership_of(self, key: bytes) -> Membership | None:
+        """`key`'s membership in the current state; None without a member event or topic state."""
+        if not self.authorizing:
+            return None
+        tracker = self.tracker
+        view = StateView(tracker.state(tracker.current_group()), self.graph)
+        content = view.member_content(user_id(key))
+        if content is None:
+            return None
+        return _MEMBERSHIPS.get(content.get("membership"))  # type: ignore[arg-type]
+
+
+def _readers_of(state: Mapping[StateKey, bytes], graph: Graph) -> frozenset[bytes] | None:
+    """The joined keys of a state map, or None if its join rule is public."""
+    if StateView(state, graph).join_rule() == RULE_PUBLIC:
+        return None
+    joined = []
+    for (kind, state_key), event_id in state.items():
+        if kind != TYPE_MEMBER or not is_user_id(state_key):
+            continue
+        event = graph.get(event_id)
+        if event is not None and content_of(event).get("membership") == Membership.JOIN:
+            joined.append(bytes.fromhex(state_key))
+    return frozenset(joined)

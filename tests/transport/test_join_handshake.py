@@ -1,0 +1,212 @@
+"""The join handshake of a private topic: ask, template or not_found, sign, submit, catch up."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from node.core.identity import sign_event
+from node.replica.joining import JoinTerms, is_join_of, sign_join
+from node.state.actions import NotAuthorizedError
+from node.state.types import RULE_PUBLIC, TYPE_MEMBER, Membership, user_id
+from tests.transport.mesh import Mesh
+from tests.transport.pair import identity
+from transport.dissemination_config import MAX_JOIN_ASKS
+from transport.join_handshake import JoinProgress
+from transport.messages import (
+    JoinAsk,
+    JoinRefusal,
+    JoinRefused,
+    JoinSubmit,
+    JoinTemplate,
+    MessageError,
+    decode,
+    encode,
+)
+
+
+def test_an_invitee_joins_through_a_member_and_receives_the_whole_topic():
+    mesh = Mesh(["a", "b"])
+    mesh.invite("a", "b")
+    written = [mesh.publish("a", b"m%d" % i) for i in range(5)]
+    mesh.connect_all()
+    assert not mesh.replicas["b"].ready  # a member sends an outsider nothing, even an invitee
+    mesh.request_join("b")
+    assert mesh.engines["b"].join_progress(mesh.topic) == JoinProgress(1, 0, True)
+    b = mesh.replicas["b"]
+    assert b.membership_of(mesh.key("b")) is Membership.JOIN
+    assert mesh.replicas["a"].may_read(mesh.key("b"))
+    assert all(b.graph.has(i) for i in written)
+    assert mesh.same(["a", "b"])
+    assert mesh.engines["a"].stats["joins_accepted"] == 1
+
+
+def test_a_joined_member_is_a_reader_of_new_events():
+    mesh = Mesh(["a", "b"])
+    mesh.invite("a", "b")
+    mesh.connect_all()
+    mesh.request_join("b")
+    new = mesh.publish("a", b"after the join")
+    assert mesh.replicas["b"].graph.has(new)
+
+
+def test_the_join_is_pushed_to_other_members_and_the_joiner_serves_its_sponsor():
+    mesh = Mesh(["a", "b", "c"])
+    mesh.invite("a", "b")
+    mesh.invite("a", "c")
+    mesh.connect_all()
+    mesh.request_join("b")  # b asks a and c; c holds nothing and refuses
+    progress = mesh.engines["b"].join_progress(mesh.topic)
+    assert progress.asked == 2 and progress.refused == 1 and progress.submitted
+    mesh.request_join("c")  # now a and b may both answer; c submits to the first template
+    for name in "abc":
+        assert mesh.replicas[name].membership_of(mesh.key("c")) is Membership.JOIN
+    mesh.tick(times=3)
+    assert mesh.same(["a", "b", "c"])
+
+
+def test_an_uninvited_peer_is_refused_not_found_by_every_peer():
+    mesh = Mesh(["a", "b", "z"])
+    mesh.invite("a", "b")
+    mesh.connect_all()
+    mesh.request_join("b")
+    mesh.request_join("z")
+    assert mesh.engines["z"].join_progress(mesh.topic) == JoinProgress(2, 2, False)
+    assert mesh.received["z"].kinds["JoinRefused"] == 2
+    assert mesh.received["z"].kinds["JoinTemplate"] == 0
+    assert not mesh.replicas["z"].ready
+    assert mesh.replicas["a"].membership_of(mesh.key("z")) is None
+
+
+def test_one_refusal_for_unknown_topic_non_member_and_not_invited():
+    """A refusal reveals nothing: the same bytes whatever the cause."""
+    mesh = Mesh(["a", "b", "z"])
+    mesh.connect_all()
+    unknown = bytes(32)
+    answers = {
+        "not invited": mesh.engines["a"].on_message(mesh.ids["z"], encode(JoinAsk(mesh.topic)), 1),
+        "not a member": mesh.engines["b"].on_message(mesh.ids["z"], encode(JoinAsk(mesh.topic)), 1),
+        "unknown topic": mesh.engines["a"].on_message(mesh.ids["z"], encode(JoinAsk(unknown)), 1),
+    }
+    frames = {cause: [decode(s.data) for s in effects] for cause, effects in answers.items()}
+    assert frames["not invited"] == frames["not a member"] == [JoinRefused(mesh.topic)]
+    assert frames["unknown topic"] == [JoinRefused(unknown, JoinRefusal.NOT_FOUND)]
+
+
+def test_a_banned_invitee_is_refused():
+    mesh = Mesh(["a", "b"])
+    mesh.invite("a", "b")
+    mesh.replicas["a"].ban(mesh.key("b"), mesh.now_ms, mesh.rng)
+    mesh.connect_all()
+    mesh.request_join("b")
+    assert mesh.engines["b"].join_progress(mesh.topic) == JoinProgress(1, 1, False)
+
+
+def test_an_open_topic_lets_anyone_join_by_the_handshake():
+    mesh = Mesh(["a", "b"], join_rule=RULE_PUBLIC)
+    mesh.connect_all()
+    mesh.request_join("b")
+    assert mesh.replicas["b"].membership_of(mesh.key("b")) is Membership.JOIN
+
+
+def test_a_join_replayed_or_forged_by_another_peer_is_refused():
+    mesh = Mesh(["a", "b", "z"])
+    mesh.invite("a", "b")
+    mesh.connect_all()
+    a = mesh.replicas["a"]
+    terms = a.join_terms(mesh.key("b"), mesh.now_ms, random.Random(1))
+    bobs_join = sign_join(identity("b"), mesh.topic, terms, mesh.now_ms)
+    mesh.send("z", "a", encode(JoinSubmit(mesh.topic, bobs_join.raw)))  # z replays b's join
+    assert mesh.engines["a"].stats["join_submits_refused"] == 1
+    assert not a.graph.has(bobs_join.id)
+    # z's own "join" of another kind, and garbage, are refused too
+    message = sign_event(identity("z"), topic=mesh.topic, seq=0, parents=terms.parents,
+                         timestamp_ms=mesh.now_ms, kind="message", payload=b"hi",
+                         auth=terms.auth)
+    mesh.send("z", "a", encode(JoinSubmit(mesh.topic, message.raw)))
+    mesh.send("z", "a", encode(JoinSubmit(mesh.topic, b"\x93garbage")))
+    assert mesh.engines["a"].stats["join_submits_refused"] == 3
+    assert mesh.received["z"].events == set() and mesh.received["z"].ids == set()
+
+
+def test_an_uninvited_join_submitted_anyway_is_rejected_and_serves_nothing():
+    mesh = Mesh(["a", "z"])
+    mesh.connect_all()
+    a = mesh.replicas["a"]
+    # z guesses terms (as if it had been invited) and signs its join.
+    draft = JoinTerms(0, tuple(a.graph.extremities()), (mesh.topic,))
+    join = sign_join(identity("z"), mesh.topic, draft, mesh.now_ms)
+    mesh.send("z", "a", encode(JoinSubmit(mesh.topic, join.raw)))
+    assert not a.may_read(mesh.key("z"))
+    assert mesh.engines["a"].stats["join_submits_not_applied"] == 1
+    assert mesh.received["z"].events == set() and mesh.received["z"].ids == set()
+
+
+def test_unasked_templates_are_ignored():
+    mesh = Mesh(["a", "b"])
+    mesh.invite("a", "b")
+    mesh.connect_all()
+    template = JoinTemplate(mesh.topic, (mesh.topic,), (mesh.topic,), 0)
+    mesh.send("a", "b", encode(template))
+    assert mesh.engines["b"].stats["join_templates_ignored"] == 1
+    assert mesh.engines["b"].join_progress(mesh.topic) == JoinProgress()
+
+
+def test_request_join_asks_at_most_max_join_asks_peers():
+    names = ["a"] + [f"p{i}" for i in range(MAX_JOIN_ASKS + 4)]
+    mesh = Mesh(names)
+    for name in names[1:]:
+        mesh.connect("a", name)
+    effects = mesh.engines["a"].request_join(mesh.topic, mesh.now_ms)
+    assert len(effects) == MAX_JOIN_ASKS
+    assert mesh.engines["a"].join_progress(mesh.topic).asked == MAX_JOIN_ASKS
+
+
+def test_an_asked_peer_that_goes_away_counts_as_refused():
+    mesh = Mesh(["a", "b"])
+    mesh.invite("a", "b")
+    mesh.connect("a", "b")
+    mesh.engines["b"].request_join(mesh.topic, mesh.now_ms)  # the ask is lost
+    mesh.engines["b"].on_peer_down(mesh.ids["a"], mesh.now_ms)
+    assert mesh.engines["b"].join_progress(mesh.topic) == JoinProgress(1, 1, False)
+
+
+def test_join_terms_refuse_an_uninvited_key_and_sign_join_matches_replica_join():
+    mesh = Mesh(["a", "b"])
+    a = mesh.replicas["a"]
+    with pytest.raises(NotAuthorizedError):
+        a.join_terms(mesh.key("b"), mesh.now_ms, random.Random(1))
+    mesh.invite("a", "b")
+    terms = a.join_terms(mesh.key("b"), mesh.now_ms, random.Random(1))
+    event = sign_join(identity("b"), mesh.topic, terms, mesh.now_ms)
+    assert is_join_of(event, mesh.topic, mesh.key("b"))
+    assert event.kind == TYPE_MEMBER and event.state_key == user_id(mesh.key("b"))
+    assert not is_join_of(event, mesh.topic, mesh.key("a"))
+
+
+@pytest.mark.parametrize("message", [
+    JoinAsk(bytes(32)),
+    JoinTemplate(bytes(32), (bytes([1]) * 32,), (bytes(32),), 7),
+    JoinRefused(bytes(32)),
+    JoinSubmit(bytes(32), b"raw event bytes"),
+])
+def test_join_messages_round_trip(message):
+    assert decode(encode(message)) == message
+
+
+@pytest.mark.parametrize("body", [
+    [1, 7, bytes(32), [], [], 0],  # a template without parents
+    [1, 7, bytes(32), [bytes(32)] * 21, [], 0],  # more parents than an event may have
+    [1, 7, bytes(32), [bytes(32)], [bytes(32)] * 11, 0],  # more auth refs
+    [1, 7, bytes(32), [bytes(32)], [], -1],  # negative seq
+    [1, 8, bytes(32), "you are not invited"],  # a refusal reason that says too much
+    [1, 9, bytes(32), "not bytes"],
+    [1, 9, bytes(32), b"x" * (64 * 1024 + 1)],
+    [1, 6, bytes(32), b"extra"],
+])
+def test_bad_join_messages_are_rejected(body):
+    import msgpack
+
+    with pytest.raises(MessageError):
+        decode(msgpack.packb(body, use_bin_type=True))
