@@ -78,7 +78,7 @@ from node.topic_handle import Delivered, Topic
 from node.topic_records import WANTS_MEMBERSHIP, forget_topic, stored_topics, topic_record
 from node.data_dir import KEY_FILE, STORE_DIR, open_data_dir
 from storage.lmdb_store import LmdbStore
-from transport.dissemination import Disseminator
+from transport.dissemination import Disseminator, key_of_hex_peer
 from transport.dissemination_config import DisseminationConfig
 from transport.libp2p_gossip import GossipConfig
 from transport.libp2p_host import P2PHost
@@ -146,6 +146,10 @@ class Node:
                 log=log_writer is not None or config.metrics_port > 0,
             ),
             commits=False,  # the committer is the node's only writer
+            # The engine names peers by node id: the hex of the ed25519 key their
+            # libp2p peer id embeds (node.peer_ids.node_id_of), which the Noise
+            # handshake proved. The read filter of private topics reads that key.
+            peer_key=key_of_hex_peer,
         )
         self._topics: dict[bytes, Topic] = {}
         # Joins by handshake under way: a second `join` of the same topic waits for it.

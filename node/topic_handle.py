@@ -24,7 +24,6 @@ from node.replica.order_views import ORDER_CAUSAL, ORDER_CONFIRMED, ORDERS, Rewi
 from node.replica.ordering import KIND_ACK
 from node.replica.replica import Received, Replica
 from node.state.roles import Role
-from node.state.types import JOIN_RULES_KEY, RULE_PUBLIC
 
 SUBSCRIBE_BATCH = 256  # deliveries read from the store per wake-up
 JOIN_RETRY_MS = 1_000  # membership pursuit: at most one join attempt per topic this often
@@ -99,13 +98,9 @@ class Topic:
 
     @property
     def private(self) -> bool:
-        """True when only members may read the topic: its join rule (current state) is not
-        public. False until the create event is here, and for topics without state."""
-        if not self.replica.ready or not self.replica.authorizing:
-            return False
-        rule = self.replica.state().get(JOIN_RULES_KEY)
-        content = rule.content() if rule is not None else None
-        return not (isinstance(content, dict) and content.get("join_rule") == RULE_PUBLIC)
+        """True when only joined members may read the topic (its join rule, in the current
+        state, is not public). False until the create event is here, and without state."""
+        return self.replica.is_private()
 
     def state(self) -> dict[str, dict[str, Any]]:
         """The current resolved topic state as {"type|state_key": {sender, content}}."""
