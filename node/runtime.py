@@ -507,7 +507,8 @@ class Node:
         """
         for topic_id in sorted(self._gossip_undecided):
             topic = self._topics.get(topic_id)
-            if topic is None or not topic.ready:
+            # Another task's call may have decided it while this one awaited a join.
+            if topic is None or not topic.ready or topic_id not in self._gossip_undecided:
                 continue
             self._gossip_undecided.discard(topic_id)
             if not topic.private:
