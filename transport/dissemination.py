@@ -350,7 +350,12 @@ class Disseminator(Intake, AntiEntropy, JoinHandshake):
     def _may_serve(self, peer: PeerId, replica: Replica) -> bool:
         """May `peer` be sent this topic's events and ids? (one set lookup for a private topic)"""
         readers = replica.readers()
-        if readers is None or self._key(peer) in readers:
+        if readers is None:
+            # An open topic (or a pure MEG): anyone. An invitee that holds nothing
+            # of its topic yet (not ready) but maybe buffered pushes: its asks name
+            # event ids, so they go to the member that took its join in, to no one else.
+            return replica.ready or self._invitee_serves(replica.topic_id, peer)
+        if self._key(peer) in readers:
             return True
         # Catching up after a join: our copy of the state may not show the member
         # that took our join in as a member yet (transport.join_handshake).
@@ -365,9 +370,8 @@ class Disseminator(Intake, AntiEntropy, JoinHandshake):
 
     def _serving(self, replica: Replica, peers: Sequence[PeerId]) -> list[PeerId]:
         """The peers of `peers` that may read the topic (all of them for an open topic)."""
-        readers = replica.readers()
-        if readers is None:
-            return list(peers)
+        if replica.readers() is None and replica.ready:
+            return list(peers)  # an open topic: one test, not one per peer
         return [p for p in peers if self._may_serve(p, replica)]
 
     # ------------------------------------------------------------- internals: topics

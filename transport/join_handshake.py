@@ -130,6 +130,12 @@ class JoinHandshake:
         attempt = self._attempts.get(topic)
         return attempt is not None and attempt.sponsor == peer
 
+    def _invitee_serves(self, topic: bytes, peer: PeerId) -> bool:
+        """Whom a replica that is not ready may send asks to: anyone, unless it is an
+        invitee (a join requested), then only its sponsor."""
+        attempt = self._attempts.get(topic)
+        return attempt is None or attempt.sponsor == peer
+
     def _forget_join_peer(self, peer: PeerId) -> None:
         """`peer` went away: an asked peer that had not answered never will."""
         for attempt in self._attempts.values():

@@ -1,4 +1,11 @@
-"""The misbehaving peer of a simulated world: garbage frames and forged events.
+"""The misbehaving peer of a simulated world, and the asks of non-members.
+
+`outsider_frames`: what a node that knows a private topic's id but was never
+invited sends besides its engine's own offers and join asks: a want of the
+topic's root, and a push of an event it signed itself. Members must drop
+them all as if the topic were unknown (transport.dissemination).
+
+The misbehaving peer: garbage frames and forged events.
 
 One more peer with a key of its own and no replica. Each tick it sends each
 neighbour ADVERSARY_FRAMES_PER_TICK frames, alternating random bytes and a
@@ -14,12 +21,20 @@ import random
 from collections.abc import Iterable, Iterator
 
 from node.core.identity import Identity, sign_event
-from transport.messages import Push, encode
+from transport.messages import Push, Want, encode
 
 ADVERSARY_FRAMES_PER_TICK = 2  # bad frames the misbehaving peer sends each neighbour per tick
 ADVERSARY_NEIGHBOURS = 6
 GARBAGE_FRAME_BYTES = 32
 FORGED_PAYLOAD = b"forged"
+OUTSIDER_PAYLOAD = b"let me in"
+
+
+def outsider_frames(identity: Identity, topic: bytes, seq: int, now_ms: int) -> list[bytes]:
+    """A non-member's extra asks of a private topic (module docstring)."""
+    event = sign_event(identity, topic=topic, seq=seq, parents=(topic,), timestamp_ms=now_ms,
+                       kind="message", state_key=None, payload=OUTSIDER_PAYLOAD, auth=(topic,))
+    return [encode(Want(topic, (topic,))), encode(Push(topic, (event.raw,)))]
 
 
 class Adversary:

@@ -11,13 +11,31 @@ everywhere), one confirmed order everywhere, the misbehaving peer banned by
 every honest node it talked to, and no honest peer banned. A failure raises
 AssertionError naming the seed and the command that replays it.
 `converged` is the liveness phase's stopping rule.
+
+A private topic (`Scenario.invite`) adds one more: every frame sent to a
+non-member node (`Scenario.outsiders`) is tallied by `Exposure`, and the
+check requires that none carried an event of the topic or named one of its
+event ids, on any path (push, offers, replies, wants, events, templates).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Protocol
 
+from node.core.event import event_id_of
 from node.replica.ordering import KIND_ACK
+from transport.messages import (
+    Events,
+    JoinSubmit,
+    JoinTemplate,
+    MessageError,
+    Offer,
+    Push,
+    Reply,
+    Want,
+    decode,
+)
 from transport.sim.adversary import Adversary
 from transport.sim.scenario import Scenario
 from transport.sim.simnode import SimNode
@@ -52,12 +70,45 @@ class OrderWatch:
         node.seen_confirmed = confirmed
 
 
+@dataclass
+class Exposure:
+    """What of the topic a non-member was sent: events and event ids (the root excepted)."""
+
+    events: set[bytes] = field(default_factory=set)
+    ids: set[bytes] = field(default_factory=set)
+    frames: int = 0
+
+    def note(self, data: bytes, topic: bytes) -> None:
+        try:
+            message = decode(data)
+        except MessageError:
+            return
+        if message.topic != topic:
+            return
+        self.frames += 1
+        if isinstance(message, (Push, Reply, Events)):
+            self.events |= {event_id_of(raw) for raw in message.events}
+        elif isinstance(message, JoinSubmit):
+            self.events.add(event_id_of(message.raw))
+        if isinstance(message, Offer):
+            self.ids |= set(message.heads) | set(message.since)
+        elif isinstance(message, Reply):
+            self.ids |= set(message.heads)
+        elif isinstance(message, Want):
+            self.ids |= set(message.ids)
+        elif isinstance(message, JoinTemplate):
+            self.ids |= set(message.parents) | set(message.auth)
+        self.ids.discard(topic)  # the topic id is what a non-member knows already
+
+
 class World(Protocol):
     """What the checkers read of a world (transport.sim.world.Cluster)."""
 
     seed: int
     scenario: Scenario
     nodes: list[SimNode]
+    members: list[SimNode]  # the nodes of the topic (all but outsiders)
+    exposure: dict[int, Exposure]  # node index of each outsider -> what it was sent
     adversary: Adversary | None
     authorization: bool
     created: list[bytes]
@@ -75,7 +126,7 @@ class World(Protocol):
 def converged(cluster: World) -> bool:
     """Identical graphs, nothing buffered, the adversary banned by all it talked to, and
     (authorized) one confirmed order that holds every non-ack event."""
-    nodes = cluster.nodes
+    nodes = cluster.members
     first = nodes[0].replica.graph
     heads = first.extremities()
     count = first.delivered_count
@@ -85,7 +136,7 @@ def converged(cluster: World) -> bool:
         return False
     adversary = cluster.adversary
     if adversary is not None and not all(
-            nodes[i].policy.is_banned(adversary.node_id, cluster.now_ms)  # type: ignore[union-attr]
+            cluster.nodes[i].policy.is_banned(adversary.node_id, cluster.now_ms)  # type: ignore[union-attr]
             for i in adversary.neighbours):
         return False  # the liveness phase also waits for every neighbour to ban it
     return not cluster.authorization or order_settled(nodes)
@@ -110,7 +161,7 @@ def check(cluster: World, converged: bool = True) -> None:
     if not converged:
         problems.append(f"no convergence within {cluster.scenario.liveness_bound_ms} ms "
                         "of healing")
-    nodes = cluster.nodes
+    nodes = cluster.members
     sets = [cluster.event_ids(i) for i in range(len(nodes))]
     union = set().union(*sets)
     accepted = union | set(cluster.created)
@@ -140,6 +191,10 @@ def check(cluster: World, converged: bool = True) -> None:
                       if adversary is None or peer != adversary.node_id})
     if wrongly:
         problems.append(f"honest peers banned: {wrongly[:MAX_PROBLEMS]}")
+    for index, seen in sorted(cluster.exposure.items()):
+        if seen.events or seen.ids or cluster.nodes[index].replica.graph.delivered_count:
+            problems.append(f"non-member node {index} was sent {len(seen.events)} events and "
+                            f"{len(seen.ids)} event ids of the private topic")
     if problems:
         raise AssertionError(
             f"simulation failed (seed {cluster.seed}): " + "; ".join(problems)

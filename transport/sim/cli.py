@@ -52,6 +52,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="nodes that crash once in the fault phase and restart from their store")
     p.add_argument("--adversary", action="store_true",
                    help="add one misbehaving peer the honest nodes must ban")
+    p.add_argument("--invite", action="store_true",
+                   help="a private topic: invitees join by the join handshake")
+    p.add_argument("--outsiders", type=int, default=d.outsiders,
+                   help="non-member nodes that know the topic id and keep asking")
     p.add_argument("--no-authorization", action="store_true",
                    help="a pure MEG: no topic state, no order, no acks")
     p.add_argument("--sweep", type=int, default=None, metavar="N",
@@ -73,7 +77,8 @@ def scenario_from_args(ns: argparse.Namespace) -> Scenario:
         sync_interval_ms=ns.sync_interval, peer_state=not ns.no_peer_state, d_max=ns.d_max,
         depletion=not ns.no_depletion, lossy_liveness=not ns.clean_liveness,
         liveness_bound_ms=ns.liveness_bound, authorization=not ns.no_authorization,
-        indexers=ns.indexers, adversary=ns.adversary, crashes=ns.crashes)
+        indexers=ns.indexers, adversary=ns.adversary, crashes=ns.crashes, invite=ns.invite,
+        outsiders=ns.outsiders)
 
 
 def sweep(scenario: Scenario, count: int) -> int:

@@ -55,6 +55,11 @@ class Scenario:
     indexers: int = DEFAULT_INDEXERS
     adversary: bool = False
     crashes: int = 0  # nodes (not indexers) that crash once during the fault phase
+    # A private topic (issue 15): the creator invites the other nodes, which join
+    # through the join handshake, and `outsiders` more nodes that know the topic
+    # id keep asking; they must receive none of its events or event ids.
+    invite: bool = False
+    outsiders: int = 0
 
     def argv(self) -> list[str]:
         args = ["--seed", str(self.seed), "--nodes", str(self.nodes), "--loss", str(self.loss),
@@ -67,13 +72,15 @@ class Scenario:
                 "--sync-interval", str(self.sync_interval_ms), "--d-max", str(self.d_max),
                 "--liveness-bound", str(self.liveness_bound_ms),
                 "--indexers", str(self.indexers), "--crashes", str(self.crashes)]
+        if self.outsiders:
+            args += ["--outsiders", str(self.outsiders)]
         if self.partition_at_ms is not None and self.heal_at_ms is not None:
             args += ["--partition-at", str(self.partition_at_ms), "--heal-at", str(self.heal_at_ms)]
         for flag, on in (("--no-push", not self.push), ("--no-peer-state", not self.peer_state),
                          ("--no-depletion", not self.depletion),
                          ("--clean-liveness", not self.lossy_liveness),
                          ("--no-authorization", not self.authorization),
-                         ("--adversary", self.adversary)):
+                         ("--adversary", self.adversary), ("--invite", self.invite)):
             if on:
                 args.append(flag)
         return args

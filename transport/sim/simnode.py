@@ -33,6 +33,8 @@ class SimNode:
     policy: PeerPolicy | None = None
     alive: bool = True
     seen_confirmed: tuple[bytes, ...] = ()  # the confirmed order last observed here
+    member: bool = True  # False: a node that knows the topic id but was never invited
+    next_join_ms: int = 0  # an invitee or outsider asks to join again from then on
 
 
 def seed_bytes(seed: int, index: int) -> bytes:

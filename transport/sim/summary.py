@@ -66,6 +66,7 @@ class World(Protocol):
     seed: int
     scenario: Scenario
     nodes: list[SimNode]
+    members: list[SimNode]  # the nodes of the topic (all but outsiders)
     network: Network
     authorization: bool
     created: list[bytes]
@@ -87,7 +88,7 @@ def engine_totals(cluster: World) -> dict[str, int]:
 def summarise(cluster: World, fault_end: int, converged_at: int | None,
               wall_s: float) -> Summary:
     totals = engine_totals(cluster)
-    nodes = cluster.nodes
+    nodes = cluster.members
     ids = sorted(cluster.event_ids(0))
     net = cluster.network
     dummies = sum(n.replica.counters["dummies"] for n in nodes)

@@ -12,7 +12,14 @@ optional misbehaving peer (transport.sim.adversary).
 
 With `authorization` the topic is the one a node creates (public join rule,
 members write) with `indexers` indexers made by a power-levels state event,
-and each tick an indexer may ack, as the node's ticker does. Without it, a
+and each tick an indexer may ack, as the node's ticker does. With `invite`
+too it is private (issue 15): the creator invites the other n-1 nodes, which
+start empty and join through the join handshake (`transport.join_handshake`),
+asking again every JOIN_RETRY_MS until they hold the topic; `outsiders` more
+nodes know the topic id, were never invited and keep asking (their engines'
+offers and join asks, plus a want and a push, `adversary.outsider_frames`).
+The checkers then also require that no outsider was sent any event or event
+id of the topic (`checks.Exposure`). Without it, a
 pure MEG: no topic state, no order, no acks (the paper's model, which the
 width and push measurements use).
 
@@ -38,14 +45,14 @@ from node.replica.ordering import OrderConfig
 from node.replica.replica import Replica, ReplicaConfig
 from node.state.actions import power_levels_content
 from node.state.power_levels import CREATOR_LEVEL
-from node.state.types import RULE_PUBLIC, TYPE_POWER_LEVELS, user_id
+from node.state.types import RULE_INVITE, RULE_PUBLIC, TYPE_POWER_LEVELS, Membership, user_id
 from node.state.view import StateView
 from storage.memory import MemoryStore
 from transport.dissemination import Disseminator
 from transport.dissemination_config import DisseminationConfig
 from transport.effects import Disconnect, Effect, Log, Send
 from transport.sim import checks
-from transport.sim.adversary import ADVERSARY_NEIGHBOURS, Adversary
+from transport.sim.adversary import ADVERSARY_NEIGHBOURS, Adversary, outsider_frames
 from transport.sim.network import Due, Network, ring_with_chords
 from transport.sim.scenario import DEFAULT_INDEXERS, LIVENESS_BOUND_MS, Scenario
 from transport.sim.simnode import SimNode, seed_bytes
@@ -56,7 +63,8 @@ DEFAULT_TICK_MS = 100  # how often each engine's tick runs
 MAX_NODES = 10_000
 ACK_INTERVAL_MS = 250  # an indexer's acks, at most one per interval (the node's default)
 RESTART_AFTER_MS = 1_000  # a crashed node restarts from its store this long after
-BOOTSTRAP_EVENTS = 16  # the topic's first events an invite carries
+BOOTSTRAP_EVENTS = 16  # the topic's first events an invite carries (open topics)
+JOIN_RETRY_MS = 1_000  # an invitee that holds nothing yet (or an outsider) asks again this often
 
 # The heap's entry kinds as plain ints: the run loop compares them per entry.
 _DELIVER, _TICK, _ROUND = int(Due.DELIVER), int(Due.TICK), int(Due.ROUND)
@@ -72,9 +80,12 @@ class Cluster:
                  d_max: int = DEFAULT_D_MAX, depletion: bool = True,
                  tick_ms: int = DEFAULT_TICK_MS, log_dir: str | Path | None = None,
                  scenario: Scenario | None = None, authorization: bool = False,
-                 indexers: int = DEFAULT_INDEXERS, adversary: bool = False) -> None:
-        if not 2 <= n <= MAX_NODES:
-            raise ValueError(f"n must be in [2, {MAX_NODES}]")
+                 indexers: int = DEFAULT_INDEXERS, adversary: bool = False,
+                 invite: bool = False, outsiders: int = 0) -> None:
+        if not 2 <= n <= MAX_NODES or not 0 <= outsiders <= MAX_NODES - n:
+            raise ValueError(f"n must be in [2, {MAX_NODES}], outsiders in [0, {MAX_NODES} - n]")
+        if (invite or outsiders) and not authorization:
+            raise ValueError("a private topic (invite, outsiders) needs authorization")
         self.seed = seed
         self.rng = random.Random(seed)
         self.network = Network(self.rng, loss=loss, duplicate=duplicate, reorder=reorder,
@@ -102,12 +113,15 @@ class Cluster:
             depletion=DepletionPolicy(enabled=depletion), authorization=authorization,
             ordering=OrderConfig(ack_interval_ms=ACK_INTERVAL_MS))
         self.config = config = replace(config, log=log_dir is not None)
-        identities = [Identity.from_seed(seed_bytes(seed, i)) for i in range(n)]
+        self.invite = invite
+        total = n + outsiders
+        identities = [Identity.from_seed(seed_bytes(seed, i)) for i in range(total)]
         creator_store = MemoryStore()
         creator = Replica.create_topic(
             creator_store, identities[0], now_ms=0, name="sim", d_max=d_max,
             config=self.replica_config, authorization=authorization,
-            **({"join_rule": RULE_PUBLIC, "members_write": True} if authorization else {}))
+            **({"join_rule": RULE_INVITE if invite else RULE_PUBLIC, "members_write": True}
+               if authorization else {}))
         self.topic = creator.topic_id
         if authorization:
             self.indexer_keys = frozenset(i.public_key for i in identities[:max(1, indexers)])
@@ -115,6 +129,9 @@ class Cluster:
             for key in sorted(self.indexer_keys):
                 content["users"][user_id(key)] = CREATOR_LEVEL
             creator.set_state(TYPE_POWER_LEVELS, "", content, 0, self.rng)
+            if invite:  # the members; outsiders are never invited
+                for ident in identities[1:n]:
+                    creator.invite(ident.public_key, 0, self.rng)
             creator.commit()
         else:
             self.indexer_keys = frozenset()
@@ -125,7 +142,7 @@ class Cluster:
         for i, ident in enumerate(identities):
             store = creator_store if i == 0 else MemoryStore()
             replica = creator if i == 0 else Replica(store, self.topic, ident, self.replica_config)
-            if i:
+            if i and i < n and not invite:
                 for raw in bootstrap:
                     replica.receive(raw, 0)
                 replica.commit()
@@ -134,15 +151,23 @@ class Cluster:
             node_id = ident.public_key.hex()
             engine = Disseminator(node_id, self.rng, config)
             engine.add_topic(replica)
+            if invite and i:
+                # Before any link opens: as an invitee it then sends nothing of the topic
+                # to anyone but the member that takes its join in (its first tick asks).
+                engine.request_join(self.topic, 0)
             self.nodes.append(SimNode(i, node_id, ident, replica, engine,
                                       self._open_log(log_dir, node_id), store,
-                                      PeerPolicy(self.rng)))
+                                      PeerPolicy(self.rng), member=i < n))
+        self.members = self.nodes[:n]
+        self.exposure = {i: checks.Exposure() for i in range(n, total)}
         self._index = {node.node_id: node.index for node in self.nodes}
-        self.edges = ring_with_chords(n, neighbours, self.rng)
+        # Members first on the ring: they stay connected among themselves through
+        # their ring edges, whatever the outsiders between the chords do.
+        self.edges = ring_with_chords(total, neighbours, self.rng)
         self.links: set[tuple[int, int]] = set()
         # Each node's open links (index n: the adversary), kept with `links`: a tick asks
         # for its node's peers, and scanning every link per tick was the sim's own hot spot.
-        self._adjacent: list[set[int]] = [set() for _ in range(n + 1)]
+        self._adjacent: list[set[int]] = [set() for _ in range(total + 1)]
         for a, b in self.edges:
             self._link(a, b)
         for i, event in joins:
@@ -159,7 +184,8 @@ class Cluster:
                       reorder=s.reorder, neighbours=s.neighbours,
                       config=s.dissemination_config(log=False), d_max=s.d_max,
                       depletion=s.depletion, log_dir=log_dir, scenario=s,
-                      authorization=s.authorization, indexers=s.indexers, adversary=s.adversary)
+                      authorization=s.authorization, indexers=s.indexers, adversary=s.adversary,
+                      invite=s.invite, outsiders=s.outsiders)
         if s.partition_at_ms is not None and s.heal_at_ms is not None:
             groups = [set(range(g, s.nodes, s.groups)) for g in range(s.groups)]
             cluster.partition(groups, s.partition_at_ms, s.heal_at_ms)
@@ -194,7 +220,7 @@ class Cluster:
 
     def write(self, rounds: int, writers: int, round_ms: int, start_ms: int | None = None) -> None:
         """Each round, `writers` distinct random nodes publish one event each, concurrently."""
-        if not 1 <= writers <= len(self.nodes):
+        if not 1 <= writers <= len(self.members):
             raise ValueError("writers must be in [1, n]")
         start = self.now_ms + round_ms if start_ms is None else start_ms
         for r in range(rounds):
@@ -281,6 +307,8 @@ class Cluster:
             self.network.dropped += 1  # to the adversary (it listens to nobody), or the link closed
             return
         node = self.nodes[dst]
+        if not node.member and src < len(self.nodes) and self.nodes[src].member:
+            self.exposure[dst].note(data, self.topic)  # what members leak (outsiders' junk aside)
         sender = self._peer(src).node_id
         now = self.now_ms
         if not node.alive or (node.policy is not None and node.policy.is_banned(sender, now)):
@@ -296,6 +324,8 @@ class Cluster:
         if not node.alive:
             return
         at = self.now_ms
+        if self.invite and not node.replica.ready and at >= node.next_join_ms:
+            self._ask_to_join(node, at)
         self._apply(node, node.engine.tick(at))
         assert node.policy is not None
         connected = sorted(self._peer(other).node_id for other in self._adjacent[index])
@@ -306,6 +336,20 @@ class Cluster:
                 self._apply(node, node.engine.on_publish(self.topic, made[0], at))
             self._observe(node)
 
+    def _ask_to_join(self, node: SimNode, at: int) -> None:
+        """An invitee (or an outsider) that holds nothing of the topic asks its peers again.
+
+        Only while it holds nothing: once a member took its join in, the
+        topic comes by anti-entropy, and asking again would sign a second join.
+        """
+        node.next_join_ms = at + JOIN_RETRY_MS
+        self._apply(node, node.engine.request_join(self.topic, at))
+        if not node.member:
+            frames = outsider_frames(node.identity, self.topic, at, at)
+            for peer in sorted(self._adjacent[node.index]):
+                for frame in frames:
+                    self.network.transmit(node.index, peer, frame)
+
     def _observe(self, node: SimNode) -> None:
         """The order watch (transport.sim.checks.OrderWatch) looks at this node's order."""
         if self.authorization:
@@ -313,11 +357,14 @@ class Cluster:
 
     def _round(self, writers: int) -> None:
         self.width_samples.append(
-            sum(n.replica.graph.width for n in self.nodes) / len(self.nodes))
-        for index in sorted(self.rng.sample(range(len(self.nodes)), writers)):
+            sum(n.replica.graph.width for n in self.members) / len(self.members))
+        for index in sorted(self.rng.sample(range(len(self.members)), writers)):
             node = self.nodes[index]
             if not node.alive:
                 continue  # crashed: it writes nothing until it restarts
+            if self.invite and node.replica.membership_of(node.identity.public_key) \
+                    is not Membership.JOIN:
+                continue  # an invitee whose join is not in its state yet writes nothing
             event, _ = node.replica.publish(f"{index}@{self.now_ms}".encode(), self.now_ms, self.rng)
             self.created.append(event.id)
             self._apply(node, node.engine.on_publish(self.topic, event, self.now_ms))
@@ -405,6 +452,9 @@ class Cluster:
         node.replica = Replica(node.store, self.topic, node.identity, self.replica_config)
         node.engine = Disseminator(node.node_id, self.rng, self.config)
         node.engine.add_topic(node.replica)
+        if self.invite and not node.replica.ready:
+            node.engine.request_join(self.topic, self.now_ms)  # an invitee again (see __init__)
+            node.next_join_ms = self.now_ms
         node.policy = PeerPolicy(self.rng)
         node.alive = True
         self._observe(node)  # what it confirms from its store extends what it confirmed
