@@ -4,7 +4,8 @@
     megnode run --data-dir D [...]           run the daemon (Ctrl-C stops it cleanly;
                                              --reinit: accept a lost store, docs/store.md)
     megnode topic create NAME --data-dir D   create a topic; prints its id
-    megnode topic join TOPIC --data-dir D    join a topic by id
+    megnode topic join TOPIC --data-dir D    join a topic by id; returns once a member (exit 2
+                                             and one line if no peer lets this node in)
     megnode topic leave TOPIC --data-dir D
     megnode topic state TOPIC --data-dir D   the resolved topic state
     megnode topic set-state TOPIC TYPE KEY JSON --data-dir D
@@ -31,7 +32,10 @@ Every command but `run`, `keygen`, `relay-publish`, `export-logs`, `check`, `rep
 (`backup` does when a daemon runs, else it copies the stopped node's store itself) (`relay-publish` needs
 no daemon: it dials the relay itself, node.relay_client). User mistakes (bad address,
 bad topic id, unreadable key, data dir in use, no daemon running) give one
-clear line on stderr and exit status 2; nothing prints a traceback for them.
+clear line on stderr and exit status 2; nothing prints a traceback for them. So does
+a refused join: `topic join` of a topic no connected peer lets this node into (unknown
+to them, or not invited) prints "topic <id> not found or you are not invited (asked N
+peers)" and exits 2 within the handshake timeout (node.runtime.JOIN_HANDSHAKE_TIMEOUT_S).
 """
 
 from __future__ import annotations

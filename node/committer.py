@@ -21,7 +21,7 @@ How
 ---
 Stream handlers put frames on the queue (`receive`, fire and forget); the
 rest of the node submits typed work (`submit`: `Author`, `Act`, `Create`,
-`Records`, `Tick`) and waits until it is durable. One task, `run`, takes a batch off the
+`Drive`, `Records`, `Tick`) and waits until it is durable. One task, `run`, takes a batch off the
 queue: the first item, then whatever else arrives until the queue has been
 quiet for `idle_ms` (so a lone frame waits about a millisecond, not a whole
 window; a batch of local work alone closes as soon as one scheduling round
@@ -32,7 +32,8 @@ busy). A full queue makes stream handlers wait: backpressure reaches the
 sender through its transport window. Then one synchronous step:
 
 1. local work is applied in queue order: authoring (`make`, e.g.
-   `replica.publish`, a state action, a relay submit), topic creation, the
+   `replica.publish`, a state action, a relay submit), topic creation,
+   engine calls that only send (`Drive`: asking peers to let us join), the
    node's records;
 2. the frames are handled (`Disseminator.on_message`), then the engine's
    periodic work (`Tick`: `Disseminator.tick`, then the node's duties such
@@ -164,6 +165,16 @@ class Create:
 
 
 @dataclass(frozen=True, slots=True)
+class Drive:
+    """An engine call that writes nothing itself but changes the engine's tables and
+    sends (e.g. `Disseminator.request_join`): `run(now_ms)` returns its effects,
+    carried out once the step committed, as every other effect. Made inside a step
+    so the engine is only ever driven from here. Raising refuses the work."""
+
+    run: Callable[[int], Sequence[Effect]]
+
+
+@dataclass(frozen=True, slots=True)
 class Records:
     """The node's own records (TABLE_META puts and deletes: which topics it replicates)."""
 
@@ -182,7 +193,7 @@ class Tick:
     duties: Callable[[int], Sequence[tuple[bytes, Event]]] | None = None
 
 
-Local = Union[Author, Act, Create, Records, Tick]
+Local = Union[Author, Act, Create, Drive, Records, Tick]
 
 
 class _Pending:
@@ -387,6 +398,11 @@ class Committer:
             created.append(replica)
             records += work.records(replica.topic_id)
             pending.result = replica
+        elif isinstance(work, Drive):
+            try:
+                return list(work.run(now))
+            except Exception as exc:
+                pending.error = exc
         elif isinstance(work, Records):
             records += work.ops
         return []  # a Tick runs after the frames (`_tick`)

@@ -23,6 +23,7 @@ import logging
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+import msgpack
 import trio
 
 from node.logschema import JsonLinesLogWriter
@@ -31,7 +32,7 @@ from node.topic_handle import Topic
 from transport.effects import Announce, Disconnect, Log, Send
 from transport.libp2p_gossip import gossip_chunks
 from transport.libp2p_host import P2PHost
-from transport.messages import Push, encode  # the same frame the push path uses
+from transport.messages import MAX_FRAME_BYTES, Push, encode  # the push path's frame
 
 logger = logging.getLogger("megnode")
 
@@ -44,6 +45,27 @@ LogObserver = Callable[[dict[str, Any]], None]
 def gossip_topic(topic_id: bytes) -> str:
     """The GossipSub topic name that carries a topic's events."""
     return GOSSIP_TOPIC_PREFIX + topic_id.hex()
+
+
+def gossip_message_topic(data: bytes) -> bytes | None:
+    """The topic a dissemination message is about, read from its head alone; None if the
+    head is not one (the engine's full decode judges the rest).
+
+    Every message starts `[version, tag, topic, ...]` (transport.messages), so the
+    runtime can drop gossip about topics it takes none for (private ones) without
+    decoding the events behind the head.
+    """
+    unpacker = msgpack.Unpacker(max_buffer_size=max(len(data), 1), max_bin_len=MAX_FRAME_BYTES)
+    unpacker.feed(data)
+    try:
+        if unpacker.read_array_header() < 3:
+            return None
+        unpacker.skip()  # version
+        unpacker.skip()  # type tag
+        topic = unpacker.unpack()
+    except (ValueError, msgpack.UnpackException, msgpack.OutOfData):
+        return None
+    return topic if isinstance(topic, bytes) else None
 
 
 class EffectRunner:

@@ -13,6 +13,13 @@ class NodeError(Exception):
     """The node cannot do what was asked; the message says why (for users, not tracebacks)."""
 
 
+class JoinRefusedError(NodeError):
+    """A join by id found no peer that would let this node in: the topic is unknown to
+    every peer asked, or this node is not invited (a refusal does not say which, so it
+    reveals nothing), or no answer came within the handshake timeout. Nothing of the
+    topic is kept; joining again (after an invite) starts afresh."""
+
+
 def sole_exception(group: BaseExceptionGroup) -> BaseException | None:
     """The one exception inside `group` (through nested groups), or None if there are more."""
     leaves: list[BaseException] = []

@@ -31,7 +31,7 @@ topics; each part is its own module:
     node.topic_records   the durable list of the topics this node replicates
     node.relay_intake    relayed writers' requests, through the committer
     node.keyfile         the node's key file (`load_or_create_identity`)
-    node.errors          `NodeError`
+    node.errors          `NodeError`, `JoinRefusedError`
 
 Data dir layout::
 
@@ -53,7 +53,7 @@ from typing import Any
 import trio
 
 from node.topic_writes import TopicWrites
-from node.committer import CommitError, Committer, Create, Records, Tick
+from node.committer import CommitError, Committer, Create, Drive, Records, Tick
 from node.config import FastPath, NodeConfig
 from node.control_client import CONTROL_SOCKET
 from node.core.identity import Identity
@@ -62,8 +62,9 @@ from node.backup import BackupError, finish_backup, prepare_target
 from node.check import quick_check_topic
 from node.core.store import Op, StoreError
 from node.dialer import Dialer
-from node.effects import GOSSIP_TOPIC_PREFIX, PROTOCOL_DISSEMINATION, EffectRunner, gossip_topic
-from node.errors import NodeError, sole_exception
+from node.effects import (GOSSIP_TOPIC_PREFIX, PROTOCOL_DISSEMINATION, EffectRunner,
+                          gossip_message_topic, gossip_topic)
+from node.errors import JoinRefusedError, NodeError, sole_exception
 from node.keyfile import load_or_create_identity
 from node.logschema import JsonLinesLogWriter
 from node.metrics import MetricsExporter, close_listeners, open_metrics_listeners
@@ -72,12 +73,12 @@ from node.peer_ids import node_id_of, now_ms
 from node.relay_intake import RelayIntake
 from node.replica.ordering import OrderConfig
 from node.replica.replica import Replica, ReplicaConfig
-from node.state.types import RULE_INVITE, RULE_PUBLIC
+from node.state.types import RULE_INVITE, RULE_PUBLIC, Membership
 from node.topic_handle import Delivered, Topic
 from node.topic_records import WANTS_MEMBERSHIP, forget_topic, stored_topics, topic_record
 from node.data_dir import KEY_FILE, STORE_DIR, open_data_dir
 from storage.lmdb_store import LmdbStore
-from transport.dissemination import Disseminator
+from transport.dissemination import Disseminator, key_of_hex_peer
 from transport.dissemination_config import DisseminationConfig
 from transport.libp2p_gossip import GossipConfig
 from transport.libp2p_host import P2PHost
@@ -92,7 +93,8 @@ from transport.relay import PROTOCOL_RELAY
 # client, tests, the README), some re-exported from the modules that own them.
 __all__ = [
     "ACCESS_INVITE", "ACCESS_MODES", "ACCESS_OPEN", "CONTROL_SOCKET", "Delivered",
-    "GOSSIP_TOPIC_PREFIX", "KEY_FILE", "MAX_TOPICS", "Node", "NodeError",
+    "GOSSIP_TOPIC_PREFIX", "JOIN_HANDSHAKE_TIMEOUT_S", "JoinRefusedError", "KEY_FILE",
+    "MAX_TOPICS", "Node", "NodeError",
     "PROTOCOL_DISSEMINATION", "STORE_DIR", "TRANSPORT_FAULTS_BEFORE_BAN", "Topic",
     "load_or_create_identity", "now_ms", "parse_topic_id", "sole_exception",
 ]
@@ -103,6 +105,11 @@ logger = logging.getLogger("megnode")
 TICK_INTERVAL_S = 0.05  # how often the protocol timer runs; its own intervals are longer
 PEER_EVENT_CAPACITY = 1_024
 MAX_TOPICS = 1_024
+# A join by id (no local state) gives up after this long: waiting for a first peer,
+# asking peers (`Disseminator.request_join`) and receiving enough of the topic to
+# hold its own join. A member answers at once and the topic follows by
+# anti-entropy, so a second is usual on a LAN; ten leave room for a slow link.
+JOIN_HANDSHAKE_TIMEOUT_S = 10.0
 ACCESS_OPEN = "open"
 ACCESS_INVITE = "invite"
 ACCESS_MODES = (ACCESS_OPEN, ACCESS_INVITE)
@@ -139,12 +146,22 @@ class Node:
                 log=log_writer is not None or config.metrics_port > 0,
             ),
             commits=False,  # the committer is the node's only writer
+            # The engine names peers by node id: the hex of the ed25519 key their
+            # libp2p peer id embeds (node.peer_ids.node_id_of), which the Noise
+            # handshake proved. The read filter of private topics reads that key.
+            peer_key=key_of_hex_peer,
         )
         self._topics: dict[bytes, Topic] = {}
+        # Joins by handshake under way: a second `join` of the same topic waits for it.
+        self._joining: dict[bytes, trio.Event] = {}
+        # GossipSub: topics subscribed (open ones), and topics whose join rule is
+        # not known yet (no create event): decided once they are ready (`_ticker`).
+        self._gossip_subscribed: set[bytes] = set()
+        self._gossip_undecided: set[bytes] = set()
         # Stored topics the start check found damaged (node.check): not opened, not served.
         self.damaged_topics: dict[bytes, str] = {}
         self.stats: dict[str, int] = {"outbox_dropped": 0, "send_failed": 0, "log_failed": 0,
-                                      "redials": 0}
+                                      "redials": 0, "gossip_ignored": 0}
         self.metrics: MetricsExporter | None = None  # set by open() when metrics_port > 0
         self._peer_receive = peer_events
         self._misbehaviour_receive = misbehaviour
@@ -351,32 +368,111 @@ class Node:
         self._run(effects)
         return topic
 
-    async def join(self, topic_id: bytes | str) -> Topic:
-        """Join a topic by id: its events arrive from peers (anti-entropy fetches the root)."""
+    async def join(self, topic_id: bytes | str, *,
+                   timeout_s: float = JOIN_HANDSHAKE_TIMEOUT_S) -> Topic:
+        """Join a topic by id; returns once this node is a member.
+
+        A topic this node holds already (a restart, a re-join after `leave`)
+        joins as always: its membership is pursued in the background
+        (`TopicWrites.pursue_memberships`). A topic it does not hold goes
+        through the join handshake (`_join_by_handshake`): it returns once
+        this node's join is in its own resolved state, or raises
+        `JoinRefusedError` (no peer let it in within `timeout_s`) and keeps
+        nothing of the topic.
+        """
         topic_id = parse_topic_id(topic_id)
+        under_way = self._joining.get(topic_id)
+        if under_way is not None:  # another caller's handshake: share its outcome
+            await under_way.wait()
+            if topic_id not in self._topics:
+                raise JoinRefusedError(f"topic {topic_id.hex()} not found or you are not "
+                                       "invited")
         if topic_id in self._topics:
             return self._topics[topic_id]
         damage = self.damaged_topics.get(topic_id) or quick_check_topic(self.store, topic_id)
         if damage is not None:
             raise NodeError(f"topic {topic_id.hex()} is damaged in the store ({damage}): stop "
                             "the node and run `megnode repair`")
-        topic = await self._open_topic(topic_id, record=WANTS_MEMBERSHIP)
+        replica = Replica(self.store, topic_id, self.identity, self._replica_config())
+        if not replica.ready:
+            done = self._joining[topic_id] = trio.Event()
+            try:
+                return await self._join_by_handshake(replica, timeout_s)
+            finally:
+                del self._joining[topic_id]
+                done.set()
+        topic = await self._register(replica, record=WANTS_MEMBERSHIP)
         topic.wants_membership = True
         for peer in self.disseminator.peers:
             self._run(self.disseminator.sync_with(peer, topic_id, now_ms()))
         return topic
 
+    async def _join_by_handshake(self, replica: Replica, timeout_s: float) -> Topic:
+        """Ask peers to let this node in; the topic once its own join is resolved here.
+
+        The replica is added empty, with no record: nothing durable says this
+        node replicates the topic until it is a member. The engine asks every
+        connected peer (`Disseminator.request_join`, inside a committer step);
+        a member that lets us in answers a template, the engine signs our join
+        and submits it, and the member then serves the whole topic. Waiting
+        ends when the replica's state holds our join, when every asked peer
+        refused, or after `timeout_s` (a first peer is waited for within it).
+        Failing, the topic is forgotten: no record, no retries.
+        """
+        topic_id = replica.topic_id
+        # `wants_membership` stays False: the handshake authors the join, and the
+        # membership pursuit must not author a second one once the state arrives.
+        topic = await self._register(replica, record=None)
+        asked = 0
+        try:
+            with trio.move_on_after(timeout_s):
+                while not self.disseminator.peers:
+                    await topic.wait_changed()  # peer-up and every committer step wake it
+                await self.committer.submit(Drive(
+                    lambda now: self.disseminator.request_join(topic_id, now)))
+                while True:
+                    progress = self.disseminator.join_progress(topic_id)
+                    asked = progress.asked
+                    if self._own_membership(replica) == Membership.JOIN:
+                        await self._write_records(topic_record(topic_id))
+                        return topic
+                    if asked and progress.refused >= asked:
+                        break
+                    await topic.wait_changed()
+        except BaseException:
+            await self._forget(topic_id)
+            raise
+        await self._forget(topic_id)
+        peers = f"asked {asked} peer{'s' if asked != 1 else ''}" if asked else \
+            f"no peer connected within {timeout_s:g} s"
+        raise JoinRefusedError(f"topic {topic_id.hex()} not found or you are not invited "
+                               f"({peers})")
+
+    def _own_membership(self, replica: Replica) -> Membership | None:
+        if not replica.ready or not replica.authorizing:
+            return None
+        return replica.membership_of(self.identity.public_key)
+
     async def leave(self, topic_id: bytes | str) -> None:
         """Stop replicating a topic (its events stay in the store for a later re-join)."""
         topic_id = parse_topic_id(topic_id)
+        if topic_id not in self._topics or topic_id in self._joining:
+            raise NodeError(f"not a member of topic {topic_id.hex()}")
+        await self._forget(topic_id)
+        await self._write_records(forget_topic(topic_id))
+
+    async def _forget(self, topic_id: bytes) -> None:
+        """Stop replicating a topic here (its stored events stay); its record is the caller's."""
         topic = self._topics.pop(topic_id, None)
         if topic is None:
-            raise NodeError(f"not a member of topic {topic_id.hex()}")
+            return
         self.disseminator.remove_topic(topic_id)
         topic.end_subscriptions()  # they end (NodeError) instead of waiting for ever
-        await self._write_records(forget_topic(topic_id))
-        if self.host.gossip_enabled:
-            await self.host.leave(gossip_topic(topic_id))
+        self._gossip_undecided.discard(topic_id)
+        if topic_id in self._gossip_subscribed:
+            self._gossip_subscribed.discard(topic_id)
+            with trio.CancelScope(shield=True):  # also when a cancelled join forgets it
+                await self.host.leave(gossip_topic(topic_id))
 
     def _replica_config(self) -> ReplicaConfig:
         interval = self.config.ack_interval_ms
@@ -396,8 +492,28 @@ class Node:
         if record is not None:
             await self._write_records(topic_record(replica.topic_id, record))
         if self.host.gossip_enabled:
-            await self.host.join(gossip_topic(replica.topic_id))
+            self._gossip_undecided.add(replica.topic_id)
+            await self._decide_gossip()
         return topic
+
+    async def _decide_gossip(self) -> None:
+        """Subscribe GossipSub for ready open topics; never for private ones.
+
+        Anyone connected learns a node's subscriptions and may subscribe and
+        read: a private topic (join rule not public) travels only on the push
+        and anti-entropy paths, which serve members alone. The join rule is
+        known once the create event is here, so a topic waits undecided until
+        then. (A later change of the join rule does not re-decide.)
+        """
+        for topic_id in sorted(self._gossip_undecided):
+            topic = self._topics.get(topic_id)
+            # Another task's call may have decided it while this one awaited a join.
+            if topic is None or not topic.ready or topic_id not in self._gossip_undecided:
+                continue
+            self._gossip_undecided.discard(topic_id)
+            if not topic.private:
+                self._gossip_subscribed.add(topic_id)
+                await self.host.join(gossip_topic(topic_id))
 
     def _check_room(self) -> None:
         if len(self._topics) >= MAX_TOPICS:
@@ -424,6 +540,8 @@ class Node:
             except CommitError:
                 pass  # the committer logged it and reloaded the topics; the next tick retries
             self._peers.enforce_bans(now_ms())
+            if self._gossip_undecided:
+                await self._decide_gossip()
             await trio.sleep(TICK_INTERVAL_S)
 
     async def _on_frame(self, peer: str, data: bytes) -> None:
@@ -432,6 +550,12 @@ class Node:
             await self.committer.receive(node_id, data)  # applied in the next group commit
 
     async def _on_gossip(self, topic_name: str, origin: str, data: bytes) -> None:
+        # Only topics this node subscribed (open ones) are taken from gossip, and
+        # only messages about that very topic: private topics never use it.
+        topic_id = gossip_message_topic(data)
+        if topic_id not in self._gossip_subscribed or topic_name != gossip_topic(topic_id):
+            self.stats["gossip_ignored"] += 1
+            return
         # The origin a GossipSub message names is unsigned (strict_signing is off:
         # events carry their own signatures) and others relayed it: its faults
         # must not be held against that origin (`accountable=False`).
@@ -466,6 +590,11 @@ class Node:
         dead connection is dropped and dialled anew, not taken as "connected".
         """
         return await self._dialer.connect(address)
+
+    @property
+    def gossip_subscriptions(self) -> frozenset[bytes]:
+        """The topics this node takes from GossipSub (open ones; never private ones)."""
+        return frozenset(self._gossip_subscribed)
 
     @property
     def addresses(self) -> tuple[str, ...]:

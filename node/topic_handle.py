@@ -96,6 +96,12 @@ class Topic:
         content = member.content()
         return content.get("membership") if isinstance(content, dict) else None
 
+    @property
+    def private(self) -> bool:
+        """True when only joined members may read the topic (its join rule, in the current
+        state, is not public). False until the create event is here, and without state."""
+        return self.replica.is_private()
+
     def state(self) -> dict[str, dict[str, Any]]:
         """The current resolved topic state as {"type|state_key": {sender, content}}."""
         out: dict[str, dict[str, Any]] = {}
@@ -164,6 +170,11 @@ class Topic:
     async def publish_many(self, payloads: Sequence[bytes], kind: str = "message") -> list[bytes]:
         """Author several events in one group commit; their ids once all are durable."""
         return await self._author.publish_many(self, payloads, kind)
+
+    async def wait_changed(self) -> None:
+        """Wait until the topic may have moved (after a committer step or a peer change);
+        NodeError once it was left."""
+        await self._changes.wait()
 
     async def wait_ready(self, timeout_s: float) -> None:
         with trio.fail_after(timeout_s):

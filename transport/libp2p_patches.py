@@ -53,11 +53,23 @@ one of them SIGSTOPped:
 B. Gossipsub queues (`enlarge_gossip_queues`): the library's per-peer
 outbound RPC queue (32) drops bursts and cannot be sized through its API;
 see that function.
+
+C. Gossipsub writes one RPC at a time per stream (`serialize_gossip_writes`):
+the per-peer sending task is not the only writer of a peer's pubsub stream —
+gossipsub writes pending and recent messages to a peer that just grafted
+directly (`Pubsub.write_msg` from its own task). A large RPC (a ~94 KB batch
+of events) goes out as several yamux frames with checkpoints between them,
+so a second RPC written meanwhile lands inside the first: the receiver fails
+to parse it ("Error parsing message with type 'pubsub.pb.RPC'"), which ends
+its host's stream handler. Seen when a node subscribed to a topic just
+before a large publish (tests/node/test_batch_gossip.py). Fix: `write_msg`
+holds a lock per stream.
 """
 
 from __future__ import annotations
 
 import logging
+import weakref
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -197,7 +209,8 @@ def apply(write_stall_timeout_s: float = WRITE_STALL_TIMEOUT_S) -> bool:
     stall_timeout_s = write_stall_timeout_s
     write_path = install_write_path()
     queues = enlarge_gossip_queues()
-    return write_path and queues
+    gossip_writes = serialize_gossip_writes()
+    return write_path and queues and gossip_writes
 
 
 def install_write_path() -> bool:
@@ -258,4 +271,34 @@ def enlarge_gossip_queues(size: int = OUTBOUND_RPC_QUEUE_SIZE) -> bool:
             super().__init__(max_size, max_message_size)
 
     _pubsub_module.RpcQueue = EnlargedRpcQueue
+    return True
+
+
+# --------------------------------------------------------------------------- C. one RPC at a time
+
+# One lock per pubsub stream, dropped with the stream.
+_stream_locks: weakref.WeakKeyDictionary[Any, trio.Lock] = weakref.WeakKeyDictionary()
+
+
+def _serialized_write_msg(original: Callable[..., Awaitable[bool]]) -> Callable[..., Awaitable[bool]]:
+    async def write_msg(self: Any, stream: Any, rpc_msg: Any) -> bool:
+        lock = _stream_locks.get(stream)
+        if lock is None:
+            lock = _stream_locks[stream] = trio.Lock()
+        async with lock:
+            return await original(self, stream, rpc_msg)
+
+    setattr(write_msg, _MARKER, True)
+    return write_msg
+
+
+def serialize_gossip_writes() -> bool:
+    """Make `Pubsub.write_msg` write one RPC at a time per stream (C); True if in place."""
+    pubsub = getattr(_pubsub_module, "Pubsub", None)
+    write_msg = getattr(pubsub, "write_msg", None)
+    if write_msg is None:
+        logger.warning("py-libp2p changed: gossipsub writes are not serialized")
+        return False
+    if not getattr(write_msg, _MARKER, False):
+        pubsub.write_msg = _serialized_write_msg(write_msg)  # type: ignore[union-attr]
     return True

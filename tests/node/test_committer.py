@@ -20,7 +20,7 @@ import pytest
 import trio
 import trio.testing
 
-from node.committer import Committer
+from node.committer import Committer, Drive
 from node.core.event import Event, event_id_of
 from node.core.identity import Identity
 from node.replica.replica import Replica, ReplicaConfig
@@ -305,6 +305,53 @@ def test_a_lone_publish_pays_no_idle_gap(tmp_path: Path) -> None:
                                    lambda now: [replica.publish(b"alone", now, rng)[0]])
             assert trio.current_time() == began  # no timed wait on the way
             nursery.cancel_scope.cancel()
+        store.close()
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+
+
+def test_an_engine_call_sends_after_the_step_commits_and_its_refusal_reaches_the_caller(
+        tmp_path: Path) -> None:
+    """`Drive`: an engine call made inside a step; its effects go out after that step's
+    commit, with the step's other work; what it raises reaches its submitter alone."""
+
+    async def main() -> None:
+        store = LmdbStore(tmp_path / "store")
+        replica = Replica.create_topic(store, Identity.generate(), NOW_MS, config=PURE_MEG)
+        engine = Disseminator("00", random.Random(1), DisseminationConfig(log=False),
+                              commits=False)
+        engine.add_topic(replica)
+        carried: list[list[Effect]] = []
+        committer = Committer(engine, lambda effects: carried.append(list(effects)),
+                              lambda: NOW_MS, store)
+        rng = random.Random(5)
+        sent = Send("p1", b"hello")
+
+        def engine_call(now: int) -> list[Effect]:
+            assert now == NOW_MS
+            return [sent]
+
+        def refused(now: int) -> list[Effect]:
+            raise KeyError("no such topic")
+
+        results: dict[str, object] = {}
+
+        async def call(name: str, work) -> None:
+            try:
+                results[name] = await committer.submit(work)
+            except KeyError as exc:
+                results[name] = exc
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(committer.run)
+            async with trio.open_nursery() as callers:
+                callers.start_soon(call, "drive", Drive(engine_call))
+                callers.start_soon(call, "refused", Drive(refused))
+                callers.start_soon(committer.author, replica.topic_id,
+                                   lambda now: [replica.publish(b"a", now, rng)[0]])
+            nursery.cancel_scope.cancel()
+        assert results["drive"] is None and isinstance(results["refused"], KeyError)
+        assert committer.stats["batches"] == 1 and sent in carried[0]
         store.close()
 
     trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))

@@ -1,23 +1,26 @@
 """The node's topic records survive restarts as written: a pending join stays pending.
 
-A join by id records "replicate this topic and become a member"; until the
-topic's state lets the node in (here: never, no peer has the topic), that
-wish must survive any number of restarts. Reopening a stored topic used to
-rewrite its record as a plain "replicate", so the second restart forgot it.
+A re-join of a topic the node holds records "replicate this topic and become a
+member"; until the topic's state lets the node in, that wish must survive any
+number of restarts. Reopening a stored topic used to rewrite its record as a
+plain "replicate", so the second restart forgot it. (A join by id of a topic
+the node does not hold is a handshake that records nothing until it succeeds:
+tests/node/test_join_handshake.py.) The record is written here as that re-join
+writes it, through the committer.
 """
 
 from __future__ import annotations
 
+from node.committer import Records
 from node.runtime import Node
-from node.topic_records import stored_topics
+from node.topic_records import WANTS_MEMBERSHIP, stored_topics, topic_record
 
 TOPIC = bytes(range(32))  # a topic no peer has: the join stays pending
 
 
 async def test_a_pending_join_survives_restarts(tmp_path):
     async with Node.open(tmp_path / "n") as node:
-        await node.join(TOPIC)
-        assert node.topics[TOPIC].wants_membership
+        await node.committer.submit(Records(tuple(topic_record(TOPIC, WANTS_MEMBERSHIP))))
     for _ in range(2):
         async with Node.open(tmp_path / "n") as node:
             assert node.topics[TOPIC].wants_membership

@@ -1,0 +1,111 @@
+"""End to end: who reads an invite topic, with four real `megnode run` daemons.
+
+Node 0 creates an invite topic and invites nodes 1 and 2. Node 3 is not
+invited: its `topic join` exits 2 with one line, fast, and it holds nothing of
+the topic. Invited, it joins and receives everything. Banned, it receives
+nothing new while the others keep receiving. Every wait polls a condition
+under a named bound (deploy.cluster); nothing sleeps and hopes.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+from deploy.cluster import LocalCluster
+from node.runtime import JOIN_HANDSHAKE_TIMEOUT_S
+
+WAIT_S = 30.0
+MESSAGES = 20
+BANNED = 3
+MEMBERS = [0, 1, 2]
+# Anti-entropy repairs a lost push sooner with a short interval.
+FAST_ANTI_ENTROPY = "anti_entropy_interval_ms = 500\nanti_entropy_jitter_ms = 100\n"
+
+
+def publish(cluster: LocalCluster, index: int, topic: str, label: str) -> None:
+    lines = "\n".join(f"{label} {n}" for n in range(MESSAGES))
+    result = cluster.cli_raw(index, "publish", topic, "-", "--lines", input_text=lines)
+    assert result.returncode == 0, result.stderr
+
+
+def payloads(cluster: LocalCluster, index: int, topic: str) -> list[str]:
+    """The payloads of every event node `index` delivered so far (its `subscribe`)."""
+    count = cluster.topic_status(index, topic)["delivered"]
+    result = cluster.cli_raw(index, "subscribe", topic, "--count", str(count), timeout_s=WAIT_S)
+    assert result.returncode == 0, result.stderr
+    return [json.loads(line).get("payload", "") for line in result.stdout.splitlines()]
+
+
+def messages_delivered(cluster: LocalCluster, index: int, topic: str) -> int:
+    """Delivered events other than the indexers' acks (which the ticker adds any time)."""
+    status = cluster.topic_status(index, topic)
+    return status["delivered"] - status["acks"]
+
+
+def wait_member_state(cluster: LocalCluster, topic: str, member: str, membership: str,
+                      indices: list[int]) -> None:
+    """Wait until `member`'s membership in each node's resolved state is `membership`."""
+    deadline = time.monotonic() + WAIT_S
+    while True:
+        seen = {}
+        for i in indices:
+            state = cluster.cli(i, "topic", "state", topic)
+            entry = state.get(f"m.room.member|{member}") or {}
+            seen[i] = (entry.get("content") or {}).get("membership")
+        if all(value == membership for value in seen.values()):
+            return
+        assert time.monotonic() < deadline, f"{member} memberships {seen}, not {membership}"
+        time.sleep(0.2)
+
+
+def test_only_members_read_an_invite_topic(tmp_path: Path) -> None:
+    config = tmp_path / "node.toml"
+    config.write_text(FAST_ANTI_ENTROPY)
+    with LocalCluster(tmp_path / "c", 4, extra_args=("--config", str(config))) as cluster:
+        topic = cluster.cli(0, "topic", "create", "private", "--access", "invite")["topic"]
+        for i in (1, 2):
+            cluster.cli(0, "topic", "invite", topic, cluster.nodes[i].node_id)
+            cluster.cli(i, "topic", "join", topic)  # returns once a member
+        cluster.wait_joined(topic, WAIT_S, indices=MEMBERS)
+
+        # Not invited: one line, exit 2, within the handshake's bound; nothing kept.
+        started = time.monotonic()
+        refused = cluster.cli_raw(BANNED, "topic", "join", topic)
+        took = time.monotonic() - started
+        assert refused.returncode == 2, refused.stderr
+        lines = refused.stderr.strip().splitlines()
+        assert len(lines) == 1 and "Traceback" not in refused.stderr, refused.stderr
+        assert f"topic {topic} not found or you are not invited (asked 3 peers)" in lines[0]
+        assert took < JOIN_HANDSHAKE_TIMEOUT_S, took
+        assert cluster.status(BANNED)["topics"] == []
+
+        publish(cluster, 0, topic, "before invite")
+        member_messages = messages_delivered(cluster, 0, topic)
+        cluster.wait_delivered(topic, member_messages, WAIT_S, indices=MEMBERS)
+        assert cluster.status(BANNED)["topics"] == []  # the members sent it nothing
+
+        # Invited: it joins and receives everything (the history before its join too).
+        node3 = cluster.nodes[BANNED].node_id
+        cluster.cli(0, "topic", "invite", topic, node3)
+        joined = cluster.cli(BANNED, "topic", "join", topic)
+        assert joined == {"topic": topic, "ready": True}
+        publish(cluster, 0, topic, "after invite")
+        everything = messages_delivered(cluster, 0, topic)
+        cluster.wait_delivered(topic, everything, WAIT_S)
+        held = payloads(cluster, BANNED, topic)
+        assert {f"before invite {n}" for n in range(MESSAGES)} <= set(held)
+        assert {f"after invite {n}" for n in range(MESSAGES)} <= set(held)
+
+        # Banned: once the ban is resolved at the members, nothing new reaches it.
+        cluster.cli(0, "topic", "ban", topic, node3)
+        wait_member_state(cluster, topic, node3, "ban", MEMBERS)
+        before_ban = messages_delivered(cluster, BANNED, topic)
+        publish(cluster, 0, topic, "after ban")
+        cluster.wait_delivered(topic, messages_delivered(cluster, 0, topic), WAIT_S,
+                               indices=MEMBERS)  # the others keep receiving
+        for i in MEMBERS:
+            assert {f"after ban {n}" for n in range(MESSAGES)} <= set(payloads(cluster, i, topic))
+        assert not [p for p in payloads(cluster, BANNED, topic) if p.startswith("after ban")]
+        assert messages_delivered(cluster, BANNED, topic) == before_ban
