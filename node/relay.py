@@ -56,8 +56,7 @@ from node.core.outcomes import AddStatus
 from node.replica.replica import NotReadyError, PublishError, Replica
 from node.state.actions import NotAuthorizedError
 from node.state.roles import Role
-from node.state.types import RULE_PUBLIC, TYPE_MEMBER, Membership, user_id
-from node.state.view import StateView
+from node.state.types import TYPE_MEMBER, Membership, user_id
 from transport.relay import (
     Outcome,
     Refused,
@@ -288,16 +287,9 @@ def requester_access(replica: Replica, key: bytes) -> Access:
     is joined, and an invited key may only ask for its join. Pure and cheap:
     the current state map is cached per state group by the tracker.
     """
-    if not replica.authorizing:
+    if replica.may_read(key):  # the engine's read rule (node/replica/read_access.py)
         return Access.READER
-    tracker = replica.tracker
-    view = StateView(tracker.state(tracker.current_group()), replica.graph)
-    if view.join_rule() == RULE_PUBLIC:
-        return Access.READER
-    membership = view.membership(user_id(key))
-    if membership == Membership.JOIN:
-        return Access.READER
-    return Access.INVITEE if membership == Membership.INVITE else Access.NONE
+    return Access.INVITEE if replica.membership_of(key) is Membership.INVITE else Access.NONE
 
 
 def _is_own_member_event(author: bytes, kind: str, state_key: str | None) -> bool:
