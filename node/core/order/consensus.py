@@ -118,6 +118,7 @@ examples in the tests, but confirmation uses rounds, anchors and votes only.
 from __future__ import annotations
 
 from array import array
+from bisect import bisect_left
 
 from .clock import CausalIndex
 from .values import OrderError, OrderNode
@@ -194,7 +195,10 @@ class Consensus:
     def round_of(self, node_id: bytes) -> int:
         if node_id not in self._index:
             return NO_ROUND
-        lane, seq = self._index.where(node_id)
+        return self.round_at(*self._index.where(node_id))
+
+    def round_at(self, lane: int, seq: int) -> int:
+        """The round of the node at (lane, seq): `round_of` without reading its id."""
         entry = self._rounds.get(lane)
         if entry is None:
             return NO_ROUND
@@ -211,7 +215,7 @@ class Consensus:
             for lane in index.lanes_of(indexer):
                 seq = index.latest(node.id, lane) - (1 if lane == own_lane else 0)
                 if seq >= index.lanes[lane].start:
-                    top = max(top, self.round_of(index.node_at(lane, seq)))
+                    top = max(top, self.round_at(lane, seq))
             if top != NO_ROUND:
                 tops.append(top)
         if len(tops) < self.quorum:
@@ -227,7 +231,7 @@ class Consensus:
         for lane in index.lanes_of(index.lanes[own].writer):
             seq = index.latest(node_id, lane) - (1 if lane == own else 0)
             if seq >= index.lanes[lane].start:
-                best = max(best, self.round_of(index.node_at(lane, seq)))
+                best = max(best, self.round_at(lane, seq))
         return best
 
     def leader(self, round_: int) -> bytes | None:
@@ -251,8 +255,9 @@ class Consensus:
         reached = True
         for lane in lanes:
             chain = self._index.lanes[lane]
-            seq = self._index.first_where(lane, chain.start, chain.end,
-                                          lambda n: self.round_of(n) >= round_)
+            found_at = bisect_left(range(chain.start, chain.end), True,
+                                   key=lambda s, lane=lane: self.round_at(lane, s) >= round_)
+            seq = chain.start + found_at if chain.start + found_at < chain.end else None
             if seq is None:
                 reached = False  # this branch has not reached the round (yet)
                 continue
@@ -365,7 +370,7 @@ class Consensus:
         for lane in index.lanes_of(indexer):
             seq = index.latest(within, lane)
             if seq >= index.lanes[lane].start:
-                best = max(best, self.round_of(index.node_at(lane, seq)))
+                best = max(best, self.round_at(lane, seq))
         return best
 
 
