@@ -83,6 +83,7 @@ from node.core.event import Event
 from node.core.graph import Graph
 from node.core.order import Linearizer, OrderNode, OrderUpdate
 from node.replica.order_duties import OrderDuties
+from node.replica.order_records import OrderRecords
 from node.replica.order_views import OrderStatus
 from node.state.roles import Role
 from node.state.roles import indexers as indexers_in
@@ -136,7 +137,8 @@ class TopicOrder(OrderDuties):
         self._graph = graph
         self._tracker = tracker
         self._table = graph.table(TABLE_ORDER)
-        self._lin = Linearizer(frozenset({root.author}), role_change=self._role_change)
+        self._lin = Linearizer(frozenset({root.author}), role_change=self._role_change,
+                               directory=OrderRecords(self._table))
         self._fed = 0  # delivery positions consumed
         self._proxy: dict[bytes, tuple[bytes, ...]] = {}  # rejected event -> ordered deps
         self._aside: dict[bytes, OrderNode] = {}  # relayed, not referenced yet
@@ -145,7 +147,9 @@ class TopicOrder(OrderDuties):
         self._roles: OrderedDict[tuple[int, bytes], Role] = OrderedDict()
         self._indexers_group = _NO_GROUP
         self._last_ack_ms: int | None = None
-        self._confirmed: list[bytes] = []
+        # The confirmed prefix lives in the table (`c|position`); this is its length.
+        self._confirmed_count = 0
+        self._persisted = int.from_bytes(self._table.get(_COUNT) or bytes(8), "big")
         self._tentative: tuple[bytes, ...] = ()
         self._forks_recorded: dict[bytes, int] = {}  # forks known at the last recorded batch
         self._replay(graph.delivered_count if replay_to is None else replay_to)
@@ -154,7 +158,8 @@ class TopicOrder(OrderDuties):
 
     @property
     def confirmed(self) -> tuple[bytes, ...]:
-        return tuple(self._confirmed)
+        """The whole confirmed prefix (O(n) reads: pages use `confirmed_slice`)."""
+        return tuple(event_id for _, event_id in self.confirmed_slice(0, self._confirmed_count))
 
     @property
     def tentative(self) -> tuple[bytes, ...]:
@@ -162,7 +167,7 @@ class TopicOrder(OrderDuties):
 
     @property
     def confirmed_length(self) -> int:
-        return len(self._confirmed)
+        return self._confirmed_count
 
     @property
     def tentative_length(self) -> int:
@@ -185,21 +190,28 @@ class TopicOrder(OrderDuties):
 
     def confirmed_slice(self, since: int, limit: int) -> list[tuple[int, bytes]]:
         start = max(since, 0)
-        return list(enumerate(self._confirmed[start:start + max(limit, 0)], start))
+        return [(position, self._confirmed_at(position))
+                for position in range(start, min(start + max(limit, 0), self._confirmed_count))]
+
+    def _confirmed_at(self, position: int) -> bytes:
+        event_id = self._table.get(_CONFIRMED + _u64(position))
+        if event_id is None:
+            raise OrderIntegrityError(f"confirmed position {position} has no record")
+        return event_id
 
     def full_slice(self, since: int, limit: int) -> list[tuple[int, bytes]]:
         """Positions and ids of the tentative view (confirmed + tentative) from `since`."""
         start = max(since, 0)
         end = start + max(limit, 0)
-        confirmed = len(self._confirmed)
-        out = list(enumerate(self._confirmed[start:min(end, confirmed)], start))
+        confirmed = self._confirmed_count
+        out = self.confirmed_slice(start, min(end, confirmed) - start)
         if end > confirmed:
             first = max(start, confirmed)
             out += enumerate(self._tentative[first - confirmed:end - confirmed], first)
         return out
 
     def status(self) -> OrderStatus:
-        return OrderStatus(len(self._confirmed), len(self._tentative),
+        return OrderStatus(self._confirmed_count, len(self._tentative),
                            tuple(sorted(k.hex() for k in self._lin.indexers)), len(self._aside))
 
     # ------------------------------------------------------------------ feeding
@@ -234,7 +246,6 @@ class TopicOrder(OrderDuties):
 
     def _replay(self, end: int) -> None:
         """Rebuild the linearizer from the delivery order (recorded batches kept whole)."""
-        persisted = int.from_bytes(self._table.get(_COUNT) or bytes(8), "big")
         cut = len(_BATCH)
         for key, value in self._table.scan(_BATCH):
             start, stop = int.from_bytes(key[cut:], "big"), int.from_bytes(value, "big")
@@ -245,10 +256,10 @@ class TopicOrder(OrderDuties):
             self._fed = stop
         self._replay_chunks(end)
         self._forks_recorded = self._lin.forks
-        self._verify(persisted)
-        if len(self._confirmed) > persisted:
-            self._persist(persisted)
-            self.stats["persisted_on_replay"] += len(self._confirmed) - persisted
+        if self._persisted > self._confirmed_count:
+            raise OrderIntegrityError(
+                f"{self._persisted} events were confirmed before the restart, "
+                f"{self._confirmed_count} after")
 
     def _replay_chunks(self, end: int) -> None:
         while self._fed < end:
@@ -256,22 +267,25 @@ class TopicOrder(OrderDuties):
             self._feed(self._read(self._fed, stop), persist=False)
             self._fed = stop
 
-    def _verify(self, persisted: int) -> None:
-        if persisted > len(self._confirmed):
-            raise OrderIntegrityError(
-                f"{persisted} events were confirmed before the restart, "
-                f"{len(self._confirmed)} after")
-        for position in range(persisted):
-            stored = self._table.get(_CONFIRMED + _u64(position))
-            if stored != self._confirmed[position]:
-                raise OrderIntegrityError(f"confirmed position {position} holds "
-                                          f"{(stored or b'').hex()[:16]}, the replay gives "
-                                          f"{self._confirmed[position].hex()[:16]}")
-
-    def _persist(self, start: int) -> None:
-        for position in range(start, len(self._confirmed)):
-            self._table.put(_CONFIRMED + _u64(position), self._confirmed[position])
-        self._table.put(_COUNT, _u64(len(self._confirmed)))
+    def _append_confirmed(self, appended: tuple[bytes, ...], replaying: bool) -> None:
+        """Persist newly confirmed ids; on replay, check those persisted before instead."""
+        position = self._confirmed_count
+        for event_id in appended:
+            if position < self._persisted:
+                stored = self._table.get(_CONFIRMED + _u64(position))
+                if stored != event_id:
+                    raise OrderIntegrityError(f"confirmed position {position} holds "
+                                              f"{(stored or b'').hex()[:16]}, the replay gives "
+                                              f"{event_id.hex()[:16]}")
+            else:
+                self._table.put(_CONFIRMED + _u64(position), event_id)
+                if replaying:
+                    self.stats["persisted_on_replay"] += 1
+            position += 1
+        self._confirmed_count = position
+        if position > self._persisted:
+            self._persisted = position
+            self._table.put(_COUNT, _u64(position))
 
     def _feed(self, events: Sequence[Event], persist: bool = True) -> OrderUpdate | None:
         nodes: list[OrderNode] = []
@@ -304,17 +318,15 @@ class TopicOrder(OrderDuties):
                 self._acks.add(event.id)
         if not nodes:
             return None
-        start = len(self._confirmed)
         update = self._lin.extend(nodes, relayed)
         if self._aside:
             for node_id in [i for i in self._aside if i in self._lin]:
                 del self._aside[node_id]
-        self._confirmed += update.confirmed_appended
+        if update.confirmed_appended:
+            self._append_confirmed(update.confirmed_appended, replaying=not persist)
         self._tentative = update.tentative
         if self._acks:
             self._acks.difference_update(update.confirmed_appended)  # only unconfirmed ones matter
-        if persist and update.confirmed_appended:
-            self._persist(start)
         return update
 
     def _deps(self, parents: tuple[bytes, ...]) -> tuple[bytes, ...]:

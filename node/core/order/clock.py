@@ -111,14 +111,14 @@ class CausalIndex:
     """
 
     def __init__(self, directory: NodeDirectory | None = None,
-                 cache_size: int = WHERE_CACHE_SIZE) -> None:
+                 cache_size: int | None = None) -> None:
         self.lanes: list[Lane] = []
         self.forks: dict[bytes, int] = {}  # writer -> lowest seq holding two nodes
         self.size = 0  # nodes added
         self._lanes_of: dict[bytes, list[int]] = {}
         self._where: dict[bytes, int] = {}  # id -> lane * _LANE_STRIDE + seq (young generation)
         self._directory = directory
-        self._cache_size = cache_size
+        self._cache_size = WHERE_CACHE_SIZE if cache_size is None else cache_size
         self._old_where: dict[bytes, int] = {}
         self._ids: dict[int, bytes] = {}  # packed position -> id (with a directory)
         self._old_ids: dict[int, bytes] = {}
