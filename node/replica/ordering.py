@@ -52,6 +52,9 @@ events it describes)::
     c|position (8)  -> event id     the confirmed prefix, append-only
     n               -> u64          its length
     b|start (8)     -> end (8)      a batch replay must feed as it was fed
+    p|id            -> ids          a rejected event's ordered deps (its proxy)
+    w|id, l|lane|seq, k             where each ordered node sits
+                                    (`node.replica.order_records`)
 
 The linearizer lives in memory. On restart `TopicOrder` replays the
 delivery order and checks that the rebuilt confirmed prefix equals the
@@ -79,6 +82,7 @@ from collections import Counter, OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from node.core.event import ID_BYTES as _ID_BYTES
 from node.core.event import Event
 from node.core.graph import Graph
 from node.core.order import Linearizer, OrderNode, OrderUpdate
@@ -97,10 +101,13 @@ DEFAULT_ACK_INTERVAL_MS = 250  # at most one ack per interval per topic
 REPLAY_PAGE = 1_024  # events read per page while replaying the delivery order
 REPLAY_BATCH = 256  # events per `extend` between recorded batches (keeps the tail short)
 ROLE_CACHE_SIZE = 4_096  # (state group, author) -> role
+PROXY_CACHE_SIZE = 1_024  # rejected events' deps kept in memory (all are in the table)
 
 _CONFIRMED = b"c"
 _COUNT = b"n"
 _BATCH = b"b"
+_PROXY = b"p"
+
 _NO_GROUP = -1
 
 
@@ -140,7 +147,11 @@ class TopicOrder(OrderDuties):
         self._lin = Linearizer(frozenset({root.author}), role_change=self._role_change,
                                directory=OrderRecords(self._table))
         self._fed = 0  # delivery positions consumed
-        self._proxy: dict[bytes, tuple[bytes, ...]] = {}  # rejected event -> ordered deps
+        # Rejected event -> its ordered deps: recorded in the table (`p|id`), the
+        # newest PROXY_CACHE_SIZE kept in memory; `_rejected` says whether any
+        # was fed at all (until then no parent needs looking up).
+        self._proxy: dict[bytes, tuple[bytes, ...]] = {}
+        self._rejected = False
         self._aside: dict[bytes, OrderNode] = {}  # relayed, not referenced yet
         self._acks: set[bytes] = set()  # unconfirmed acks
         self._latest: dict[bytes, tuple[int, bytes]] = {}  # writer -> (ordinal, id), ordered nodes
@@ -300,7 +311,7 @@ class TopicOrder(OrderDuties):
                 assert record is not None
             deps = self._deps(event.parents)
             if record.reason is not None:
-                self._proxy[event.id] = deps
+                self._record_proxy(event.id, deps)
                 self.stats["rejected_skipped"] += 1
                 continue
             ordinal = 1 + max((self._seen(d, event.author, batch, memo) for d in deps), default=-1)
@@ -331,13 +342,32 @@ class TopicOrder(OrderDuties):
 
     def _deps(self, parents: tuple[bytes, ...]) -> tuple[bytes, ...]:
         """Parents with every rejected event replaced by its own (ordered) deps."""
-        proxy = self._proxy
-        if not proxy or not any(p in proxy for p in parents):
+        if not self._rejected:
+            return parents
+        replaced = [self._proxy_of(p) for p in parents]
+        if all(r is None for r in replaced):
             return parents
         deps: set[bytes] = set()
-        for parent in parents:
-            deps.update(proxy.get(parent, (parent,)))
+        for parent, proxy in zip(parents, replaced):
+            deps.update((parent,) if proxy is None else proxy)
         return tuple(sorted(deps))
+
+    def _record_proxy(self, event_id: bytes, deps: tuple[bytes, ...]) -> None:
+        self._rejected = True
+        self._table.put(_PROXY + event_id, b"".join(deps))
+        self._proxy[event_id] = deps
+        if len(self._proxy) > PROXY_CACHE_SIZE:
+            del self._proxy[next(iter(self._proxy))]
+
+    def _proxy_of(self, event_id: bytes) -> tuple[bytes, ...] | None:
+        """The ordered deps a rejected event stands for; None for any other event."""
+        deps = self._proxy.get(event_id)
+        if deps is not None:
+            return deps
+        value = self._table.get(_PROXY + event_id)
+        if value is None:
+            return None
+        return tuple(value[i:i + _ID_BYTES] for i in range(0, len(value), _ID_BYTES))
 
     def _seen(self, start: bytes, writer: bytes, batch: dict[bytes, OrderNode],
               memo: dict[tuple[bytes, bytes], int]) -> int:

@@ -260,7 +260,10 @@ class CausalIndex:
 
     def latest(self, y: bytes, lane: int) -> int:
         """Highest seq of `lane` in y's past (y included), or UNSEEN."""
-        y_lane, y_seq = divmod(self._at(y), _LANE_STRIDE)
+        return self.latest_at(*divmod(self._at(y), _LANE_STRIDE), lane)
+
+    def latest_at(self, y_lane: int, y_seq: int, lane: int) -> int:
+        """`latest` for the node at (y_lane, y_seq), without reading its id."""
         if y_lane == lane:
             return y_seq
         chain = self.lanes[y_lane]
@@ -278,8 +281,9 @@ class CausalIndex:
             node_id = self._directory.node_at(lane, seq)
         return node_id
 
-    def first_where(self, lane: int, lo: int, hi: int, test: Callable[[bytes], bool]) -> int | None:
-        """Lowest seq in [lo, hi) of `lane` whose node passes `test`, for a test that,
-        once true along the chain, stays true (seeing a node, reaching a round)."""
-        found = bisect_left(range(lo, hi), True, key=lambda seq: test(self.node_at(lane, seq)))
+    def first_where(self, lane: int, lo: int, hi: int, test: Callable[[int], bool]) -> int | None:
+        """Lowest seq in [lo, hi) of `lane` that passes `test` (given the seq), for a
+        test that, once true along the chain, stays true (seeing a node, reaching
+        a round). It tests positions, so old nodes' ids are never read."""
+        found = bisect_left(range(lo, hi), True, key=test)
         return lo + found if lo + found < hi else None

@@ -118,7 +118,6 @@ examples in the tests, but confirmation uses rounds, anchors and votes only.
 from __future__ import annotations
 
 from array import array
-from bisect import bisect_left
 
 from .clock import CausalIndex
 from .values import OrderError, OrderNode
@@ -255,9 +254,8 @@ class Consensus:
         reached = True
         for lane in lanes:
             chain = self._index.lanes[lane]
-            found_at = bisect_left(range(chain.start, chain.end), True,
-                                   key=lambda s, lane=lane: self.round_at(lane, s) >= round_)
-            seq = chain.start + found_at if chain.start + found_at < chain.end else None
+            seq = self._index.first_where(lane, chain.start, chain.end,
+                                          lambda s, lane=lane: self.round_at(lane, s) >= round_)
             if seq is None:
                 reached = False  # this branch has not reached the round (yet)
                 continue
@@ -285,11 +283,13 @@ class Consensus:
         index = self._index
         leader_lane = index.lanes[index.lane_of(anchor)]
         forked = len(index.lanes_of(leader_lane.writer)) > 1
-        anchor_seq = index.seq_of(anchor)
+        anchor_lane, anchor_seq = index.where(anchor)
         for lane in index.lanes_of(indexer):
             chain = index.lanes[lane]
             stop = chain.end if within is None else min(chain.end, index.latest(within, lane) + 1)
-            seq = index.first_where(lane, chain.start, stop, lambda n: index.sees(n, anchor))
+            seq = index.first_where(
+                lane, chain.start, stop,
+                lambda s, lane=lane: index.latest_at(lane, s, anchor_lane) >= anchor_seq)
             if seq is None:
                 continue
             node = index.node_at(lane, seq)
