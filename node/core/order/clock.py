@@ -41,6 +41,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from .paged import PAGE_MASK, PAGE_SHIFT, PagedList
 from .values import OrderError, OrderNode
 
 UNSEEN = -1  # clock value for a lane of which nothing has been seen
@@ -93,7 +94,7 @@ class Lane:
     writer: bytes
     start: int
     ids: list[bytes]  # empty when the index has a directory (then `length` counts)
-    clocks: list[dict[int, int]]
+    clocks: PagedList[dict[int, int]]  # paged: one slot per node, never reallocated
     length: int = field(default=0)
 
     @property
@@ -174,7 +175,8 @@ class CausalIndex:
                     raise OrderError(f"node {node.id.hex()} references unknown {dep.hex()}")
             dep_lane, dep_seq = divmod(at, _LANE_STRIDE)
             chain = lanes[dep_lane]
-            for lane, seq in chain.clocks[dep_seq - chain.start].items():
+            i = dep_seq - chain.start
+            for lane, seq in chain.clocks.pages[i >> PAGE_SHIFT][i & PAGE_MASK].items():
                 if clock.get(lane, UNSEEN) < seq:
                     clock[lane] = seq
             if clock.get(dep_lane, UNSEEN) < dep_seq:
@@ -182,7 +184,7 @@ class CausalIndex:
         lane = self._place(node, clock)
         clock.pop(lane, None)  # its own lane's entry is its seq
         clocks = lanes[lane].clocks
-        previous = clocks[-1] if clocks else None
+        previous = clocks.last()
         clocks.append(previous if previous == clock else clock)  # type: ignore[arg-type]
         at = lane * _LANE_STRIDE + node.seq
         directory = self._directory
@@ -216,7 +218,7 @@ class CausalIndex:
             if keep_ids:
                 chain.ids.append(node.id)
             return extendable[0]
-        self.lanes.append(Lane(node.writer, node.seq, [node.id] if keep_ids else [], [], 1))
+        self.lanes.append(Lane(node.writer, node.seq, [node.id] if keep_ids else [], PagedList(), 1))
         mine.append(len(self.lanes) - 1)
         return len(self.lanes) - 1
 
@@ -267,7 +269,8 @@ class CausalIndex:
         if y_lane == lane:
             return y_seq
         chain = self.lanes[y_lane]
-        return chain.clocks[y_seq - chain.start].get(lane, UNSEEN)
+        i = y_seq - chain.start
+        return chain.clocks.pages[i >> PAGE_SHIFT][i & PAGE_MASK].get(lane, UNSEEN)
 
     def node_at(self, lane: int, seq: int) -> bytes:
         chain = self.lanes[lane]

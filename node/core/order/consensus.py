@@ -117,9 +117,9 @@ examples in the tests, but confirmation uses rounds, anchors and votes only.
 
 from __future__ import annotations
 
-from array import array
 
 from .clock import CausalIndex
+from .paged import PAGE_MASK, PAGE_SHIFT, PagedInts
 from .values import OrderError, OrderNode
 
 ANCHOR_SPACING = 2  # rounds between anchors: a vote may come one round late
@@ -152,7 +152,7 @@ class Consensus:
         # of this epoch are a suffix of its lanes (the confirmed nodes before
         # them are a prefix) and arrive in seq order, so an array of 8-byte
         # rounds replaces a dict entry and an int object per node.
-        self._rounds: dict[int, tuple[int, array]] = {}
+        self._rounds: dict[int, tuple[int, PagedInts]] = {}
         self._top = NO_ROUND
         self._lanes: dict[bytes, int] = {}  # indexer -> lanes the caches were computed with
         # Settled candidate lookups and votes, for rounds above the committed one
@@ -185,7 +185,7 @@ class Consensus:
         lane, seq = self._index.where(node.id)
         entry = self._rounds.get(lane)
         if entry is None:
-            entry = self._rounds[lane] = (seq, array("q"))
+            entry = self._rounds[lane] = (seq, PagedInts())
         if seq != entry[0] + len(entry[1]):
             raise OrderError(f"node {node.id.hex()}: round of seq {seq} out of lane order")
         entry[1].append(round_)
@@ -203,7 +203,9 @@ class Consensus:
             return NO_ROUND
         position = seq - entry[0]
         rounds = entry[1]
-        return rounds[position] if 0 <= position < len(rounds) else NO_ROUND
+        if 0 <= position < rounds.length:
+            return rounds.pages[position >> PAGE_SHIFT][position & PAGE_MASK]
+        return NO_ROUND
 
     def _compute_round(self, node: OrderNode) -> int:
         index = self._index

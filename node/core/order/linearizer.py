@@ -44,11 +44,11 @@ fed the same nodes in any causal order hold the same confirmed sequence
 
 from __future__ import annotations
 
-from array import array
 from collections.abc import Callable, Collection, Iterable
 
 from .clock import LANE_STRIDE, CausalIndex, NodeDirectory
 from .consensus import Consensus, quorum_degree
+from .paged import PagedInts
 from .topolist import TopoList, kahn
 from .values import OrderError, OrderNode, OrderUpdate, SortKey, sort_key
 
@@ -69,7 +69,7 @@ class Linearizer:
         self._aside: dict[bytes, OrderNode] = {}  # relayed, not referenced yet
         # The confirmed prefix as packed (lane, seq) positions, 8 bytes a node:
         # ids are read back through the index (which may keep them on disk).
-        self._confirmed = array("q")
+        self._confirmed = PagedInts()
         self._last_confirmed: bytes | None = None
         # The confirmed nodes of a lane are a prefix of it (a confirmed node's
         # past is confirmed, and each lane node sees the one before): lane -> end
