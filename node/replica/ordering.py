@@ -52,6 +52,9 @@ events it describes)::
     c|position (8)  -> event id     the confirmed prefix, append-only
     n               -> u64          its length
     b|start (8)     -> end (8)      a batch replay must feed as it was fed
+    p|id            -> ids          a rejected event's ordered deps (its proxy)
+    w|id, l|lane|seq, k             where each ordered node sits
+                                    (`node.replica.order_records`)
 
 The linearizer lives in memory. On restart `TopicOrder` replays the
 delivery order and checks that the rebuilt confirmed prefix equals the
@@ -79,10 +82,12 @@ from collections import Counter, OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from node.core.event import ID_BYTES as _ID_BYTES
 from node.core.event import Event
 from node.core.graph import Graph
 from node.core.order import Linearizer, OrderNode, OrderUpdate
 from node.replica.order_duties import OrderDuties
+from node.replica.order_records import OrderRecords
 from node.replica.order_views import OrderStatus
 from node.state.roles import Role
 from node.state.roles import indexers as indexers_in
@@ -96,10 +101,13 @@ DEFAULT_ACK_INTERVAL_MS = 250  # at most one ack per interval per topic
 REPLAY_PAGE = 1_024  # events read per page while replaying the delivery order
 REPLAY_BATCH = 256  # events per `extend` between recorded batches (keeps the tail short)
 ROLE_CACHE_SIZE = 4_096  # (state group, author) -> role
+PROXY_CACHE_SIZE = 1_024  # rejected events' deps kept in memory (all are in the table)
 
 _CONFIRMED = b"c"
 _COUNT = b"n"
 _BATCH = b"b"
+_PROXY = b"p"
+
 _NO_GROUP = -1
 
 
@@ -136,16 +144,23 @@ class TopicOrder(OrderDuties):
         self._graph = graph
         self._tracker = tracker
         self._table = graph.table(TABLE_ORDER)
-        self._lin = Linearizer(frozenset({root.author}), role_change=self._role_change)
+        self._lin = Linearizer(frozenset({root.author}), role_change=self._role_change,
+                               directory=OrderRecords(self._table))
         self._fed = 0  # delivery positions consumed
-        self._proxy: dict[bytes, tuple[bytes, ...]] = {}  # rejected event -> ordered deps
+        # Rejected event -> its ordered deps: recorded in the table (`p|id`), the
+        # newest PROXY_CACHE_SIZE kept in memory; `_rejected` says whether any
+        # was fed at all (until then no parent needs looking up).
+        self._proxy: dict[bytes, tuple[bytes, ...]] = {}
+        self._rejected = False
         self._aside: dict[bytes, OrderNode] = {}  # relayed, not referenced yet
         self._acks: set[bytes] = set()  # unconfirmed acks
         self._latest: dict[bytes, tuple[int, bytes]] = {}  # writer -> (ordinal, id), ordered nodes
         self._roles: OrderedDict[tuple[int, bytes], Role] = OrderedDict()
         self._indexers_group = _NO_GROUP
         self._last_ack_ms: int | None = None
-        self._confirmed: list[bytes] = []
+        # The confirmed prefix lives in the table (`c|position`); this is its length.
+        self._confirmed_count = 0
+        self._persisted = int.from_bytes(self._table.get(_COUNT) or bytes(8), "big")
         self._tentative: tuple[bytes, ...] = ()
         self._forks_recorded: dict[bytes, int] = {}  # forks known at the last recorded batch
         self._replay(graph.delivered_count if replay_to is None else replay_to)
@@ -154,7 +169,8 @@ class TopicOrder(OrderDuties):
 
     @property
     def confirmed(self) -> tuple[bytes, ...]:
-        return tuple(self._confirmed)
+        """The whole confirmed prefix (O(n) reads: pages use `confirmed_slice`)."""
+        return tuple(event_id for _, event_id in self.confirmed_slice(0, self._confirmed_count))
 
     @property
     def tentative(self) -> tuple[bytes, ...]:
@@ -162,7 +178,7 @@ class TopicOrder(OrderDuties):
 
     @property
     def confirmed_length(self) -> int:
-        return len(self._confirmed)
+        return self._confirmed_count
 
     @property
     def tentative_length(self) -> int:
@@ -185,21 +201,28 @@ class TopicOrder(OrderDuties):
 
     def confirmed_slice(self, since: int, limit: int) -> list[tuple[int, bytes]]:
         start = max(since, 0)
-        return list(enumerate(self._confirmed[start:start + max(limit, 0)], start))
+        return [(position, self._confirmed_at(position))
+                for position in range(start, min(start + max(limit, 0), self._confirmed_count))]
+
+    def _confirmed_at(self, position: int) -> bytes:
+        event_id = self._table.get(_CONFIRMED + _u64(position))
+        if event_id is None:
+            raise OrderIntegrityError(f"confirmed position {position} has no record")
+        return event_id
 
     def full_slice(self, since: int, limit: int) -> list[tuple[int, bytes]]:
         """Positions and ids of the tentative view (confirmed + tentative) from `since`."""
         start = max(since, 0)
         end = start + max(limit, 0)
-        confirmed = len(self._confirmed)
-        out = list(enumerate(self._confirmed[start:min(end, confirmed)], start))
+        confirmed = self._confirmed_count
+        out = self.confirmed_slice(start, min(end, confirmed) - start)
         if end > confirmed:
             first = max(start, confirmed)
             out += enumerate(self._tentative[first - confirmed:end - confirmed], first)
         return out
 
     def status(self) -> OrderStatus:
-        return OrderStatus(len(self._confirmed), len(self._tentative),
+        return OrderStatus(self._confirmed_count, len(self._tentative),
                            tuple(sorted(k.hex() for k in self._lin.indexers)), len(self._aside))
 
     # ------------------------------------------------------------------ feeding
@@ -234,7 +257,6 @@ class TopicOrder(OrderDuties):
 
     def _replay(self, end: int) -> None:
         """Rebuild the linearizer from the delivery order (recorded batches kept whole)."""
-        persisted = int.from_bytes(self._table.get(_COUNT) or bytes(8), "big")
         cut = len(_BATCH)
         for key, value in self._table.scan(_BATCH):
             start, stop = int.from_bytes(key[cut:], "big"), int.from_bytes(value, "big")
@@ -245,10 +267,10 @@ class TopicOrder(OrderDuties):
             self._fed = stop
         self._replay_chunks(end)
         self._forks_recorded = self._lin.forks
-        self._verify(persisted)
-        if len(self._confirmed) > persisted:
-            self._persist(persisted)
-            self.stats["persisted_on_replay"] += len(self._confirmed) - persisted
+        if self._persisted > self._confirmed_count:
+            raise OrderIntegrityError(
+                f"{self._persisted} events were confirmed before the restart, "
+                f"{self._confirmed_count} after")
 
     def _replay_chunks(self, end: int) -> None:
         while self._fed < end:
@@ -256,22 +278,25 @@ class TopicOrder(OrderDuties):
             self._feed(self._read(self._fed, stop), persist=False)
             self._fed = stop
 
-    def _verify(self, persisted: int) -> None:
-        if persisted > len(self._confirmed):
-            raise OrderIntegrityError(
-                f"{persisted} events were confirmed before the restart, "
-                f"{len(self._confirmed)} after")
-        for position in range(persisted):
-            stored = self._table.get(_CONFIRMED + _u64(position))
-            if stored != self._confirmed[position]:
-                raise OrderIntegrityError(f"confirmed position {position} holds "
-                                          f"{(stored or b'').hex()[:16]}, the replay gives "
-                                          f"{self._confirmed[position].hex()[:16]}")
-
-    def _persist(self, start: int) -> None:
-        for position in range(start, len(self._confirmed)):
-            self._table.put(_CONFIRMED + _u64(position), self._confirmed[position])
-        self._table.put(_COUNT, _u64(len(self._confirmed)))
+    def _append_confirmed(self, appended: tuple[bytes, ...], replaying: bool) -> None:
+        """Persist newly confirmed ids; on replay, check those persisted before instead."""
+        position = self._confirmed_count
+        for event_id in appended:
+            if position < self._persisted:
+                stored = self._table.get(_CONFIRMED + _u64(position))
+                if stored != event_id:
+                    raise OrderIntegrityError(f"confirmed position {position} holds "
+                                              f"{(stored or b'').hex()[:16]}, the replay gives "
+                                              f"{event_id.hex()[:16]}")
+            else:
+                self._table.put(_CONFIRMED + _u64(position), event_id)
+                if replaying:
+                    self.stats["persisted_on_replay"] += 1
+            position += 1
+        self._confirmed_count = position
+        if position > self._persisted:
+            self._persisted = position
+            self._table.put(_COUNT, _u64(position))
 
     def _feed(self, events: Sequence[Event], persist: bool = True) -> OrderUpdate | None:
         nodes: list[OrderNode] = []
@@ -286,7 +311,7 @@ class TopicOrder(OrderDuties):
                 assert record is not None
             deps = self._deps(event.parents)
             if record.reason is not None:
-                self._proxy[event.id] = deps
+                self._record_proxy(event.id, deps)
                 self.stats["rejected_skipped"] += 1
                 continue
             ordinal = 1 + max((self._seen(d, event.author, batch, memo) for d in deps), default=-1)
@@ -304,28 +329,45 @@ class TopicOrder(OrderDuties):
                 self._acks.add(event.id)
         if not nodes:
             return None
-        start = len(self._confirmed)
         update = self._lin.extend(nodes, relayed)
         if self._aside:
             for node_id in [i for i in self._aside if i in self._lin]:
                 del self._aside[node_id]
-        self._confirmed += update.confirmed_appended
+        if update.confirmed_appended:
+            self._append_confirmed(update.confirmed_appended, replaying=not persist)
         self._tentative = update.tentative
         if self._acks:
             self._acks.difference_update(update.confirmed_appended)  # only unconfirmed ones matter
-        if persist and update.confirmed_appended:
-            self._persist(start)
         return update
 
     def _deps(self, parents: tuple[bytes, ...]) -> tuple[bytes, ...]:
         """Parents with every rejected event replaced by its own (ordered) deps."""
-        proxy = self._proxy
-        if not proxy or not any(p in proxy for p in parents):
+        if not self._rejected:
+            return parents
+        replaced = [self._proxy_of(p) for p in parents]
+        if all(r is None for r in replaced):
             return parents
         deps: set[bytes] = set()
-        for parent in parents:
-            deps.update(proxy.get(parent, (parent,)))
+        for parent, proxy in zip(parents, replaced):
+            deps.update((parent,) if proxy is None else proxy)
         return tuple(sorted(deps))
+
+    def _record_proxy(self, event_id: bytes, deps: tuple[bytes, ...]) -> None:
+        self._rejected = True
+        self._table.put(_PROXY + event_id, b"".join(deps))
+        self._proxy[event_id] = deps
+        if len(self._proxy) > PROXY_CACHE_SIZE:
+            del self._proxy[next(iter(self._proxy))]
+
+    def _proxy_of(self, event_id: bytes) -> tuple[bytes, ...] | None:
+        """The ordered deps a rejected event stands for; None for any other event."""
+        deps = self._proxy.get(event_id)
+        if deps is not None:
+            return deps
+        value = self._table.get(_PROXY + event_id)
+        if value is None:
+            return None
+        return tuple(value[i:i + _ID_BYTES] for i in range(0, len(value), _ID_BYTES))
 
     def _seen(self, start: bytes, writer: bytes, batch: dict[bytes, OrderNode],
               memo: dict[tuple[bytes, bytes], int]) -> int:

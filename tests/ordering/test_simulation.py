@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import pytest
 
+from node.core.order import clock
 from node.replica.replica import Replica
 from storage.memory import MemoryStore
 from tests.ordering.world import ACK_INTERVAL_MS, Net
@@ -125,3 +126,22 @@ def test_an_indexer_on_two_devices_does_not_split_replicas(seed: int) -> None:
     assert net.replicas["i0"].graph.equivocation_count > 0, net.fail("nothing forked")
     lengths = {r.ordering.confirmed_length for r in net.replicas.values()}
     assert len(lengths) == 1, net.fail("settled replicas hold different confirmed lengths")
+
+
+# Issue 17 (flat memory): a replica's causal index keeps node positions and ids
+# in the store (node.replica.order_records) behind a bounded cache. With a
+# cache of two entries nearly every lookup of an older node is read back from
+# the store, restarts included: the runs above must come out the same.
+SMALL_CACHE_SEEDS = (1, 2, 3, 7, 9)
+
+
+@pytest.mark.parametrize("seed", SMALL_CACHE_SEEDS)
+def test_positions_read_back_from_the_store_give_the_same_order(
+        seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    plain = run(seed)
+    forked = run_forked(seed)
+    monkeypatch.setattr(clock, "WHERE_CACHE_SIZE", 2)
+    for reference, again in ((plain, run(seed)), (forked, run_forked(seed))):
+        for name, replica in reference.replicas.items():
+            assert again.replicas[name].ordering.confirmed == replica.ordering.confirmed, name
+            assert again.replicas[name].ordering.tentative == replica.ordering.tentative, name

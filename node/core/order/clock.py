@@ -38,8 +38,10 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Protocol
 
+from .paged import PAGE_MASK, PAGE_SHIFT, PagedList
 from .values import OrderError, OrderNode
 
 UNSEEN = -1  # clock value for a lane of which nothing has been seen
@@ -48,7 +50,36 @@ UNSEEN = -1  # clock value for a lane of which nothing has been seen
 # Where a node sits, packed in one int (lane * _LANE_STRIDE + seq): one dict
 # entry and one int per node instead of two of each (issue 17: flat memory).
 _LANE_STRIDE = 1 << 48
+LANE_STRIDE = _LANE_STRIDE  # for directories that store the packed position
 
+# Positions and ids kept in memory when a directory holds them all: two
+# generations of this many entries each (the newest nodes are what new nodes
+# reference; older ones are read back from the directory).
+WHERE_CACHE_SIZE = 1 << 15
+
+
+class NodeDirectory(Protocol):
+    """Where every node added to a `CausalIndex` sits, kept outside memory.
+
+    A replica's directory is its store (node.replica.order_records): the
+    index then keeps only a bounded cache of positions and ids (issue 17:
+    flat memory). `record` is called for every node in add order, with its
+    add ordinal, so a directory that already holds the first n (a restart
+    replaying the same nodes) can skip them. Answers must be what was
+    recorded: the index checks that a position it reads back is one of its
+    lanes' occupied slots.
+    """
+
+    def locate(self, node_id: bytes) -> int | None:
+        """The packed position (lane * LANE_STRIDE + seq) recorded for `node_id`."""
+        ...
+
+    def node_at(self, lane: int, seq: int) -> bytes:
+        """The id recorded at (lane, seq)."""
+        ...
+
+    def record(self, ordinal: int, node_id: bytes, lane: int, seq: int) -> None:
+        ...
 
 @dataclass(slots=True)
 class Lane:
@@ -62,29 +93,75 @@ class Lane:
 
     writer: bytes
     start: int
-    ids: list[bytes]
-    clocks: list[dict[int, int]]
+    ids: list[bytes]  # empty when the index has a directory (then `length` counts)
+    clocks: PagedList[dict[int, int]]  # paged: one slot per node, never reallocated
+    length: int = field(default=0)
 
     @property
     def end(self) -> int:
-        return self.start + len(self.ids)
+        return self.start + self.length
 
 
 class CausalIndex:
-    """Lanes and clocks for every node added, in causal order."""
+    """Lanes and clocks for every node added, in causal order.
 
-    def __init__(self) -> None:
+    Without a directory every node's position and id stay in memory. With
+    one (`NodeDirectory`), they are recorded there and only the newest
+    `cache_size` to 2 * `cache_size` stay in memory; per node the index then
+    keeps one clock slot in its lane.
+    """
+
+    def __init__(self, directory: NodeDirectory | None = None,
+                 cache_size: int | None = None) -> None:
         self.lanes: list[Lane] = []
         self.forks: dict[bytes, int] = {}  # writer -> lowest seq holding two nodes
+        self.size = 0  # nodes added
         self._lanes_of: dict[bytes, list[int]] = {}
-        self._where: dict[bytes, int] = {}  # id -> lane * _LANE_STRIDE + seq
+        self._where: dict[bytes, int] = {}  # id -> lane * _LANE_STRIDE + seq (young generation)
+        self._directory = directory
+        self._cache_size = WHERE_CACHE_SIZE if cache_size is None else cache_size
+        self._old_where: dict[bytes, int] = {}
+        self._ids: dict[int, bytes] = {}  # packed position -> id (with a directory)
+        self._old_ids: dict[int, bytes] = {}
 
     def __contains__(self, node_id: bytes) -> bool:
-        return node_id in self._where
+        return node_id in self._where or self._locate(node_id) is not None
+
+    def _locate(self, node_id: bytes) -> int | None:
+        """A node's packed position past the young cache: old cache, then directory."""
+        if self._directory is None:
+            return None
+        at = self._old_where.get(node_id)
+        if at is None:
+            at = self._directory.locate(node_id)
+            if at is None:
+                return None
+            lane, seq = divmod(at, _LANE_STRIDE)
+            # Recorded by an earlier run past what this index holds yet (a replay):
+            # not in the index until it is added again.
+            if lane >= len(self.lanes) or not self.lanes[lane].start <= seq < self.lanes[lane].end:
+                return None
+        self._remember(node_id, at)
+        return at
+
+    def _at(self, node_id: bytes) -> int:
+        at = self._where.get(node_id)
+        if at is None:
+            at = self._locate(node_id)
+            if at is None:
+                raise KeyError(node_id)
+        return at
+
+    def _remember(self, node_id: bytes, at: int) -> None:
+        where = self._where
+        where[node_id] = at
+        if self._directory is not None and len(where) > self._cache_size:
+            self._old_where = where
+            self._where = {}
 
     def where(self, node_id: bytes) -> tuple[int, int]:
         """(lane, seq) of a node added here."""
-        return divmod(self._where[node_id], _LANE_STRIDE)
+        return divmod(self._at(node_id), _LANE_STRIDE)
 
     def add(self, node: OrderNode) -> None:
         clock: dict[int, int] = {}
@@ -93,10 +170,13 @@ class CausalIndex:
         for dep in node.deps:
             at = where.get(dep)
             if at is None:
-                raise OrderError(f"node {node.id.hex()} references unknown {dep.hex()}")
+                at = self._locate(dep)
+                if at is None:
+                    raise OrderError(f"node {node.id.hex()} references unknown {dep.hex()}")
             dep_lane, dep_seq = divmod(at, _LANE_STRIDE)
             chain = lanes[dep_lane]
-            for lane, seq in chain.clocks[dep_seq - chain.start].items():
+            i = dep_seq - chain.start
+            for lane, seq in chain.clocks.pages[i >> PAGE_SHIFT][i & PAGE_MASK].items():
                 if clock.get(lane, UNSEEN) < seq:
                     clock[lane] = seq
             if clock.get(dep_lane, UNSEEN) < dep_seq:
@@ -104,9 +184,18 @@ class CausalIndex:
         lane = self._place(node, clock)
         clock.pop(lane, None)  # its own lane's entry is its seq
         clocks = lanes[lane].clocks
-        previous = clocks[-1] if clocks else None
+        previous = clocks.last()
         clocks.append(previous if previous == clock else clock)  # type: ignore[arg-type]
-        where[node.id] = lane * _LANE_STRIDE + node.seq
+        at = lane * _LANE_STRIDE + node.seq
+        directory = self._directory
+        if directory is not None:
+            directory.record(self.size, node.id, lane, node.seq)
+            self._ids[at] = node.id
+            if len(self._ids) > self._cache_size:
+                self._old_ids = self._ids
+                self._ids = {}
+        self.size += 1
+        self._remember(node.id, at)
 
     def _place(self, node: OrderNode, clock: dict[int, int]) -> int:
         mine = self._lanes_of.setdefault(node.writer, [])
@@ -122,16 +211,20 @@ class CausalIndex:
         extendable = [
             i for i, lane in zip(mine, lanes) if lane.end == node.seq and clock.get(i, UNSEEN) == previous
         ]
+        keep_ids = self._directory is None
         if len(extendable) == 1:
-            self.lanes[extendable[0]].ids.append(node.id)
+            chain = self.lanes[extendable[0]]
+            chain.length += 1
+            if keep_ids:
+                chain.ids.append(node.id)
             return extendable[0]
-        self.lanes.append(Lane(node.writer, node.seq, [node.id], []))
+        self.lanes.append(Lane(node.writer, node.seq, [node.id] if keep_ids else [], PagedList(), 1))
         mine.append(len(self.lanes) - 1)
         return len(self.lanes) - 1
 
     def sees(self, y: bytes, x: bytes) -> bool:
         """True if x is y or an ancestor of y."""
-        x_lane, x_seq = divmod(self._where[x], _LANE_STRIDE)
+        x_lane, x_seq = divmod(self._at(x), _LANE_STRIDE)
         return self.latest(y, x_lane) >= x_seq
 
     def sees_fork(self, y: bytes, writer: bytes, upto: int) -> bool:
@@ -159,28 +252,41 @@ class CausalIndex:
         return False
 
     def seq_of(self, node_id: bytes) -> int:
-        return self._where[node_id] % _LANE_STRIDE
+        return self._at(node_id) % _LANE_STRIDE
 
     def lanes_of(self, writer: bytes) -> list[int]:
         return self._lanes_of.get(writer, [])
 
     def lane_of(self, node_id: bytes) -> int:
-        return self._where[node_id] // _LANE_STRIDE
+        return self._at(node_id) // _LANE_STRIDE
 
     def latest(self, y: bytes, lane: int) -> int:
         """Highest seq of `lane` in y's past (y included), or UNSEEN."""
-        y_lane, y_seq = divmod(self._where[y], _LANE_STRIDE)
+        return self.latest_at(*divmod(self._at(y), _LANE_STRIDE), lane)
+
+    def latest_at(self, y_lane: int, y_seq: int, lane: int) -> int:
+        """`latest` for the node at (y_lane, y_seq), without reading its id."""
         if y_lane == lane:
             return y_seq
         chain = self.lanes[y_lane]
-        return chain.clocks[y_seq - chain.start].get(lane, UNSEEN)
+        i = y_seq - chain.start
+        return chain.clocks.pages[i >> PAGE_SHIFT][i & PAGE_MASK].get(lane, UNSEEN)
 
     def node_at(self, lane: int, seq: int) -> bytes:
         chain = self.lanes[lane]
-        return chain.ids[seq - chain.start]
+        if self._directory is None:
+            return chain.ids[seq - chain.start]
+        if not chain.start <= seq < chain.end:
+            raise IndexError(f"lane {lane} holds no seq {seq}")
+        at = lane * _LANE_STRIDE + seq
+        node_id = self._ids.get(at) or self._old_ids.get(at)
+        if node_id is None:
+            node_id = self._directory.node_at(lane, seq)
+        return node_id
 
-    def first_where(self, lane: int, lo: int, hi: int, test: Callable[[bytes], bool]) -> int | None:
-        """Lowest seq in [lo, hi) of `lane` whose node passes `test`, for a test that,
-        once true along the chain, stays true (seeing a node, reaching a round)."""
-        found = bisect_left(range(lo, hi), True, key=lambda seq: test(self.node_at(lane, seq)))
+    def first_where(self, lane: int, lo: int, hi: int, test: Callable[[int], bool]) -> int | None:
+        """Lowest seq in [lo, hi) of `lane` that passes `test` (given the seq), for a
+        test that, once true along the chain, stays true (seeing a node, reaching
+        a round). It tests positions, so old nodes' ids are never read."""
+        found = bisect_left(range(lo, hi), True, key=test)
         return lo + found if lo + found < hi else None

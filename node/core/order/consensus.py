@@ -117,9 +117,9 @@ examples in the tests, but confirmation uses rounds, anchors and votes only.
 
 from __future__ import annotations
 
-from array import array
 
 from .clock import CausalIndex
+from .paged import PAGE_MASK, PAGE_SHIFT, PagedInts
 from .values import OrderError, OrderNode
 
 ANCHOR_SPACING = 2  # rounds between anchors: a vote may come one round late
@@ -152,7 +152,7 @@ class Consensus:
         # of this epoch are a suffix of its lanes (the confirmed nodes before
         # them are a prefix) and arrive in seq order, so an array of 8-byte
         # rounds replaces a dict entry and an int object per node.
-        self._rounds: dict[int, tuple[int, array]] = {}
+        self._rounds: dict[int, tuple[int, PagedInts]] = {}
         self._top = NO_ROUND
         self._lanes: dict[bytes, int] = {}  # indexer -> lanes the caches were computed with
         # Settled candidate lookups and votes, for rounds above the committed one
@@ -185,7 +185,7 @@ class Consensus:
         lane, seq = self._index.where(node.id)
         entry = self._rounds.get(lane)
         if entry is None:
-            entry = self._rounds[lane] = (seq, array("q"))
+            entry = self._rounds[lane] = (seq, PagedInts())
         if seq != entry[0] + len(entry[1]):
             raise OrderError(f"node {node.id.hex()}: round of seq {seq} out of lane order")
         entry[1].append(round_)
@@ -194,13 +194,18 @@ class Consensus:
     def round_of(self, node_id: bytes) -> int:
         if node_id not in self._index:
             return NO_ROUND
-        lane, seq = self._index.where(node_id)
+        return self.round_at(*self._index.where(node_id))
+
+    def round_at(self, lane: int, seq: int) -> int:
+        """The round of the node at (lane, seq): `round_of` without reading its id."""
         entry = self._rounds.get(lane)
         if entry is None:
             return NO_ROUND
         position = seq - entry[0]
         rounds = entry[1]
-        return rounds[position] if 0 <= position < len(rounds) else NO_ROUND
+        if 0 <= position < rounds.length:
+            return rounds.pages[position >> PAGE_SHIFT][position & PAGE_MASK]
+        return NO_ROUND
 
     def _compute_round(self, node: OrderNode) -> int:
         index = self._index
@@ -211,7 +216,7 @@ class Consensus:
             for lane in index.lanes_of(indexer):
                 seq = index.latest(node.id, lane) - (1 if lane == own_lane else 0)
                 if seq >= index.lanes[lane].start:
-                    top = max(top, self.round_of(index.node_at(lane, seq)))
+                    top = max(top, self.round_at(lane, seq))
             if top != NO_ROUND:
                 tops.append(top)
         if len(tops) < self.quorum:
@@ -227,7 +232,7 @@ class Consensus:
         for lane in index.lanes_of(index.lanes[own].writer):
             seq = index.latest(node_id, lane) - (1 if lane == own else 0)
             if seq >= index.lanes[lane].start:
-                best = max(best, self.round_of(index.node_at(lane, seq)))
+                best = max(best, self.round_at(lane, seq))
         return best
 
     def leader(self, round_: int) -> bytes | None:
@@ -252,7 +257,7 @@ class Consensus:
         for lane in lanes:
             chain = self._index.lanes[lane]
             seq = self._index.first_where(lane, chain.start, chain.end,
-                                          lambda n: self.round_of(n) >= round_)
+                                          lambda s, lane=lane: self.round_at(lane, s) >= round_)
             if seq is None:
                 reached = False  # this branch has not reached the round (yet)
                 continue
@@ -280,11 +285,13 @@ class Consensus:
         index = self._index
         leader_lane = index.lanes[index.lane_of(anchor)]
         forked = len(index.lanes_of(leader_lane.writer)) > 1
-        anchor_seq = index.seq_of(anchor)
+        anchor_lane, anchor_seq = index.where(anchor)
         for lane in index.lanes_of(indexer):
             chain = index.lanes[lane]
             stop = chain.end if within is None else min(chain.end, index.latest(within, lane) + 1)
-            seq = index.first_where(lane, chain.start, stop, lambda n: index.sees(n, anchor))
+            seq = index.first_where(
+                lane, chain.start, stop,
+                lambda s, lane=lane: index.latest_at(lane, s, anchor_lane) >= anchor_seq)
             if seq is None:
                 continue
             node = index.node_at(lane, seq)
@@ -365,7 +372,7 @@ class Consensus:
         for lane in index.lanes_of(indexer):
             seq = index.latest(within, lane)
             if seq >= index.lanes[lane].start:
-                best = max(best, self.round_of(index.node_at(lane, seq)))
+                best = max(best, self.round_at(lane, seq))
         return best
 
 

@@ -46,8 +46,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Collection, Iterable
 
-from .clock import CausalIndex
+from .clock import LANE_STRIDE, CausalIndex, NodeDirectory
 from .consensus import Consensus, quorum_degree
+from .paged import PagedInts
 from .topolist import TopoList, kahn
 from .values import OrderError, OrderNode, OrderUpdate, SortKey, sort_key
 
@@ -55,15 +56,21 @@ RoleChange = Callable[[OrderNode], "frozenset[bytes] | None"]
 
 
 class Linearizer:
-    def __init__(self, indexers: frozenset[bytes], role_change: RoleChange | None = None) -> None:
-        self._index = CausalIndex()
+    def __init__(self, indexers: frozenset[bytes], role_change: RoleChange | None = None,
+                 directory: NodeDirectory | None = None) -> None:
+        # With a directory (a replica's store) the index keeps positions and ids
+        # of old nodes there, behind a bounded cache (`clock.NodeDirectory`).
+        self._index = CausalIndex(directory)
         # The unconfirmed nodes and their sort keys: a node leaves both when it is
         # confirmed (only the causal index keeps it), so they hold the tentative
         # tail, not the history (issue 17: flat memory).
         self._nodes: dict[bytes, OrderNode] = {}
         self._keys: dict[bytes, SortKey] = {}
         self._aside: dict[bytes, OrderNode] = {}  # relayed, not referenced yet
-        self._confirmed: list[bytes] = []
+        # The confirmed prefix as packed (lane, seq) positions, 8 bytes a node:
+        # ids are read back through the index (which may keep them on disk).
+        self._confirmed = PagedInts()
+        self._last_confirmed: bytes | None = None
         # The confirmed nodes of a lane are a prefix of it (a confirmed node's
         # past is confirmed, and each lane node sees the one before): lane -> end
         # of that prefix, instead of a set of every confirmed id.
@@ -76,7 +83,9 @@ class Linearizer:
 
     @property
     def confirmed(self) -> tuple[bytes, ...]:
-        return tuple(self._confirmed)
+        """The whole confirmed prefix (O(n): reads every id; see `confirmed_length`)."""
+        node_at = self._index.node_at
+        return tuple(node_at(*divmod(at, LANE_STRIDE)) for at in self._confirmed)
 
     @property
     def tentative(self) -> tuple[bytes, ...]:
@@ -103,7 +112,7 @@ class Linearizer:
     @property
     def last_confirmed(self) -> bytes | None:
         """The newest confirmed node (O(1)), None before the first confirmation."""
-        return self._confirmed[-1] if self._confirmed else None
+        return self._last_confirmed
 
     @property
     def forks(self) -> dict[bytes, int]:
@@ -224,20 +233,24 @@ class Linearizer:
     def _settle(self, before: tuple[bytes, ...], rewind: int) -> OrderUpdate:
         """Confirm whatever committed anchors allow; report the change."""
         confirmed_before = len(self._confirmed)
-        while self._confirm_next():
+        appended_ids: list[bytes] = []
+        while self._confirm_next(appended_ids):
             pass
-        appended = tuple(self._confirmed[confirmed_before:])
+        appended = tuple(appended_ids)
         if appended:
             remaining = [n for n in self._tentative if n in self._nodes]
             self._tentative.rebuild(remaining, self._deps_of)
             rewind = _shared_prefix(before, appended + self.tentative)
         return OrderUpdate(appended, self.tentative, confirmed_before + rewind)
 
-    def _confirm_next(self) -> bool:
+    def _confirm_next(self, appended: list[bytes]) -> bool:
         chain = self._consensus.next_commit()
         for round_, anchor in chain:
             batch = kahn(self._unconfirmed_past(anchor), self._deps_of, self._keys.__getitem__)
-            self._confirmed.extend(batch)
+            appended.extend(batch)
+            where = self._index.where
+            self._confirmed.extend(lane * LANE_STRIDE + seq for lane, seq in map(where, batch))
+            self._last_confirmed = batch[-1]
             self._consensus.committed_round = round_
             change = self._role_change_in(batch)
             self._forget(batch)

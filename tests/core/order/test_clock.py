@@ -72,5 +72,5 @@ def test_a_fork_opens_a_lane_and_answers_stay_exact_for_both_branches():
 def test_first_where_finds_the_first_node_of_a_chain_passing_a_monotone_test():
     index = index_of(node("x0"), node("a0"), node("a1", "a0"), node("a2", "a1", "x0"), node("a3", "a2"))
     lane = index.lanes_of(b"a")[0]
-    assert index.first_where(lane, 0, 4, lambda n: index.sees(n, b"x0")) == 2
-    assert index.first_where(lane, 0, 2, lambda n: index.sees(n, b"x0")) is None
+    assert index.first_where(lane, 0, 4, lambda seq: index.sees(index.node_at(lane, seq), b"x0")) == 2
+    assert index.first_where(lane, 0, 2, lambda seq: index.sees(index.node_at(lane, seq), b"x0")) is None
