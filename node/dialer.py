@@ -62,17 +62,17 @@ class Dialer:
         """Dial the megnode peers mDNS finds on the LAN (config `mdns`); see node.mdns."""
         from node import mdns  # imported only when enabled: zeroconf is a heavy import
 
-        dialling: set[str] = set()
+        # Announcements are untrusted: bounded peers and dials per minute (node.mdns).
+        budget = mdns.DiscoveryBudget()
         try:
             async with mdns.mdns_discovery(self._host.libp2p, self._host.listen_addrs()) as found:
                 async for peer in found:
-                    if peer.peer_id not in dialling and peer.peer_id not in self._host.peers():
-                        dialling.add(peer.peer_id)
-                        self._nursery.start_soon(self._dial_discovered, peer, dialling)
+                    if peer.peer_id not in self._host.peers() and budget.admit(peer.peer_id):
+                        self._nursery.start_soon(self._dial_discovered, peer, budget)
         except mdns.MdnsError as exc:
             logger.warning("mDNS discovery is off: %s", exc)
 
-    async def _dial_discovered(self, peer: Any, dialling: set[str]) -> None:
+    async def _dial_discovered(self, peer: Any, budget: Any) -> None:
         from node import mdns
 
         try:
@@ -84,6 +84,8 @@ class Dialer:
                 for address in peer.addresses:
                     if peer.peer_id in self._host.peers():
                         return
+                    while (wait_ms := budget.dial_delay_ms(int(trio.current_time() * 1_000))):
+                        await trio.sleep(wait_ms / 1_000)
                     try:
                         await self.connect(address)
                         return
@@ -92,4 +94,4 @@ class Dialer:
                 await trio.sleep(delay)
                 delay *= 2
         finally:
-            dialling.discard(peer.peer_id)  # found again later, it is dialled again
+            budget.release(peer.peer_id)  # found again later, it is dialled again

@@ -14,6 +14,14 @@ pieces rather than `new_host(enable_mDNS=True)` for three reasons:
   daemons, ...) on the LAN, and we advertise addresses peers can dial: a
   wildcard listen address (0.0.0.0) becomes the host's interface addresses.
 
+Announcements are untrusted: anyone on the LAN can announce any peer id with
+any addresses, and the node dials them (issue 16: ~4 rounds of dials per
+fake id, no bound on ids). `DiscoveryBudget` bounds what a spoofer can make
+the node do: at most MAX_DISCOVERED_PEERS peers are being dialled from
+discovery at once (others are dropped until announced again) and at most
+MAX_DISCOVERY_DIALS_PER_MIN dials to announced addresses leave the node in
+any minute, all peer ids together (a dial over the budget waits for it).
+
 The default is off: multicast announces the node and its addresses to the
 whole LAN, most servers and clouds do not carry multicast at all, and a
 fixed bootstrap list is the predictable choice; mDNS is for LANs and labs.
@@ -22,6 +30,7 @@ fixed bootstrap list is the predictable choice; mDNS is for LANs and labs.
 from __future__ import annotations
 
 import logging
+from collections import deque
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -38,6 +47,10 @@ STOP_TIMEOUT_S = 5.0  # unregistering and closing zeroconf, at shutdown
 DIAL_DEFER_S = 3.0  # both sides discover each other; the larger peer id waits this long
 DIAL_ATTEMPTS = 4
 DIAL_RETRY_S = 2.0  # doubled after each failed round
+# Untrusted discovery: a LAN of a few dozen nodes fits; a spoofer gets no more.
+MAX_DISCOVERY_DIALS_PER_MIN = 60  # dials to announced addresses per minute, all peers
+MAX_DISCOVERED_PEERS = 64  # peers being dialled from discovery at once
+DIAL_WINDOW_MS = 60_000
 
 
 class MdnsError(Exception):
@@ -50,6 +63,48 @@ class Discovered:
 
     peer_id: str
     addresses: tuple[str, ...]
+
+
+class DiscoveryBudget:
+    """Sans-IO bounds on dials to announced peers: a table of peers and dials per minute.
+
+        budget.admit(peer_id)          # False: already dialling it, or the table is full
+        budget.dial_delay_ms(now_ms)   # 0: dial now (counted); else wait this long, ask again
+        budget.release(peer_id)        # done with it (connected or gave up)
+    """
+
+    def __init__(self, dials_per_min: int = MAX_DISCOVERY_DIALS_PER_MIN,
+                 max_peers: int = MAX_DISCOVERED_PEERS) -> None:
+        self._dials_per_min = dials_per_min
+        self._max_peers = max_peers
+        self._dials: deque[int] = deque()  # times (ms) of the dials in the last window
+        self._peers: set[str] = set()
+        self.dropped = 0  # announcements not admitted because the table was full
+
+    @property
+    def peers(self) -> frozenset[str]:
+        return frozenset(self._peers)
+
+    def admit(self, peer_id: str) -> bool:
+        if peer_id in self._peers:
+            return False
+        if len(self._peers) >= self._max_peers:
+            self.dropped += 1
+            return False
+        self._peers.add(peer_id)
+        return True
+
+    def release(self, peer_id: str) -> None:
+        self._peers.discard(peer_id)
+
+    def dial_delay_ms(self, now_ms: int) -> int:
+        """0 and the dial is counted, or how long until the window has room for one."""
+        while self._dials and self._dials[0] <= now_ms - DIAL_WINDOW_MS:
+            self._dials.popleft()
+        if len(self._dials) < self._dials_per_min:
+            self._dials.append(now_ms)
+            return 0
+        return self._dials[0] + DIAL_WINDOW_MS - now_ms
 
 
 def advertised_addresses(listen: Sequence[str]) -> list[str]:

@@ -61,6 +61,16 @@ calls, needs no lock, and the task belongs to the node's nursery, so it stops
 HTTP/1.0 for a Prometheus scraper: GET or HEAD, bounded request size and time,
 a bounded number of connections, one response, then close.
 
+Slow sockets (issue 16: 8 of them made every scrape fail). A client that
+connects and sends nothing, or half a request, holds a slot until
+`REQUEST_HEAD_TIMEOUT_S`; one that sends a request and does not read the
+answer, until `RESPONSE_TIMEOUT_S`. When all `MAX_CONNECTIONS` slots are
+taken, a new connection evicts the one that has waited longest for its
+request head (it has cost us nothing but a slot and gets no answer): an
+honest scraper sends its request at once, so it is served while any number
+of slow sockets stay open. Only when every slot is sending a response is a
+new connection answered 503.
+
 Each node has its own `CollectorRegistry` (never the process-global one), so
 several nodes in one process (tests) do not clash.
 """
@@ -87,8 +97,9 @@ if TYPE_CHECKING:
 LOOPBACK = "127.0.0.1"  # NodeConfig has no metrics_host: the exporter never leaves the machine
 METRICS_PATHS = ("/metrics", "/")
 MAX_REQUEST_BYTES = 8 * 1024  # request line + headers; a scraper sends a few hundred
-REQUEST_TIMEOUT_S = 5.0  # a client must send its request (and take the answer) within this
-MAX_CONNECTIONS = 8  # concurrent scrapes; more are answered 503 at once
+REQUEST_HEAD_TIMEOUT_S = 2.0  # a client must send its whole request head within this
+RESPONSE_TIMEOUT_S = 5.0  # and take the whole answer within this (a slow reader)
+MAX_CONNECTIONS = 8  # served at once; a new one evicts the oldest still sending its head
 RECEIVE_CHUNK = 4_096
 # Seconds: from a few ms (push on a LAN) to minutes (anti-entropy after an outage).
 LATENCY_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
@@ -342,7 +353,11 @@ class MetricsExporter:
     def __init__(self, node: ObservedNode, listeners: list[trio.SocketListener]) -> None:
         self._node = node
         self._listeners = listeners
-        self._connections = 0
+        # Open connections in arrival order -> their cancel scope; `_waiting`
+        # holds those still sending their request head (evictable).
+        self._connections: dict[object, trio.CancelScope] = {}
+        self._waiting: set[object] = set()
+        self.counts: dict[str, int] = {"evicted": 0, "refused": 0, "timed_out": 0}
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(NodeCollector(node))
         self.latency = Histogram(
@@ -378,22 +393,45 @@ class MetricsExporter:
         """Answer scrapes until cancelled (the node's nursery owns this task)."""
         await trio.serve_listeners(self._handle, self._listeners)
 
+    @property
+    def open_connections(self) -> int:
+        """Connections holding a slot now (at most MAX_CONNECTIONS)."""
+        return len(self._connections)
+
     async def _handle(self, stream: trio.SocketStream) -> None:
         async with stream:
-            if self._connections >= MAX_CONNECTIONS:
+            if len(self._connections) >= MAX_CONNECTIONS and not self._evict_oldest_waiting():
+                self.counts["refused"] += 1
                 await self._send(stream, _error_response(RequestError(503, "too many scrapes")))
                 return
-            self._connections += 1
+            token = object()
+            scope = trio.CancelScope()
+            self._connections[token] = scope
+            self._waiting.add(token)
             try:
-                await self._answer(stream)
+                with scope:
+                    await self._answer(stream, token)
             finally:
-                self._connections -= 1
+                self._connections.pop(token, None)
+                self._waiting.discard(token)
 
-    async def _answer(self, stream: trio.SocketStream) -> None:
+    def _evict_oldest_waiting(self) -> bool:
+        """Free a slot by closing the connection that has waited longest for its head."""
+        for token, scope in self._connections.items():  # arrival order
+            if token in self._waiting:
+                del self._connections[token]
+                self._waiting.discard(token)
+                scope.cancel()  # its task closes the socket without an answer
+                self.counts["evicted"] += 1
+                return True
+        return False
+
+    async def _answer(self, stream: trio.SocketStream, token: object) -> None:
         data = b""
-        with trio.move_on_after(REQUEST_TIMEOUT_S) as scope:
+        with trio.move_on_after(REQUEST_HEAD_TIMEOUT_S) as scope:
             while not request_complete(data):
                 if len(data) > MAX_REQUEST_BYTES:
+                    self._waiting.discard(token)
                     await self._send(stream, _error_response(
                         RequestError(431, f"request head over {MAX_REQUEST_BYTES} bytes")))
                     return
@@ -404,7 +442,9 @@ class MetricsExporter:
                 if not chunk:
                     return  # the client went away
                 data += chunk
+        self._waiting.discard(token)  # from here on it is served, not evicted
         if scope.cancelled_caught:
+            self.counts["timed_out"] += 1
             await self._send(stream, _error_response(RequestError(408, "request too slow")))
             return
         try:
@@ -417,7 +457,7 @@ class MetricsExporter:
 
     @staticmethod
     async def _send(stream: trio.SocketStream, data: bytes) -> None:
-        with trio.move_on_after(REQUEST_TIMEOUT_S):
+        with trio.move_on_after(RESPONSE_TIMEOUT_S):
             try:
                 await stream.send_all(data)
             except (trio.BrokenResourceError, trio.ClosedResourceError):

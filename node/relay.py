@@ -11,8 +11,11 @@ and only then sends the response, so "accepted" always means durable.
 What the relay checks, in order, for a submit:
 
 1. the request decodes and is within bounds (`transport.relay.decode`);
-2. the peer is within its request rate (`RateLimiter`, a token bucket per
-   key: a device cannot make a relay verify signatures without bound);
+2. the request is within the rates of its source and of its key
+   (`RateLimiter`, token buckets per source address and per key). Keys are
+   free - a Sybil client takes a fresh one every burst (issue 16: 112 keys in
+   20 s were never limited) - so the source (the address the connection
+   comes from; `node.relay_intake`) has a bucket of its own;
 3. the relay replicates the topic and holds its create event, and the peer
    may ask about it (`requester_access`): for a topic whose join rule is not
    public, the peer's key is joined in the current resolved state, or it is
@@ -26,8 +29,16 @@ What the relay checks, in order, for a submit:
    signed by the requesting peer's own key (a relay hands on what a device
    signed, not what it forwards for others), and the author holds the
    relayed role in the current state - except the author's own member event
-   (its join with `"relayed": true` is how a device declares the role);
-6. then the event takes the path of any remote event, `Replica.receive`:
+   (its join with `"relayed": true` is how a device declares the role), which
+   only a key that holds the writing level (granted by an admin: the role
+   needs it) and is not banned may send. All of this is read from the
+   resolved state before any signature is verified: an unauthorised key
+   costs the relay no verification, whatever it submits;
+6. the node-wide verification budget (`VERIFY_PER_S`, a token bucket over
+   all keys and sources) has room for the event: however many authorised
+   keys or sources there are, the relay verifies at most that many events a
+   second; over it, the event is rejected RATE_LIMITED (retry later);
+7. then the event takes the path of any remote event, `Replica.receive`:
    Reference Monitor (signature, size, future timestamps...), graph,
    auth rules. Its verdict is the event's outcome.
 
@@ -51,12 +62,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from node.core.event import Event, EventFormatError, decode_event
+from node.core.event import KIND_MESSAGE, Event, EventFormatError, decode_event
 from node.core.outcomes import AddStatus
 from node.replica.replica import NotReadyError, PublishError, Replica
 from node.state.actions import NotAuthorizedError
 from node.state.roles import Role
 from node.state.types import TYPE_MEMBER, Membership, user_id
+from node.state.view import StateView
 from transport.relay import (
     Outcome,
     Refused,
@@ -76,6 +88,15 @@ from transport.relay import (
 REQUESTS_PER_S = 20.0
 REQUEST_BURST = 40
 MAX_TRACKED_PEERS = 4_096  # rate-limiter entries; the least recently seen go first
+# Per source address, all its keys together: a few devices behind one NAT fit,
+# a client cycling keys does not get a fresh allowance with each key.
+SOURCE_REQUESTS_PER_S = 40.0
+SOURCE_REQUEST_BURST = 80
+MAX_TRACKED_SOURCES = 1_024
+# Events the relay verifies per second, node-wide (~0.1 ms each: ~5% of a core),
+# with a burst of a few full submits for reconnecting devices.
+VERIFY_PER_S = 500.0
+VERIFY_BURST = 2_048
 # The one answer for "no such topic here", "not ready yet" and "you may not read it":
 # the same reason and the same words, so a refusal tells a non-member nothing.
 NOT_FOUND_DETAIL = ("this relay serves no such topic to this key (unknown here, not received "
@@ -93,9 +114,14 @@ class RelayRefusal(Exception):
 
 @dataclass(frozen=True, slots=True)
 class RelayLimits:
-    requests_per_s: float = REQUESTS_PER_S
+    requests_per_s: float = REQUESTS_PER_S  # per key
     burst: int = REQUEST_BURST
     max_tracked_peers: int = MAX_TRACKED_PEERS
+    source_requests_per_s: float = SOURCE_REQUESTS_PER_S  # per source address
+    source_burst: int = SOURCE_REQUEST_BURST
+    max_tracked_sources: int = MAX_TRACKED_SOURCES
+    verify_per_s: float = VERIFY_PER_S  # events verified, node-wide
+    verify_burst: int = VERIFY_BURST
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,16 +134,37 @@ class Handled:
     wrote: bool = False  # the replica has uncommitted writes (commit before responding)
 
 
+class TokenBucket:
+    """One bucket: `burst` tokens at once, `rate` per second after."""
+
+    def __init__(self, rate_per_s: float, burst: int) -> None:
+        self._rate_per_ms = rate_per_s / 1_000
+        self._burst = float(burst)
+        self._tokens = float(burst)
+        self._at_ms: int | None = None
+
+    def take(self, now_ms: int) -> bool:
+        """Take one token if there is one."""
+        if self._at_ms is not None:
+            self._tokens = min(self._burst,
+                               self._tokens + max(0, now_ms - self._at_ms) * self._rate_per_ms)
+        self._at_ms = now_ms
+        if self._tokens < 1.0:
+            return False
+        self._tokens -= 1.0
+        return True
+
+
 class RateLimiter:
-    """A token bucket per peer key: `burst` requests at once, `rate` per second after."""
+    """A token bucket per key (a peer key or a source): `burst` at once, `rate` per second after."""
 
     def __init__(self, rate_per_s: float, burst: int, max_peers: int) -> None:
         self._rate_per_ms = rate_per_s / 1_000
         self._burst = float(burst)
         self._max_peers = max_peers
-        self._buckets: OrderedDict[bytes, tuple[float, int]] = OrderedDict()  # tokens, at ms
+        self._buckets: OrderedDict[bytes | str, tuple[float, int]] = OrderedDict()  # tokens, at ms
 
-    def allow(self, peer: bytes, now_ms: int) -> bool:
+    def allow(self, peer: bytes | str, now_ms: int) -> bool:
         tokens, at = self._buckets.pop(peer, (self._burst, now_ms))
         tokens = min(self._burst, tokens + max(0, now_ms - at) * self._rate_per_ms)
         allowed = tokens >= 1.0
@@ -137,13 +184,28 @@ class RelayServer:
     stats: Counter[str] = field(default_factory=Counter)
 
     def __post_init__(self) -> None:
-        self._limiter = RateLimiter(self.limits.requests_per_s, self.limits.burst,
-                                    self.limits.max_tracked_peers)
+        limits = self.limits
+        self._limiter = RateLimiter(limits.requests_per_s, limits.burst, limits.max_tracked_peers)
+        self._sources = RateLimiter(limits.source_requests_per_s, limits.source_burst,
+                                    limits.max_tracked_sources)
+        self._verify = TokenBucket(limits.verify_per_s, limits.verify_burst)
 
-    def handle(self, author: bytes, request: bytes, now_ms: int) -> Handled:
-        """Answer one request from the peer whose key is `author`. Never raises for bad input."""
+    def handle(self, author: bytes, request: bytes, now_ms: int,
+               source: str | None = None) -> Handled:
+        """Answer one request from the peer whose key is `author`. Never raises for bad input.
+
+        `source` names where the request came from (the connection's IP
+        address); None counts the key as its own source.
+        """
         self.stats["requests"] += 1
+        if source is not None:
+            self.stats["requests_with_source"] += 1
         try:
+            if not self._sources.allow(author if source is None else source, now_ms):
+                raise RelayRefusal(
+                    RelayReason.RATE_LIMITED,
+                    f"more than {self.limits.source_requests_per_s:g} requests/s from this "
+                    "address; retry later")
             if not self._limiter.allow(author, now_ms):
                 raise RelayRefusal(
                     RelayReason.RATE_LIMITED,
@@ -184,10 +246,11 @@ class RelayServer:
         # An invitee passes with any batch: only its own member event can get past
         # the per-event role check below, and it learns nothing but its own ids.
         replica = self._replica(request.topic, author, joining=True)
+        rights = submit_rights(replica, author)  # read once, before any signature is verified
         outcomes: list[Outcome] = []
         applied: list[Event] = []
         for raw in request.events:
-            outcome, made = self._submit_one(replica, author, request.topic, raw, now_ms)
+            outcome, made = self._submit_one(replica, author, rights, request.topic, raw, now_ms)
             outcomes.append(outcome)
             applied += made
             self.stats[f"submitted.{outcome.status}"] += 1
@@ -198,8 +261,8 @@ class RelayServer:
         # keeps them) are writes too, not only the applied events.
         return Handled(response, request.topic, tuple(applied), replica.graph.pending_ops > 0)
 
-    def _submit_one(self, replica: Replica, author: bytes, topic: bytes, raw: bytes,
-                    now_ms: int) -> tuple[Outcome, list[Event]]:
+    def _submit_one(self, replica: Replica, author: bytes, rights: Rights, topic: bytes,
+                    raw: bytes, now_ms: int) -> tuple[Outcome, list[Event]]:
         try:
             event = decode_event(raw)  # cheap: the signature is the monitor's job below
         except EventFormatError as exc:
@@ -213,11 +276,14 @@ class RelayServer:
             return Outcome(event.id, SubmitStatus.REJECTED, RelayReason.AUTHOR_NOT_SENDER), []
         if replica.graph.has(event.id):
             return Outcome(event.id, SubmitStatus.DUPLICATE), []
-        if not _is_own_member_event(author, event.kind, event.state_key):
-            try:
-                self._require_relayed(replica, author)
-            except RelayRefusal as refusal:
-                return Outcome(event.id, SubmitStatus.REJECTED, refusal.reason), []
+        own_member = _is_own_member_event(author, event.kind, event.state_key)
+        if not (rights is Rights.RELAYED or (rights is Rights.OWN_MEMBER and own_member)):
+            self.stats["unauthorised_unverified"] += 1
+            return Outcome(event.id, SubmitStatus.REJECTED, RelayReason.NOT_RELAYED_WRITER), []
+        if not self._verify.take(now_ms):
+            self.stats["verify_budget_spent"] += 1
+            return Outcome(event.id, SubmitStatus.REJECTED, RelayReason.RATE_LIMITED), []
+        self.stats["verified"] += 1  # handed to the Reference Monitor: a signature check
         received = replica.receive(raw, now_ms)
         unauthorized = dict(received.unauthorized)
         made = [e for e in received.applied if e.id not in unauthorized]
@@ -269,6 +335,35 @@ class RelayServer:
                 f"{user_id(author)[:12]}… has role {role.value} in this topic; a relayed writer "
                 "needs the writing level (granted by an admin: add-writer) and its own join "
                 "with relayed=true (RelayedWriter.join)")
+
+
+class Rights(StrEnum):
+    """What a key may submit to a topic through the relay (`submit_rights`)."""
+
+    RELAYED = "relayed"  # a relayed writer: its events
+    OWN_MEMBER = "own_member"  # granted the writing level, not relayed yet: its member events
+    NONE = "none"  # nothing: every event is refused before its signature is checked
+
+
+def submit_rights(replica: Replica, key: bytes) -> Rights:
+    """`key`'s submit rights in the current resolved state of an authorizing replica.
+
+    Cheap (the current state map is cached per state group), and read before
+    any signature is verified, so a key nobody granted anything costs the
+    relay no verification. A key that may declare the relayed role holds
+    the writing level - an admin granted it; keys are free, grants are not -
+    and is not banned.
+    """
+    role = replica.role_of(key)
+    if role is Role.RELAYED:
+        return Rights.RELAYED
+    tracker = replica.tracker
+    power = StateView(tracker.state(tracker.current_group()), replica.graph).power_levels()
+    if power.user_level(user_id(key)) < power.send_level(KIND_MESSAGE, is_state=False):
+        return Rights.NONE
+    if replica.membership_of(key) is Membership.BAN:
+        return Rights.NONE
+    return Rights.OWN_MEMBER
 
 
 class Access(StrEnum):

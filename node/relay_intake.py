@@ -9,14 +9,21 @@ relay's ack at once (its duty: reference the relayed events). Kept apart
 from `node.runtime`, which only routes the relay protocol here.
 
 It knows the rest of the node only through callables (who is a device, the
-ack duty) and the node's live table of joined topics, so it sits beside the
-runtime's other parts rather than above them.
+ack duty, where a peer's connection comes from) and the node's live table of
+joined topics, so it sits beside the runtime's other parts rather than above
+them.
+
+A request's *source* is the IP address of the requesting peer's connection
+(`remote_ip`): a libp2p peer id is the device's key, and keys are free, so
+the relay's per-source rate limit counts what an attacker cannot cycle as
+cheaply. Unknown (no connection found): the key is its own source.
 """
 
 from __future__ import annotations
 
 import random
 from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 from node.committer import Act, Committer
 from node.core.event import Event
@@ -28,14 +35,30 @@ from transport.relay import Refused, RelayReason
 from transport.relay import encode as encode_relay
 
 
+def remote_ip(libp2p_host: Any, peer: str) -> str | None:
+    """The IP address `peer`'s open connection comes from, or None if it has none here."""
+    try:
+        from libp2p.peer.id import ID
+
+        for conn in libp2p_host.get_network().get_connections(ID.from_base58(peer)):
+            address = conn.muxed_conn.get_remote_address()
+            if address:
+                return str(address[0])
+    except Exception:  # a diagnostic lookup: any failure means "unknown source"
+        return None
+    return None
+
+
 class RelayIntake:
     """Serves relayed devices' requests on a running node (`on_request`, the protocol handler)."""
 
     def __init__(self, committer: Committer, topics: Mapping[bytes, Topic],
                  add_relay_client: Callable[[str], None],
                  acknowledge: Callable[[int], Sequence[tuple[bytes, Event]]],
-                 rng: random.Random) -> None:
+                 rng: random.Random,
+                 source_of: Callable[[str], str | None] = lambda peer: None) -> None:
         self._committer = committer
+        self._source_of = source_of  # peer id -> its connection's IP address (None: unknown)
         self._topics = topics  # the node's live table of joined topics
         self._add_relay_client = add_relay_client  # a device: no push fan-out, no anti-entropy
         self._acknowledge = acknowledge  # the ack duty, run inside a committer step
@@ -53,10 +76,11 @@ class RelayIntake:
             return encode_relay(Refused(RelayReason.BAD_REQUEST, "not an ed25519 peer id"))
         self._add_relay_client(node_id)
         device = bytes.fromhex(node_id)
+        source = self._source_of(peer)
         handled: list[Handled] = []
 
         def run(now: int) -> list[tuple[bytes, Event]]:  # runs inside the committer's step
-            handled.append(self.server.handle(device, data, now))
+            handled.append(self.server.handle(device, data, now, source))
             return self._accepted(handled[0])
 
         await self._committer.submit(Act(run))  # committed, pushed on as its entry point

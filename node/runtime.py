@@ -70,7 +70,7 @@ from node.logschema import JsonLinesLogWriter
 from node.metrics import MetricsExporter, close_listeners, open_metrics_listeners
 from node.peer_executor import PeerExecutor
 from node.peer_ids import node_id_of, now_ms
-from node.relay_intake import RelayIntake
+from node.relay_intake import RelayIntake, remote_ip
 from node.replica.ordering import OrderConfig
 from node.replica.replica import Replica, ReplicaConfig
 from node.state.types import RULE_INVITE, RULE_PUBLIC, Membership
@@ -185,7 +185,8 @@ class Node:
         # Relayed writers' requests (node.relay_intake); their peers are devices, not replicas.
         self._relay_intake = RelayIntake(self.committer, self._topics,
                                          self._peers.add_relay_client,
-                                         self._writes.acknowledge, rng)
+                                         self._writes.acknowledge, rng,
+                                         lambda peer: remote_ip(host.libp2p, peer))
         self.relay = self._relay_intake.server
 
     # ------------------------------------------------------------------ lifecycle

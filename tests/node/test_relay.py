@@ -106,6 +106,9 @@ async def test_device_publishes_through_relay_into_confirmed_order(tmp_path: Pat
             assert positions == sorted(positions)
             assert positions == [await wait_confirmed(topic_a, i) for i in [event_id, *more]]
             assert a.status()["stats"]["relay.submitted.accepted"] == LINES + 2  # join too
+            # Every request was rate-limited by its source address too, not only its key.
+            assert a.status()["stats"]["relay.requests_with_source"] == \
+                a.status()["stats"]["relay.requests"]
 
 
 async def test_unauthorised_device_is_refused_with_a_reason(tmp_path: Path) -> None:
