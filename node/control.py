@@ -169,6 +169,8 @@ class _Reader:
                 return None
             self._buffer += chunk
         line, _, rest = bytes(self._buffer).partition(b"\n")
+        if len(line) > MAX_REQUEST_BYTES:  # it arrived whole in the last chunk
+            raise _RequestTooLong(f"request longer than {MAX_REQUEST_BYTES} bytes")
         self._buffer = bytearray(rest)
         return line
 
@@ -285,6 +287,8 @@ async def _handle(node: Node, request: dict[str, Any], client: _Client) -> None:
         if not isinstance(name, str):
             raise NodeError("name must be a string")
         d_max = request.get("d_max")
+        if d_max is not None and type(d_max) is not int:
+            raise NodeError("d_max must be an integer")
         access = request.get("access", "open")
         try:
             topic = await node.create_topic(name, d_max=d_max, access=str(access))
