@@ -5,6 +5,9 @@ user may drive it). Each request is one JSON object on one line; each reply
 is one JSON line `{"ok": true, ...}` or `{"ok": false, "error": "..."}`. A
 `subscribe` request keeps the connection open and streams one line per
 delivered event until the client hangs up (or `count` events were sent).
+Every request line is bounded in size and depth and every kind of work has a
+budget of its own, so no input crashes the daemon and nothing locks `status`
+out (ControlServer; docs/control.md has the bounds and the status fields).
 
 Requests:
     {"op": "status"}
