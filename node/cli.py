@@ -16,7 +16,7 @@
     megnode subscribe TOPIC --data-dir D [--since N] [--count N] [--order causal|confirmed|tentative]
     megnode relay-publish TOPIC MESSAGE --key K --relay ADDR [--join] [--lines]
                                              a keys-only device publishes via a relay
-    megnode status --data-dir D              peers, topics, extremities, buffer, rejections
+    megnode status --data-dir D              peers, bans, topics, delivered, rejections (docs/control.md)
     megnode connect ADDRESS --data-dir D     dial a peer by its /p2p/ address
     megnode export-logs --data-dir D OUT     copy the dissemination logs for analysis
     megnode check --data-dir D               integrity check of a stopped node's store

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import socket
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -17,10 +18,29 @@ from typing import Any
 CONTROL_SOCKET = "control.sock"
 MAX_REPLY_LINE_BYTES = 16 << 20
 RECEIVE_CHUNK = 65_536
+CONNECT_RETRY_S = 0.005  # between connects while the daemon's accept queue is full
 
 
 class ControlError(Exception):
     """No daemon, a refused request or a broken connection; the message says which."""
+
+
+def _connect(sock: socket.socket, path: Path, timeout_s: float | None) -> None:
+    """Connect, retrying while the daemon's accept queue is full (a burst of clients).
+
+    A Unix socket with a timeout does not wait for room in the listen backlog:
+    connect fails at once with EAGAIN. The daemon accepts (and sheds idle
+    clients) quickly, so a retry within the timeout gets in.
+    """
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    while True:
+        try:
+            sock.connect(str(path))
+            return
+        except BlockingIOError:
+            if deadline is not None and time.monotonic() >= deadline:
+                raise ControlError("the daemon did not accept the connection in time") from None
+            time.sleep(CONNECT_RETRY_S)
 
 
 def control_lines(path: Path, request: dict[str, Any], timeout_s: float | None = 30.0
@@ -29,7 +49,7 @@ def control_lines(path: Path, request: dict[str, Any], timeout_s: float | None =
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.settimeout(timeout_s)
     try:
-        sock.connect(str(path))
+        _connect(sock, path, timeout_s)
     except (FileNotFoundError, ConnectionRefusedError):
         sock.close()
         raise ControlError(f"no megnode daemon is running on {path.parent} "

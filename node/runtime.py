@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import logging
 import random
+from collections import Counter
 from collections.abc import AsyncIterator, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
@@ -74,7 +75,7 @@ from node.relay_intake import RelayIntake, remote_ip
 from node.replica.ordering import OrderConfig
 from node.replica.replica import Replica, ReplicaConfig
 from node.state.types import RULE_INVITE, RULE_PUBLIC, Membership
-from node.topic_handle import Delivered, Topic
+from node.topic_handle import MAX_REJECT_REASONS_SHOWN, Delivered, Topic, most_common
 from node.topic_records import WANTS_MEMBERSHIP, forget_topic, stored_topics, topic_record
 from node.data_dir import KEY_FILE, STORE_DIR, open_data_dir
 from storage.lmdb_store import LmdbStore
@@ -105,6 +106,7 @@ logger = logging.getLogger("megnode")
 TICK_INTERVAL_S = 0.05  # how often the protocol timer runs; its own intervals are longer
 PEER_EVENT_CAPACITY = 1_024
 MAX_TOPICS = 1_024
+MAX_BANS_SHOWN = 32  # banned peers listed by status (their count is always given)
 # A join by id (no local state) gives up after this long: waiting for a first peer,
 # asking peers (`Disseminator.request_join`) and receiving enough of the topic to
 # hold its own join. A member answers at once and the topic follows by
@@ -602,17 +604,32 @@ class Node:
         return self.host.listen_addrs()
 
     def status(self) -> dict[str, Any]:
+        """What `megnode status` prints (docs/control.md lists the fields); every list bounded."""
+        topics = [t.status() for t in self._topics.values()]
+        rejected: Counter[str] = Counter()
+        for topic in topics:
+            rejected.update(topic["rejected"])
         return {
             "node": self.node_id,
             "peer_id": self.host.peer_id,
             "addresses": list(self.addresses),
             "peers": sorted(self.host.peers()),
             "fast_path": self.config.fast_path,
-            "topics": [t.status() for t in self._topics.values()],
+            "banned_peers": self._banned_peers(now_ms()),
+            "rejected": most_common(dict(rejected), MAX_REJECT_REASONS_SHOWN),
+            "topics": topics,
             "damaged_topics": {t.hex(): why for t, why in self.damaged_topics.items()},
             "stats": dict(self.stats) | {k: v for k, v in self.disseminator.stats.items()}
             | {f"relay.{k}": v for k, v in self.relay.stats.items()},
         }
+
+    def _banned_peers(self, now: int) -> dict[str, Any]:
+        """The peers banned now, the longest remaining first (at most MAX_BANS_SHOWN listed)."""
+        live = sorted(((until - now, peer) for peer, until in self.peer_policy.bans().items()
+                       if until > now), reverse=True)
+        return {"count": len(live),
+                "peers": [{"peer": peer, "remaining_s": round(left_ms / 1000, 1)}
+                          for left_ms, peer in live[:MAX_BANS_SHOWN]]}
 
 
 def parse_topic_id(value: bytes | str) -> bytes:

@@ -26,6 +26,7 @@ from node.replica.replica import Received, Replica
 from node.state.roles import Role
 
 SUBSCRIBE_BATCH = 256  # deliveries read from the store per wake-up
+MAX_REJECT_REASONS_SHOWN = 32  # rejection reasons listed by status, the most frequent first
 JOIN_RETRY_MS = 1_000  # membership pursuit: at most one join attempt per topic this often
 
 # A state-changing replica action: (replica, now_ms, rng) -> what it made.
@@ -82,7 +83,10 @@ class Topic:
         self.topic_id = replica.topic_id
         self._changes = TopicChanges()
         self.wants_membership = False  # join as soon as the topic's state allows
-        self._acks_counted_to = 0  # delivery position up to which acks were counted
+        # What subscribers were handed (rejected events left out), counted
+        # incrementally up to this delivery position: status's `delivered` and `acks`.
+        self._counted_to = 0
+        self._delivered = 0
         self._acks = 0
         self.last_join_attempt_ms = -JOIN_RETRY_MS
 
@@ -261,24 +265,31 @@ class Topic:
                 sent.append(event.id)
                 position = pos + 1
 
-    def _count_acks(self) -> int:
-        """Acknowledgements among delivered events (counted incrementally, bounded per call)."""
-        graph = self.replica.graph
-        end = graph.delivered_count
-        while self._acks_counted_to < end:
-            page = graph.deliveries(self._acks_counted_to, limit=SUBSCRIBE_BATCH * 4)
+    def _count_delivered(self) -> tuple[int, int]:
+        """(events delivered to subscribers, empty acknowledgements among them).
+
+        Counted on what `Replica.deliveries` hands to a causal subscriber, so an
+        event the graph keeps but rejected never counts; incremental, paged.
+        """
+        end = self.replica.graph.delivered_count
+        while self._counted_to < end:
+            page = self.replica.deliveries(self._counted_to, limit=SUBSCRIBE_BATCH * 4)
+            self._delivered += len(page)
             self._acks += sum(1 for _, event in page if event.kind == KIND_ACK)
-            self._acks_counted_to = page[-1][0] + 1
-        return self._acks
+            # A short page means the scan reached `end`; a full one stops at its last event.
+            self._counted_to = page[-1][0] + 1 if len(page) == SUBSCRIBE_BATCH * 4 else end
+        return self._delivered, self._acks
 
     def status(self) -> dict[str, Any]:
+        """This topic's part of `Node.status` (docs/control.md lists the fields)."""
         graph = self.replica.graph
+        delivered, acks = self._count_delivered()
         return {
             "topic": self.id_hex,
             "name": self.replica.params.name,
             "ready": self.ready,
-            "delivered": graph.delivered_count,
-            "acks": self._count_acks(),  # empty acknowledgements among the delivered
+            "delivered": delivered,  # handed to subscribers: rejected events are not
+            "acks": acks,  # empty acknowledgements among the delivered
             "extremities": graph.width,
             "buffered": graph.buffered_count,
             "equivocations": graph.equivocation_count,
@@ -286,6 +297,11 @@ class Topic:
             "indexers": sorted(k.hex() for k in self.replica.indexers())
             if self.replica.ready and self.replica.authorizing else [],
             "order": self._order_status(),
-            "rejected": {k.split(".", 1)[1]: v for k, v in self.replica.counters.items()
-                         if k.startswith("rejected.")},
+            "rejected": most_common({k.split(".", 1)[1]: v for k, v in self.replica.counters.items()
+                                     if k.startswith("rejected.")}, MAX_REJECT_REASONS_SHOWN),
         }
+
+
+def most_common(counts: dict[str, int], limit: int) -> dict[str, int]:
+    """The `limit` largest counts, largest first (ties by name): a bounded status field."""
+    return dict(sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))[:limit])
