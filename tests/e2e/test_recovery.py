@@ -109,6 +109,9 @@ def test_a_node_stopped_past_the_timeouts_catches_up_when_resumed(tmp_path):
         cluster.wait_delivered(topic, total, CATCH_UP_TIMEOUT_S, indices=[stopped])
         assert_nobody_banned(cluster)
         cluster.wait_connected(timeout_s=CATCH_UP_TIMEOUT_S)
-        # The stop outlasted the timeouts: every writer gave its stalled connection up.
+        # The stop outlasted the timeouts, so the stall path ran: a writer gave its stalled
+        # connection up. Not necessarily every writer: one whose pushes to the stopped node
+        # fit in the kernel's socket buffers (loopback autotunes them to megabytes) never
+        # stalls; a helper's run under load saw exactly that.
         aborted = {i: cluster.status(i)["stats"].get("connections_aborted", 0) for i in running}
-        assert all(count >= 1 for count in aborted.values()), aborted
+        assert sum(aborted.values()) >= 1, aborted
