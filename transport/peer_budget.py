@@ -8,11 +8,12 @@ offers drew 153 MB of answers (issue 16). So, per peer:
 * **Answer bytes** (`AnswerBudget`). What the engine sends in answer (Reply
   to an Offer, Events to a Reply or a Want) to a peer that is not trusted is
   bounded by `AMPLIFICATION_FACTOR` times the bytes received from it, plus a
-  free part: `ANSWER_ALLOWANCE_BYTES` at first, refilled at
-  `ANSWER_REFILL_BYTES_PER_S` up to the same cap. An answer that does not fit
+  free part: `ANSWER_ALLOWANCE_BYTES` at first (refilled at
+  `ANSWER_REFILL_BYTES_PER_S`, 0 by default, up to the same cap). An answer that does not fit
   is cut to what does (`more` tells the peer to ask again); one that cannot
   carry anything is not sent (`answers_throttled`). So over any stretch of
-  time t, bytes out ≤ factor × bytes in + allowance + refill × t.
+  time t, bytes out ≤ factor × bytes in + allowance + refill × t: a
+  sustained flood gets at most `factor` (2) bytes per byte it sends.
 * **Trust** lifts the byte bound. A peer is trusted once it handed over an
   event that was applied, authorized and new here (useful traffic:
   `Intake._ingest`), or while it is a joined member of the topic in our
@@ -22,9 +23,10 @@ offers drew 153 MB of answers (issue 16). So, per peer:
   so a stranger cannot buy trust with bytes alone; and they cover the peers
   that need big answers: a member that was offline catches up at full speed
   (50,000 events in ~49 round trips, docs/anti-entropy.md), a writer is
-  trusted after its first event. Who is left is a reader of an open topic
-  that never wrote: it gets the allowance at once and then the refill rate
-  per peer it syncs with (a 12.5 MB history: ~35 s from one peer).
+  trusted after its first event. Who is left is a reader that is neither
+  (a pure MEG without topic state, or an open topic it never joined): it
+  gets the allowance from each peer it syncs with (16 MiB: a 50,000-event
+  history from one peer), and more once it writes.
 * **Offers per second** (`RateBucket`, `OFFERS_PER_S` and `OFFER_BURST` per
   peer and topic, trusted or not). An honest peer offers each topic once a
   sync interval (2 s) plus one continuation per round trip of a catch-up;
@@ -41,8 +43,14 @@ from collections import OrderedDict
 from typing import Final
 
 AMPLIFICATION_FACTOR: Final = 2  # answer bytes per byte received, for a peer not trusted
-ANSWER_ALLOWANCE_BYTES: Final = 4 * 1024 * 1024  # free answer bytes at first (one full reply)
-ANSWER_REFILL_BYTES_PER_S: Final = 256 * 1024  # the free part refills this fast, up to the allowance
+# Free answer bytes at first: a history of 16 MiB (50,000 events of ~330 bytes)
+# reaches a laggard that is neither trusted nor a member, from one peer.
+ANSWER_ALLOWANCE_BYTES: Final = 16 * 1024 * 1024
+# The free part refills this fast, up to the allowance. Off: any refill by time
+# is amplification without input (a peer sending 1 KB/s of offers would get
+# this rate back), which the factor is there to forbid. A node that serves
+# large open topics to readers that never write may turn it on.
+ANSWER_REFILL_BYTES_PER_S: Final = 0
 OFFERS_PER_S: Final = 10  # offers answered per peer and topic, sustained
 OFFER_BURST: Final = 100  # ... and at once (a catch-up's continuations)
 MAX_BUDGETED_PEERS: Final = 4_096  # peers (or peer, topic pairs) with a budget; the stalest go
