@@ -21,6 +21,13 @@ every replica get every event. Two mechanisms:
   (`Want`) — from the peer that sent the child if it is still up — and served
   from the graph or the buffer.
 
+What one peer can make this half spend is bounded (`transport.peer_budget`):
+offers are answered at most `offers_per_s` per peer and topic, every answer
+(Reply, Events to a Reply or a Want) to a peer not yet trusted fits the
+bytes it sent times `amplification_factor` plus a free allowance, and an
+offer naming heads its own filter does not hold (`_impossible`) is not
+answered and counts against the peer (`transport.misbehaviour`).
+
 `AntiEntropy` is a mixin of `Disseminator`, split off so each half reads on
 its own; it owns the state `_init_anti_entropy` makes and uses the engine's
 (listed in the class body) and its `_send`, `_note_news`, `_take_raws` and
@@ -39,10 +46,14 @@ from node.core.event import Event
 from node.core.graph import Graph
 from node.logschema import SYNC
 from node.replica.replica import Replica
+from node.state.types import Membership
 from transport.dissemination_config import MAX_PEER_STATES, MAX_WANT_SOURCES, DisseminationConfig
 from transport.effects import Effect, PeerId, Send
+from transport.misbehaviour import Fault
+from transport.peer_budget import AnswerBudget, RateBucket
 from transport.messages import (
     BLOOM_SALT_BYTES,
+    EVENT_FRAMING_BYTES,
     MAX_HEADS,
     MAX_WANT_IDS,
     MAX_XID,
@@ -52,6 +63,7 @@ from transport.messages import (
     Offer,
     Reply,
     Want,
+    encode,
 )
 from transport.reconcile import filter_capacity, judge_offer, offer_floor, recent_events
 
@@ -78,6 +90,8 @@ class AntiEntropy:
     _rng: random.Random
     _peers: list[PeerId]
     _replicas: dict[bytes, Replica]
+    _answers: AnswerBudget
+    _offer_rate: RateBucket
 
     if TYPE_CHECKING:  # the engine's (and its intake's) methods this half calls
         def _send(self, peer: PeerId, message: Message, data: bytes | None = None) -> Send | None: ...
@@ -88,6 +102,9 @@ class AntiEntropy:
         def _note_news(self, topic: bytes, peer: PeerId) -> None: ...
         def _take_raws(self, raws: Sequence[bytes]) -> tuple[list[bytes], bool]: ...
         def _clean(self, effects: Sequence[Effect | None]) -> list[Effect]: ...
+        def _key(self, peer: PeerId) -> bytes | None: ...
+        def _blame(self, peer: PeerId, now_ms: int, topic: bytes | None, reason: str,
+                   log: bool = True, fault: Fault = Fault.HARD) -> list[Effect]: ...
 
     def _init_anti_entropy(self) -> None:
         self._sessions: dict[tuple[PeerId, bytes], _Session] = {}
@@ -128,7 +145,14 @@ class AntiEntropy:
 
     def _on_offer(self, peer: PeerId, replica: Replica, offer: Offer,
                   now_ms: int) -> list[Effect | None]:
+        if not self._offer_rate.take((peer, replica.topic_id), now_ms):
+            self.stats["offers_throttled"] += 1  # its exchange times out; it offers again later
+            return []
         graph = replica.graph
+        if self._impossible(graph, offer):
+            self.stats["offers_impossible"] += 1
+            return list(self._blame(peer, now_ms, replica.topic_id, Fault.IMPOSSIBLE_OFFER,
+                                    fault=Fault.IMPOSSIBLE_OFFER))
         known_since = [s for s in offer.since if graph.has(s)]
         limit = self.config.reply_max_events
         if all(graph.has(h) for h in offer.heads):
@@ -145,11 +169,85 @@ class AntiEntropy:
             self.stats["offers_judged"] += 1
             self.stats["offers_truncated"] += truncated
         events, more = self._take(graph, ids[:limit])
-        reply = Reply(replica.topic_id, offer.xid, self._heads(graph), truncated,
-                      more or len(ids) > limit, tuple(events))
+        heads = self._heads(graph)
+        more = more or len(ids) > limit
+        events, cut = self._within_budget(peer, replica, now_ms, events, Reply(
+            replica.topic_id, offer.xid, heads, truncated, True, ()))
+        if events is None:
+            return []  # not even the first event fits: no answer (answers_throttled)
+        reply = Reply(replica.topic_id, offer.xid, heads, truncated, more or cut, tuple(events))
         if events:
             self._note_news(replica.topic_id, peer)  # the offerer lacked something
-        return [self._send(peer, reply)]
+        return [self._spent(peer, self._send(peer, reply), now_ms)]
+
+    @staticmethod
+    def _impossible(graph: Graph, offer: Offer) -> bool:
+        """Does the offer name heads its own filter cannot leave out? (only a forger's can)
+
+        A correct offer's filter holds every event of the offerer above
+        `floor` that is not below `since` (`transport.reconcile.recent_events`),
+        so: it is never empty while a head is new to us (its top depth level
+        is in it), and with `floor` 0 every head not in `since` is in it
+        (a head is an extremity: never below a `since` id). A `final` offer
+        (the filter hit its size bound) is not judged. Costs one pass over
+        the filter's bytes and, at floor 0, a Bloom lookup per unknown head.
+        """
+        if offer.final:
+            return False
+        since = set(offer.since)
+        unknown = [h for h in offer.heads if h not in since and not graph.has(h)]
+        if not unknown:
+            return False
+        if not any(offer.bloom.bits):
+            return True
+        return offer.floor == 0 and any(h not in offer.bloom for h in unknown)
+
+    def _within_budget(self, peer: PeerId, replica: Replica, now_ms: int, raws: list[bytes],
+                       empty: Message) -> tuple[list[bytes] | None, bool]:
+        """The prefix of `raws` an answer (`empty` without events) to `peer` may carry.
+
+        Trusted peers get it all (`transport.peer_budget`); the others what fits
+        their budget. (None, True) if nothing fits although there was something
+        to send, or the bare answer does not fit: then nothing is sent.
+        """
+        if self._answers.is_trusted(peer):
+            return raws, False
+        space = self._answers.room(peer, now_ms) - len(encode(empty))
+        wanted = sum(len(raw) + EVENT_FRAMING_BYTES for raw in raws)
+        if wanted <= space or self._is_member(peer, replica):
+            return raws, False
+        fitting: list[bytes] = []
+        for raw in raws:
+            space -= len(raw) + EVENT_FRAMING_BYTES
+            if space < 0:
+                break
+            fitting.append(raw)
+        if space < 0 and not fitting:
+            self.stats["answers_throttled"] += 1
+            return None, True
+        self.stats["answers_cut"] += 1
+        return fitting, True
+
+    def _is_member(self, peer: PeerId, replica: Replica) -> bool:
+        """Is `peer` a joined member of the topic in our state? (then it is trusted here)
+
+        A private topic's readers are its joined members (a cached set); an
+        open topic's membership costs a state lookup, so it is asked only
+        when a budget would otherwise cut an answer.
+        """
+        key = self._key(peer)
+        if key is None:
+            return False
+        readers = replica.readers()
+        if readers is not None:
+            return key in readers
+        return replica.membership_of(key) is Membership.JOIN
+
+    def _spent(self, peer: PeerId, sent: Send | None, now_ms: int) -> Send | None:
+        """Charge an answer's bytes to `peer`'s budget (a trusted peer's too: harmless)."""
+        if sent is not None:
+            self._answers.spend(peer, len(sent.data), now_ms)
+        return sent
 
     def _on_reply(self, peer: PeerId, replica: Replica, reply: Reply,
                   now_ms: int) -> list[Effect | None]:
@@ -165,7 +263,7 @@ class AntiEntropy:
             del self._sessions[(peer, replica.topic_id)]
             if reply.heads:
                 self._remember_since(peer, replica.topic_id, reply.heads)
-            out += self._send_missing(peer, graph, reply.heads, reply.xid)
+            out += self._send_missing(peer, replica, reply.heads, reply.xid, now_ms)
             return out
         # Only rounds that brought nothing new count against the bound: a long
         # catch-up (`more`, one message per round trip) is progress, not a loop.
@@ -200,8 +298,13 @@ class AntiEntropy:
         if not found:
             return []
         raws, _ = self._take_raws([e.raw for e in found])  # the rest: asked again later
-        self.stats["wants_served"] += len(raws)
-        return [self._send(peer, Events(replica.topic_id, 0, False, tuple(raws)))]
+        fitting, _ = self._within_budget(peer, replica, now_ms, raws,
+                                         Events(replica.topic_id, 0, False, ()))
+        if not fitting:
+            return []
+        self.stats["wants_served"] += len(fitting)
+        return [self._spent(peer, self._send(peer, Events(replica.topic_id, 0, False,
+                                                           tuple(fitting))), now_ms)]
 
     def _sync_random(self, topic: bytes, now_ms: int, rng: random.Random,
                      exclude: PeerId | None) -> list[Effect]:
@@ -269,16 +372,21 @@ class AntiEntropy:
         self._next_xid = 1 if xid >= MAX_XID else xid + 1
         return xid
 
-    def _send_missing(self, peer: PeerId, graph: Graph, heads: Sequence[bytes],
-                      xid: int) -> list[Effect | None]:
+    def _send_missing(self, peer: PeerId, replica: Replica, heads: Sequence[bytes],
+                      xid: int, now_ms: int) -> list[Effect | None]:
+        graph = replica.graph
         limit = self.config.reply_max_events
         ids = graph.not_below(heads, limit=limit + 1)
         if not ids:
             return []
         events, more = self._take(graph, ids[:limit])
+        fitting, cut = self._within_budget(peer, replica, now_ms, events,
+                                           Events(graph.topic_id, xid, True, ()))
+        if not fitting:
+            return []
         self._note_news(graph.topic_id, peer)  # the peer lacked something
-        return [self._send(peer, Events(graph.topic_id, xid, more or len(ids) > limit,
-                                        tuple(events)))]
+        return [self._spent(peer, self._send(peer, Events(
+            graph.topic_id, xid, more or cut or len(ids) > limit, tuple(fitting))), now_ms)]
 
     def _take(self, graph: Graph, ids: Sequence[bytes]) -> tuple[list[bytes], bool]:
         raws = []

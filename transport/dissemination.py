@@ -46,11 +46,16 @@ and the measurements):
 exponentially growing backoff (`transport.depletion`) so that n replicas do
 not all emit one at once.
 
-Bad input never raises out of the engine: an undecodable message or an
-event failing a hard Reference Monitor check is logged with its reason and
-counted against the peer (`peer_misbehaviour`; `transport.intake` counts,
-`transport.misbehaviour` says which faults are a peer's); at
+Bad input never raises out of the engine: an undecodable message, an
+event failing a hard Reference Monitor check, a peer's own event failing the
+auth rules, an impossible offer, and stray traffic (unknown topics, a
+private topic's messages from a non-reader) beyond a free allowance are
+logged with their reason and counted against the peer with a weight each
+(`peer_misbehaviour`; `transport.intake` counts, `transport.misbehaviour`
+says which faults are a peer's and how much each weighs); at
 `misbehaviour_threshold` a `Disconnect` effect asks the runtime to drop it.
+Anti-entropy answers to a peer not yet trusted are bounded by the bytes it
+sent (`transport.peer_budget`), and offers by a rate per peer and topic.
 
 Read access (issue 15). A private topic (authorizing, join rule not public)
 is read only by the keys joined in the replica's current state
@@ -90,6 +95,8 @@ from transport.depletion import DepletionTimer
 from transport.dissemination_config import DisseminationConfig
 from transport.effects import Announce, Effect, Log, PeerId, Send
 from transport.join_handshake import JoinHandshake
+from transport.misbehaviour import Fault, Scores
+from transport.peer_budget import AnswerBudget, RateBucket
 from transport.messages import (
     EVENT_FRAMING_BYTES,
     Events,
@@ -157,7 +164,13 @@ class Disseminator(Intake, AntiEntropy, JoinHandshake):
         self._peers: list[PeerId] = []  # sorted: random choices must not depend on hash order
         self._init_anti_entropy()
         self._init_join_handshake()
-        self.peer_misbehaviour: Counter[PeerId] = Counter()
+        self.peer_misbehaviour = Scores()
+        # Per-peer budgets (transport.peer_budget): answer bytes for peers not
+        # trusted, offers per (peer, topic), free stray messages per peer.
+        self._answers = AnswerBudget(config.amplification_factor, config.answer_allowance_bytes,
+                                     config.answer_refill_bytes_per_s)
+        self._offer_rate = RateBucket(config.offers_per_s, config.offer_burst)
+        self._stray = RateBucket(config.stray_allowance_per_s, config.stray_allowance_burst)
         self.stats: Counter[str] = Counter()
         self._deferring = False  # inside on_batch: commits wait for the end of the batch
         self._accountable = True  # the frame being handled came from its sender (on_message)
@@ -299,6 +312,8 @@ class Disseminator(Intake, AntiEntropy, JoinHandshake):
         """
         self.stats["bytes_received"] += len(data)
         self._accountable = accountable
+        if accountable:  # bytes a peer sent itself earn it answer bytes (transport.peer_budget)
+            self._answers.received(peer, len(data), now_ms)
         try:
             try:
                 message = decode(data)
@@ -310,14 +325,17 @@ class Disseminator(Intake, AntiEntropy, JoinHandshake):
             if kind is JoinAsk:  # answered whether or not we know the topic: one refusal for all
                 return self._clean(self._on_join_ask(peer, replica, message, now_ms))
             if replica is None:
-                self.stats["unknown_topic"] += 1  # not a fault: the peer may serve topics we do not
-                return []
+                # The peer may serve topics we do not: a fault only beyond its allowance.
+                self.stats["unknown_topic"] += 1
+                return self._clean(self._stray_fault(peer, now_ms, Fault.UNKNOWN_TOPIC))
             if kind in _GUARDED and not self._accepts(peer, replica):
                 # A private topic's message from a peer that may not read it: as if
-                # the topic were unknown here (no answer, nothing ingested).
+                # the topic were unknown here (no answer, nothing ingested). A member
+                # whose join we have not seen yet sends these too: the same allowance.
                 self.stats["not_member_dropped"] += 1
                 return self._clean([self._log("rejected", now_ms, replica.topic_id,
-                                              reason=NOT_MEMBER, peer=peer)])
+                                              reason=NOT_MEMBER, peer=peer)]
+                                   + self._stray_fault(peer, now_ms, Fault.NOT_MEMBER))
             handler = self._HANDLERS[kind]
             return self._clean(handler(self, peer, replica, message, now_ms))
         finally:
@@ -334,6 +352,17 @@ class Disseminator(Intake, AntiEntropy, JoinHandshake):
             out += self._push(replica.topic_id, fresh, exclude=holders,
                               fanout=self.config.forward_fanout)
         return out
+
+    def _stray_fault(self, peer: PeerId, now_ms: int, fault: Fault) -> list[Effect]:
+        """A stray message (unknown topic, non-member): free within the peer's allowance."""
+        if not self._accountable or self._stray.take(peer, now_ms):
+            return []
+        return self._blame(peer, now_ms, None, str(fault), log=False, fault=fault)
+
+    def _trust(self, peer: PeerId) -> None:
+        """`peer` handed over useful traffic: its answers are no longer bounded."""
+        if self._accountable:
+            self._answers.trust(peer)
 
     _HANDLERS = {Push: _on_push, Offer: AntiEntropy._on_offer, Reply: AntiEntropy._on_reply,
                  Want: AntiEntropy._on_want, Events: AntiEntropy._on_events,

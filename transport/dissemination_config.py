@@ -5,8 +5,9 @@ start-up rather than as a stuck exchange. The defaults a deployed node shares
 with the simulator (sync interval, misbehaviour threshold) live in
 `transport.defaults`; the reconciliation's own knobs (depth window, Bloom
 filter) in `transport.reconcile`; the dummy backoff in `transport.depletion`.
-What is left here are the push fan-outs, the timers and the memory bounds of
-the engine (`transport.dissemination`).
+What is left here are the push fan-outs, the timers, the per-peer budgets
+(defaults in `transport.peer_budget` and `transport.misbehaviour`) and the
+memory bounds of the engine (`transport.dissemination`).
 """
 
 from __future__ import annotations
@@ -20,11 +21,19 @@ from transport.defaults import (
     MISBEHAVIOUR_THRESHOLD,
 )
 from transport.depletion import DEFAULT_DEPLETION_BACKOFF_MS
+from transport.misbehaviour import STRAY_ALLOWANCE_BURST, STRAY_ALLOWANCE_PER_S
 from transport.messages import (
     FRAME_HEADROOM_BYTES,
     MAX_BLOOM_HASHES,
     MAX_EVENTS_PER_MESSAGE,
     MAX_FRAME_BYTES,
+)
+from transport.peer_budget import (
+    AMPLIFICATION_FACTOR,
+    ANSWER_ALLOWANCE_BYTES,
+    ANSWER_REFILL_BYTES_PER_S,
+    OFFER_BURST,
+    OFFERS_PER_S,
 )
 from transport.reconcile import (
     BLOOM_BITS_PER_ITEM,
@@ -83,6 +92,14 @@ class DisseminationConfig:
     depletion_backoff_ms: int = DEFAULT_DEPLETION_BACKOFF_MS
     width_sample_ms: int = DEFAULT_WIDTH_SAMPLE_MS
     misbehaviour_threshold: int = MISBEHAVIOUR_THRESHOLD
+    # Per-peer budgets (transport.peer_budget, transport.misbehaviour say why).
+    amplification_factor: float = AMPLIFICATION_FACTOR
+    answer_allowance_bytes: int = ANSWER_ALLOWANCE_BYTES
+    answer_refill_bytes_per_s: int = ANSWER_REFILL_BYTES_PER_S
+    offers_per_s: float = OFFERS_PER_S
+    offer_burst: int = OFFER_BURST
+    stray_allowance_per_s: float = STRAY_ALLOWANCE_PER_S
+    stray_allowance_burst: int = STRAY_ALLOWANCE_BURST
     log: bool = True  # build Log effects (the simulator turns this off when nobody reads them)
 
     def __post_init__(self) -> None:
@@ -100,5 +117,9 @@ class DisseminationConfig:
             raise ValueError("sync_jitter_ms must be in [0, sync_interval_ms)")
         if self.depletion_backoff_ms < 1:
             raise ValueError("depletion_backoff_ms must be >= 1")
+        if self.amplification_factor < 0 or self.answer_allowance_bytes < 0:
+            raise ValueError("amplification_factor and answer_allowance_bytes must be >= 0")
+        if self.offers_per_s <= 0 or self.offer_burst < 1:
+            raise ValueError("offers_per_s must be > 0 and offer_burst >= 1")
         if self.push_fanout < 0 or self.forward_fanout < 0:
             raise ValueError("push_fanout and forward_fanout must be >= 0")

@@ -10,12 +10,15 @@ missing parents, and the raws new here (which push forwards). In
 standalone mode the batch is committed before anything is forwarded or
 answered (`transport.dissemination` explains who commits when).
 
-Faults are counted here too (`_blame`): a frame that does not decode, or an
-event failing a Reference Monitor check a correct peer never fails
-(`transport.misbehaviour`), counts against the peer that handed it over,
-and at `misbehaviour_threshold` a `Disconnect` effect asks the driver to drop
-it; a frame only attributed to a peer (`accountable=False`) is never held
-against it.
+Faults are counted here too (`_blame`, weighed by `transport.misbehaviour`):
+a frame that does not decode, an event failing a Reference Monitor check a
+correct peer never fails, or the peer's own event failing the auth rules on
+its own past counts against the peer that handed it over, and at
+`misbehaviour_threshold` a `Disconnect` effect asks the driver to drop it; a
+frame only attributed to a peer (`accountable=False`) is never held against
+it. An event that is applied, authorized and new here is useful traffic: it
+makes its sender trusted (`_trust`), which lifts the anti-entropy answer
+budget (`transport.peer_budget`).
 
 `Intake` is a mixin of `Disseminator`, like `transport.anti_entropy`: it
 reads the engine's state listed in its class body.
@@ -33,7 +36,13 @@ from node.logschema import SYNC
 from node.replica.replica import Replica
 from transport.dissemination_config import DisseminationConfig
 from transport.effects import Disconnect, Effect, Log, PeerId
-from transport.misbehaviour import MISBEHAVIOUR_REASONS, count_fault
+from transport.misbehaviour import (
+    AUTH_BLAMED_REASONS,
+    FAULT_WEIGHTS,
+    MISBEHAVIOUR_REASONS,
+    Fault,
+    Scores,
+)
 
 # The statuses `_ingest` compares, bound once: on Python 3.11 every enum member
 # lookup (`AddStatus.REJECTED`) goes through EnumType.__getattr__ and costs
@@ -49,7 +58,7 @@ class Intake:
     # The engine's state this part reads (set by `Disseminator.__init__`).
     config: DisseminationConfig
     stats: Counter[str]
-    peer_misbehaviour: Counter[PeerId]
+    peer_misbehaviour: Scores
     _commits: bool  # standalone: the engine commits
     _deferring: bool  # inside on_batch: commits wait for the end of the batch
     _accountable: bool  # the frame being handled came from its sender
@@ -60,6 +69,8 @@ class Intake:
                  **fields: Any) -> Log | None: ...
         def _note_want_source(self, topic: bytes, parent: bytes, peer: PeerId) -> None: ...
         def _note_news(self, topic: bytes, peer: PeerId) -> None: ...
+        def _key(self, peer: PeerId) -> bytes | None: ...
+        def _trust(self, peer: PeerId) -> None: ...
 
     def _ingest(self, peer: PeerId, replica: Replica, raws: Sequence[bytes], channel: str,
                 now_ms: int, out: list[Effect]) -> list[bytes]:
@@ -100,9 +111,18 @@ class Intake:
             unauthorized = dict(outcome.unauthorized)
             for event in outcome.applied:
                 if event.id in unauthorized:
-                    out.append(self._log("rejected", now_ms, topic, event=event,
-                                         reason=unauthorized[event.id]))
+                    reason = unauthorized[event.id]
+                    out.append(self._log("rejected", now_ms, topic, event=event, reason=reason))
+                    # Only the author is accountable for its own event, and only for a
+                    # verdict on its own past (transport.misbehaviour says why): a relay
+                    # whose state differs from ours for a while is never blamed.
+                    if (event.id == event_id and reason in AUTH_BLAMED_REASONS
+                            and event.author == self._key(peer)):
+                        out += self._blame(peer, now_ms, topic, f"unauthorized:{reason}",
+                                           log=False, fault=Fault.UNAUTHORIZED)
                 else:
+                    if event.id == event_id:
+                        self._trust(peer)  # useful traffic: an authorized event new here
                     out.append(self._log("delivered", now_ms, topic, event=event,
                                          channel=channel, depth=graph.depth(event.id)))
             for rejected_id, reason in outcome.rejected_ids:
@@ -119,12 +139,12 @@ class Intake:
         return fresh
 
     def _blame(self, peer: PeerId, now_ms: int, topic: bytes | None, reason: str,
-               log: bool = True) -> list[Effect]:
-        """Count a hard fault against `peer`; at the threshold, ask to disconnect it.
+               log: bool = True, fault: Fault = Fault.HARD) -> list[Effect]:
+        """Count a fault of `fault`'s weight against `peer`; at the threshold, ask to drop it.
 
-        `count_fault` keeps the counts (restarted after a disconnect, bounded
-        by MAX_BLAMED_PEERS). A fault in a frame not handed over by `peer`
-        itself (`on_message(accountable=False)`) is only counted in stats.
+        `Scores` keeps the decaying scores (restarted after a disconnect,
+        bounded by MAX_BLAMED_PEERS). A fault in a frame not handed over by
+        `peer` itself (`on_message(accountable=False)`) is only counted in stats.
         """
         out: list[Effect] = []
         if log:
@@ -133,6 +153,9 @@ class Intake:
             self.stats["unattributed_faults"] += 1
             return out
         self.stats["misbehaviour"] += 1
-        if count_fault(self.peer_misbehaviour, peer, self.config.misbehaviour_threshold):
+        self.stats[f"misbehaviour_{fault}"] += 1
+        if self.peer_misbehaviour.add(peer, FAULT_WEIGHTS[fault],
+                                      self.config.misbehaviour_threshold, now_ms):
+            self.stats["disconnects"] += 1
             out.append(Disconnect(peer, reason))
         return out

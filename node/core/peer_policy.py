@@ -29,9 +29,15 @@ ids, the hex of the ed25519 key); the policy never converts names.
 
 Why each rule:
 
-* A peer the core reports (`Disconnect`: too many invalid events) or that
-  breaks our stream framing TRANSPORT_FAULTS_BEFORE_BAN times within
-  TRANSPORT_FAULT_WINDOW_MS is banned for BAN_DURATION_MS. Framing faults
+* A peer the core reports (`Disconnect`: its misbehaviour score reached the
+  threshold) or that breaks our stream framing TRANSPORT_FAULTS_BEFORE_BAN
+  times within TRANSPORT_FAULT_WINDOW_MS is banned for BAN_DURATION_MS the
+  first time, BAN_GROWTH times longer at each repeat offence, up to
+  MAX_BAN_DURATION_MS: a peer that comes back from its ban and misbehaves
+  again is a deliberate one, and a fixed ban would let it return every ten
+  minutes. Offences are forgotten OFFENCE_MEMORY_MS after the last one.
+  An oversized frame weighs OVERSIZED_FRAME_WEIGHT faults: our own encoder
+  never makes one (`MAX_FRAME_BYTES`), so one is enough to ban. Framing faults
   come over an authenticated channel, so they are the peer's code, not line
   noise; still one could be our own bug, and a ban splits the fleet, so one
   fault is not enough. Breakages (a stream cut mid-frame by its dying
@@ -58,6 +64,14 @@ from enum import Enum
 TRANSPORT_FAULTS_BEFORE_BAN = 3
 TRANSPORT_FAULT_WINDOW_MS = 10 * 60 * 1_000
 BAN_DURATION_MS = 10 * 60 * 1_000  # a peer disconnected for misbehaviour stays out this long
+BAN_GROWTH = 4  # each repeat offence bans this many times longer: 10 min, 40 min, 2 h 40, ...
+MAX_BAN_DURATION_MS = 24 * 60 * 60 * 1_000  # ... up to a day
+OFFENCE_MEMORY_MS = 7 * 24 * 60 * 60 * 1_000  # a peer's offences are forgotten a week after the last
+# Transport faults one frame counts for, by the transport's reason string
+# (`transport.libp2p_streams.OVERSIZED_FRAME`; a test checks they agree).
+OVERSIZED_FRAME_REASON = "oversized_frame"
+OVERSIZED_FRAME_WEIGHT = TRANSPORT_FAULTS_BEFORE_BAN
+FAULT_WEIGHTS = {OVERSIZED_FRAME_REASON: OVERSIZED_FRAME_WEIGHT}  # any other reason: 1
 
 REDIAL_FIRST_MS = 1_000
 REDIAL_JITTER = 1.0  # the first delay is REDIAL_FIRST_MS * (1 + up to this fraction)
@@ -71,6 +85,7 @@ BOOTSTRAP_RETRY_MAX_MS = 30_000
 MAX_BANS = 4_096  # banned peers remembered (expired first, then the soonest to expire, go)
 MAX_FAULT_PEERS = 4_096  # peers whose recent protocol faults are remembered (oldest go)
 MAX_REDIALS = 4_096  # peers being redialled at once (the longest-pursued go)
+MAX_OFFENDERS = 4_096  # peers whose past offences are remembered (the oldest go)
 
 
 class Reason(str, Enum):
@@ -162,6 +177,10 @@ BOOTSTRAP_BACKOFF = Backoff(BOOTSTRAP_RETRY_MS, BOOTSTRAP_RETRY_MAX_MS)
 @dataclass(frozen=True, slots=True)
 class PolicyConfig:
     ban_ms: int = BAN_DURATION_MS
+    ban_growth: int = BAN_GROWTH
+    max_ban_ms: int = MAX_BAN_DURATION_MS
+    offence_memory_ms: int = OFFENCE_MEMORY_MS
+    max_offenders: int = MAX_OFFENDERS
     faults_before_ban: int = TRANSPORT_FAULTS_BEFORE_BAN
     fault_window_ms: int = TRANSPORT_FAULT_WINDOW_MS
     redial: Backoff = REDIAL_BACKOFF
@@ -187,6 +206,7 @@ class PeerPolicy:
         self._bans: OrderedDict[str, int] = OrderedDict()  # peer -> banned until (ms)
         self._faults: OrderedDict[str, list[int]] = OrderedDict()  # peer -> recent fault times
         self._redials: OrderedDict[str, _Redialling] = OrderedDict()
+        self._offences: OrderedDict[str, tuple[int, int]] = OrderedDict()  # peer -> (count, last ms)
 
     # ------------------------------------------------------------------ queries
 
@@ -217,16 +237,34 @@ class PeerPolicy:
         return [Banned(peer, until, reason), Abort(peer, reason),
                 Note(f"disconnecting peer {peer}: {reason}", warning=True)]
 
+    def offences(self, peer: str) -> int:
+        """Bans `peer` earned that are still remembered (OFFENCE_MEMORY_MS)."""
+        return self._offences.get(peer, (0, 0))[0]
+
+    def ban_duration(self, offence: int) -> int:
+        """How long the `offence`-th ban (1, 2, ...) lasts: growing, capped."""
+        config = self.config
+        growth = config.ban_growth ** min(offence - 1, 64)  # bounded exponent: no huge ints
+        return min(config.ban_ms * growth, config.max_ban_ms)
+
     def misbehaviour(self, peer: str, reason: str, now_ms: int) -> list[Effect]:
-        """The core gave up on `peer` (its `Disconnect` effect): ban it."""
-        return self.record_ban(peer, now_ms + self.config.ban_ms, now_ms, reason)
+        """The core gave up on `peer` (its `Disconnect` effect): ban it, longer each time."""
+        count, last = self._offences.pop(peer, (0, now_ms))
+        if now_ms - last >= self.config.offence_memory_ms:
+            count = 0
+        count += 1
+        self._offences[peer] = (count, now_ms)
+        while len(self._offences) > self.config.max_offenders:
+            self._offences.popitem(last=False)
+        return self.record_ban(peer, now_ms + self.ban_duration(count), now_ms, reason)
 
     def protocol_fault(self, peer: str, reason: str, now_ms: int,
                        detail: str = "") -> list[Effect]:
-        """A framing fault on `peer`'s stream: counted; the threshold-th in the window bans."""
+        """A framing fault on `peer`'s stream: counted (FAULT_WEIGHTS times); the
+        threshold-th in the window bans."""
         window = self.config.fault_window_ms
         recent = [t for t in self._faults.pop(peer, ()) if now_ms - t < window]
-        recent.append(now_ms)
+        recent += [now_ms] * FAULT_WEIGHTS.get(reason, 1)
         out: list[Effect] = [Count("transport_faults"),
                              Note(f"peer {peer}: transport fault {reason} ({detail})")]
         if len(recent) >= self.config.faults_before_ban:
