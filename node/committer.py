@@ -81,7 +81,7 @@ import trio
 from node.core.event import Event
 from node.core.pending import commit_writes, merge_writes, writes_of
 from node.replica.replica import Replica
-from node.core.store import Op, Store, StoreError
+from node.core.store import DamagedTopicError, Op, Store, StoreError
 from transport.dissemination import Disseminator
 from transport.effects import Effect
 
@@ -242,6 +242,9 @@ class Committer:
         self._queued_bytes = 0
         self._drained = trio.Event()  # set (and replaced) when queued bytes fall below the bound
         self.stats: Counter[str] = Counter()
+        # Told (after a failed step) which topic's stored records are damaged, so the
+        # runtime stops serving that topic and the next steps carry the others again.
+        self.on_damaged: Callable[[bytes, DamagedTopicError], None] | None = None
 
     # ------------------------------------------------------------------ producers
 
@@ -360,6 +363,9 @@ class Committer:
                 for pending in local:
                     if pending.error is None:
                         pending.error = CommitError(reason)
+                if (isinstance(exc, DamagedTopicError) and exc.topic_id is not None
+                        and self.on_damaged is not None):
+                    self.on_damaged(exc.topic_id, exc)
                 return
             self.stats["batches"] += 1
             self.stats["frames"] += len(frames)
@@ -419,6 +425,10 @@ class Committer:
             events = tuple(work.make(now))
         except Exception as exc:
             pending.error = exc
+            if isinstance(exc, DamagedTopicError) and self.on_damaged is not None:
+                # Before this step commits: the damaged topic's half-made writes go with it.
+                self.on_damaged(exc.topic_id or work.topic, exc)
+                return ()
             if graph.pending_ops < before:
                 # `make` rolled the topic's uncommitted writes back (an all-or-nothing
                 # publish_many): that took the earlier authoring of this step with it.

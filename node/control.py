@@ -38,7 +38,7 @@ import msgpack
 import trio
 
 from node.core.event import Event
-from node.core.store import StoreError
+from node.core.store import DamagedTopicError, StoreError
 from node.replica.order_views import Rewind
 from node.runtime import Node, NodeError, parse_topic_id
 
@@ -231,6 +231,17 @@ async def _handle(node: Node, request: dict[str, Any], stream: trio.SocketStream
         raise NodeError(f"unknown op {op!r}")
 
 
+def _stop_serving(node: Node, request: dict[str, Any], exc: DamagedTopicError) -> None:
+    """The topic a request found damaged is served no more (the others are)."""
+    topic_id = exc.topic_id
+    if topic_id is None:  # the layer that found it could not name it: the request does
+        try:
+            topic_id = parse_topic_id(str(request.get("topic", "")))
+        except NodeError:
+            return
+    node.mark_damaged(topic_id, exc.what)
+
+
 async def _serve_client(node: Node, stream: trio.SocketStream, limiter: trio.CapacityLimiter) -> None:
     async with limiter, stream:
         reader = _Reader(stream)
@@ -255,6 +266,8 @@ async def _serve_client(node: Node, stream: trio.SocketStream, limiter: trio.Cap
                     await _send(stream, {"ok": False, "error": str(exc)})
                 except StoreError as exc:  # a damaged or full store: its message says which
                     logger.error("control request %r: %s", request.get("op"), exc)
+                    if isinstance(exc, DamagedTopicError):
+                        _stop_serving(node, request, exc)
                     await _send(stream, {"ok": False, "error": str(exc)})
                 except (trio.BrokenResourceError, trio.ClosedResourceError):
                     raise
