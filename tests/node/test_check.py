@@ -24,7 +24,7 @@ import trio
 from node.check import Damage, check_data_dir, repair_topic
 from node.core.event import KIND_MESSAGE
 from node.core.identity import sign_event
-from node.core.store import TABLE_DELIVERY, TABLE_EVENTS, TABLE_META, TABLES
+from node.core.store import TABLE_AUTHORS, TABLE_DELIVERY, TABLE_EVENTS, TABLE_META, TABLES
 from node.replica.ordering import KIND_ACK
 from node.core.graph_commit import META_DELIVERED
 from node.runtime import Node, NodeError
@@ -118,6 +118,7 @@ def test_a_missing_parent_is_found(store_dir: Path) -> None:
         txn.put(a + pos(EVENTS + 1), msgpack.packb([1, orphan.raw]), db=dbs[TABLE_DELIVERY])
         txn.put(a + orphan.id, pos(EVENTS + 1), db=dbs[TABLE_EVENTS])
         txn.put(a + META_DELIVERED, pos(EVENTS + 2), db=dbs[TABLE_META])
+        txn.put(a + orphan.author + pos(99) + orphan.id, b"", db=dbs[TABLE_AUTHORS])
 
     edit(store_dir, append_orphan)
     found = damages(store_dir)
