@@ -48,6 +48,7 @@ from node.core.identity import verify_signature
 from node.core.store import (
     MAX_BATCH_OPS,
     STORE_FORMAT,
+    TABLE_AUTHORS,
     TABLE_CHILDREN,
     TABLE_DELIVERY,
     TABLE_EVENTS,
@@ -223,7 +224,7 @@ def check_topic(txn: lmdb.Transaction, dbs: dict[str, Any], topic: bytes,
                            f"positions {expected}..{position - 1} missing")
             expected = position + 1
             report.events += 1
-            _check_record(txn, events, delivery, topic, position, value, report)
+            _check_record(txn, dbs, topic, position, value, report)
     delivered = txn.get(topic + META_DELIVERED, db=dbs[TABLE_META])
     counter = 0 if delivered is None else int.from_bytes(delivered, "big")
     if counter != report.events or counter != expected:
@@ -275,13 +276,19 @@ def record_verdict(topic: bytes, value: bytes) -> tuple[int, Any] | Finding:
     return depth, event
 
 
-def _check_record(txn: lmdb.Transaction, events: Any, delivery: Any, topic: bytes,
+def _check_record(txn: lmdb.Transaction, dbs: dict[str, Any], topic: bytes,
                   position: int, value: bytes, report: TopicReport) -> None:
+    events, delivery = dbs[TABLE_EVENTS], dbs[TABLE_DELIVERY]
     verdict = record_verdict(topic, value)
     if isinstance(verdict, Finding):
         report.add(verdict.damage, position, verdict.detail)
         return
     depth, event = verdict
+    if TABLE_AUTHORS in dbs:  # the per-author index (Graph.events_by, author_latest_seq)
+        entry = event.author + event.seq.to_bytes(POSITION_BYTES, "big") + event.id
+        if txn.get(topic + entry, db=dbs[TABLE_AUTHORS]) is None:
+            report.add(Damage.UNINDEXED, position, f"{event.id.hex()[:16]} has no authors entry",
+                       table=TABLE_AUTHORS, key=entry)
     if txn.get(topic + event.id, db=events) != _u64(position):
         report.add(Damage.ID_MISMATCH, position, f"id {event.id.hex()[:16]} not indexed here")
     parent_depths = []

@@ -42,7 +42,7 @@ class Damage(StrEnum):
     CHILD_MISSING = "child_missing"  # a children entry naming an unapplied event
     EVENT_MISSING = "event_missing"  # a record (authors, state, order) names an unapplied event
     BUFFERED_APPLIED = "buffered_applied"  # a buffered event that is applied already
-    BUFFER_UNINDEXED = "buffer_unindexed"  # a buffered event missing from an age index
+    UNINDEXED = "unindexed"  # an applied or buffered event missing from an index of it
     REJECTED_APPLIED = "rejected_applied"  # a remembered rejection of an applied event
     GROUP_MISSING = "group_missing"  # a state record names a state group with no record
     CONFIRMED_HOLE = "confirmed_hole"  # the confirmed prefix is not 0..n-1
