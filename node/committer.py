@@ -245,6 +245,7 @@ class Committer:
         # Told (after a failed step) which topic's stored records are damaged, so the
         # runtime stops serving that topic and the next steps carry the others again.
         self.on_damaged: Callable[[bytes, DamagedTopicError], None] | None = None
+        self._damaged: list[tuple[bytes, DamagedTopicError]] = []  # found in this step
 
     # ------------------------------------------------------------------ producers
 
@@ -363,9 +364,7 @@ class Committer:
                 for pending in local:
                     if pending.error is None:
                         pending.error = CommitError(reason)
-                if (isinstance(exc, DamagedTopicError) and exc.topic_id is not None
-                        and self.on_damaged is not None):
-                    self.on_damaged(exc.topic_id, exc)
+                self._note_damaged(exc)
                 return
             self.stats["batches"] += 1
             self.stats["frames"] += len(frames)
@@ -378,6 +377,19 @@ class Committer:
         finally:
             for pending in local:
                 pending.done.set()
+            self._report_damaged()
+
+    def _note_damaged(self, exc: BaseException) -> None:
+        if isinstance(exc, DamagedTopicError) and exc.topic_id is not None:
+            self._damaged.append((exc.topic_id, exc))
+
+    def _report_damaged(self) -> None:
+        """Hand the topics this step found damaged to the runtime (after the step: the
+        step's writes and effects stay all or nothing, as for any refused work)."""
+        damaged, self._damaged = self._damaged, []
+        if self.on_damaged is not None:
+            for topic_id, exc in damaged:
+                self.on_damaged(topic_id, exc)
 
     # ------------------------------------------------------------------ inside the step
 
@@ -392,6 +404,7 @@ class Committer:
                 made = list(work.run(now))
             except Exception as exc:
                 pending.error = exc
+                self._note_damaged(exc)
                 return []
             pending.result = made
             return self._announce(made, now)
@@ -409,6 +422,7 @@ class Committer:
                 return list(work.run(now))
             except Exception as exc:
                 pending.error = exc
+                self._note_damaged(exc)
         elif isinstance(work, Records):
             records += work.ops
         return []  # a Tick runs after the frames (`_tick`)
@@ -425,10 +439,8 @@ class Committer:
             events = tuple(work.make(now))
         except Exception as exc:
             pending.error = exc
-            if isinstance(exc, DamagedTopicError) and self.on_damaged is not None:
-                # Before this step commits: the damaged topic's half-made writes go with it.
-                self.on_damaged(exc.topic_id or work.topic, exc)
-                return ()
+            if isinstance(exc, DamagedTopicError):
+                self._damaged.append((exc.topic_id or work.topic, exc))
             if graph.pending_ops < before:
                 # `make` rolled the topic's uncommitted writes back (an all-or-nothing
                 # publish_many): that took the earlier authoring of this step with it.

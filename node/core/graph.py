@@ -55,7 +55,6 @@ from node.core.store import (
     TABLE_META,
     DamagedTopicError,
     Store,
-    StoreError,
 )
 from node.core.topic_table import TopicTable
 from node.core.walks import NotBelowMemo
