@@ -335,8 +335,10 @@ def walk_order(topic: _Topic) -> None:
             continue
         position = _u64(rest[1:])
         if position != expected:
+            missing = (f" {expected}" if position == expected + 1
+                       else f"s {expected}..{position - 1}")
             topic.add(Damage.CONFIRMED_HOLE, TABLE_ORDER, rest,
-                      f"confirmed positions {expected}..{position - 1} missing")
+                      f"confirmed position{missing} missing")
         expected = position + 1
         if len(value) != ID_BYTES or not topic.applied(value):
             topic.add(Damage.EVENT_MISSING, TABLE_ORDER, rest,

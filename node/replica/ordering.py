@@ -285,6 +285,9 @@ class TopicOrder(OrderDuties):
         for event_id in appended:
             if position < self._persisted:
                 stored = self._table.get(_CONFIRMED + _u64(position))
+                if stored is None:  # lost from the store, not a different order
+                    raise DamagedTopicError(f"confirmed position {position} missing",
+                                            self._graph.topic_id)
                 if stored != event_id:
                     raise OrderIntegrityError(f"confirmed position {position} holds "
                                               f"{(stored or b'').hex()[:16]}, the replay gives "

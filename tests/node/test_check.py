@@ -31,6 +31,7 @@ from node.core.store import (
     TABLE_DELIVERY,
     TABLE_EVENTS,
     TABLE_META,
+    TABLE_ORDER,
     TABLE_STATE,
     TABLES,
     Delete,
@@ -254,15 +255,17 @@ async def call(socket: Path, **request):
     return await trio.to_thread.run_sync(control_call, socket, request)
 
 
-@pytest.mark.parametrize("which", ["oldest", "newest", "while running"])
-def test_a_missing_state_group_costs_its_topic_one_line_and_the_others_nothing(
+@pytest.mark.parametrize("which", ["oldest", "newest", "while running", "confirmed position"])
+def test_a_missing_state_or_order_record_costs_its_topic_one_line_and_no_other(
         tmp_path: Path, which: str) -> None:
     """Not "internal error: KeyError": status lists it, publish names the damage and the cure.
 
     The newest group is caught by the start check, the oldest (the snapshot
     every later group builds on) when the topic is opened and its state read;
     "while running": the group is lost under a running node (cold caches),
-    and the first status that reads it marks the topic damaged.
+    and the first status that reads it marks the topic damaged. "confirmed
+    position": an order record (the confirmed position 1) is lost; the order's
+    replay (the first status, or the node's ack duty) meets it.
     """
     data_dir = tmp_path / "n"
 
@@ -276,14 +279,19 @@ def test_a_missing_state_group_costs_its_topic_one_line_and_the_others_nothing(
     damaged, healthy = trio.run(two_topics)
     lost: list[bytes] = []
 
-    def drop_group(txn, dbs):
+    def drop_record(txn, dbs):
+        if which == "confirmed position":
+            lost.append(damaged + b"c" + pos(1))
+            assert txn.delete(lost[0], db=dbs[TABLE_ORDER])
+            return
         groups = state_group_keys(txn, dbs, damaged)
         lost.append(groups[-1] if which == "newest" else groups[0])
         if which != "while running":
             assert txn.delete(lost[0], db=dbs[TABLE_STATE])
 
-    edit(data_dir / "store", drop_group)
-    gid = int.from_bytes(lost[0][-8:], "big")
+    edit(data_dir / "store", drop_record)
+    what = "confirmed position 1 missing" if which == "confirmed position" else \
+        f"state group {int.from_bytes(lost[0][-8:], 'big')} missing"
 
     async def serve() -> None:
         with trio.fail_after(WAIT_S):
@@ -297,14 +305,13 @@ def test_a_missing_state_group_costs_its_topic_one_line_and_the_others_nothing(
                     await nursery.start(serve_control, node, socket)
                     status = (await call(socket, op="status"))["status"]
                     assert [t["topic"] for t in status["topics"]] == [healthy.hex()]
-                    assert status["damaged_topics"] == {
-                        damaged.hex(): f"state group {gid} missing"}
+                    assert status["damaged_topics"] == {damaged.hex(): what}
                     with pytest.raises(ControlError) as refused:
                         await call(socket, op="publish", topic=damaged.hex(), payload="p")
                     message = str(refused.value)
                     assert len(message.splitlines()) == 1
                     assert f"topic {damaged.hex()} is damaged" in message
-                    assert f"state group {gid} missing" in message
+                    assert what in message
                     assert f"megnode repair {damaged.hex()}" in message
                     assert "internal error" not in message
                     assert (await call(socket, op="publish", topic=healthy.hex(),
