@@ -353,14 +353,7 @@ class Node:
             return
         self.damaged_topics[topic_id] = what
         logger.error("%s", damaged_topic_message(topic_id, what))
-        topic = self._topics.pop(topic_id, None)
-        if topic is None:
-            return
-        self.disseminator.remove_topic(topic_id)
-        topic.end_subscriptions()
-        self._gossip_undecided.discard(topic_id)
-        if topic_id in self._gossip_subscribed:
-            self._gossip_subscribed.discard(topic_id)
+        if self._drop_topic(topic_id):
             self._nursery.start_soon(self.host.leave, gossip_topic(topic_id))
 
     async def create_topic(self, name: str = "", d_max: int | None = None,
@@ -491,16 +484,22 @@ class Node:
 
     async def _forget(self, topic_id: bytes) -> None:
         """Stop replicating a topic here (its stored events stay); its record is the caller's."""
+        if self._drop_topic(topic_id):
+            with trio.CancelScope(shield=True):  # also when a cancelled join forgets it
+                await self.host.leave(gossip_topic(topic_id))
+
+    def _drop_topic(self, topic_id: bytes) -> bool:
+        """Take a topic out of the node and the engine; True if its GossipSub topic must be left."""
         topic = self._topics.pop(topic_id, None)
         if topic is None:
-            return
+            return False
         self.disseminator.remove_topic(topic_id)
         topic.end_subscriptions()  # they end (NodeError) instead of waiting for ever
         self._gossip_undecided.discard(topic_id)
-        if topic_id in self._gossip_subscribed:
-            self._gossip_subscribed.discard(topic_id)
-            with trio.CancelScope(shield=True):  # also when a cancelled join forgets it
-                await self.host.leave(gossip_topic(topic_id))
+        if topic_id not in self._gossip_subscribed:
+            return False
+        self._gossip_subscribed.discard(topic_id)
+        return True
 
     def _replica_config(self) -> ReplicaConfig:
         interval = self.config.ack_interval_ms
