@@ -216,12 +216,13 @@ def check_topic(txn: lmdb.Transaction, dbs: dict[str, Any], topic: bytes,
                 break
             found = cursor.next()
             if len(key) != ID_BYTES + POSITION_BYTES:
-                report.add(Damage.BAD_KEY, detail=f"delivery key of {len(key)} bytes")
+                report.add(Damage.BAD_KEY, detail=f"delivery key of {len(key)} bytes",
+                           table=TABLE_DELIVERY, key=key[ID_BYTES:])
                 continue
             position = int.from_bytes(key[ID_BYTES:], "big")
             if position != expected:
                 report.add(Damage.DELIVERY_HOLE, expected,
-                           f"positions {expected}..{position - 1} missing")
+                           f"positions {expected}..{position - 1} missing", table=TABLE_DELIVERY)
             expected = position + 1
             report.events += 1
             _check_record(txn, dbs, topic, position, value, report)
@@ -230,17 +231,19 @@ def check_topic(txn: lmdb.Transaction, dbs: dict[str, Any], topic: bytes,
     if counter != report.events or counter != expected:
         report.add(Damage.COUNTER_MISMATCH,
                    detail=f"delivered counter {counter}, {report.events} records, "
-                          f"last position {expected - 1}")
+                          f"last position {expected - 1}", table=TABLE_META, key=META_DELIVERED)
     _check_index(txn, events, delivery, topic, report)
     if TABLE_EXTREMITIES in dbs:
         for key in _keys(txn, dbs[TABLE_EXTREMITIES], topic):
             if txn.get(key, db=events) is None:
-                report.add(Damage.EXTREMITY_MISSING, detail=key[ID_BYTES:].hex())
+                report.add(Damage.EXTREMITY_MISSING, detail=key[ID_BYTES:].hex(),
+                           table=TABLE_EXTREMITIES, key=key[ID_BYTES:])
     if TABLE_CHILDREN in dbs:
         for key in _keys(txn, dbs[TABLE_CHILDREN], topic):
             child = key[ID_BYTES + POSITION_BYTES:]
             if len(child) != ID_BYTES or txn.get(topic + child, db=events) is None:
-                report.add(Damage.CHILD_MISSING, detail=child.hex())
+                report.add(Damage.CHILD_MISSING, detail=child.hex(), table=TABLE_CHILDREN,
+                           key=key[ID_BYTES:])
     return report
 
 
@@ -281,7 +284,7 @@ def _check_record(txn: lmdb.Transaction, dbs: dict[str, Any], topic: bytes,
     events, delivery = dbs[TABLE_EVENTS], dbs[TABLE_DELIVERY]
     verdict = record_verdict(topic, value)
     if isinstance(verdict, Finding):
-        report.add(verdict.damage, position, verdict.detail)
+        report.add(verdict.damage, position, verdict.detail, table=TABLE_DELIVERY)
         return
     depth, event = verdict
     if TABLE_AUTHORS in dbs:  # the per-author index (Graph.events_by, author_latest_seq)
@@ -290,15 +293,17 @@ def _check_record(txn: lmdb.Transaction, dbs: dict[str, Any], topic: bytes,
             report.add(Damage.UNINDEXED, position, f"{event.id.hex()[:16]} has no authors entry",
                        table=TABLE_AUTHORS, key=entry)
     if txn.get(topic + event.id, db=events) != _u64(position):
-        report.add(Damage.ID_MISMATCH, position, f"id {event.id.hex()[:16]} not indexed here")
+        report.add(Damage.ID_MISMATCH, position, f"id {event.id.hex()[:16]} not indexed here",
+                   table=TABLE_EVENTS, key=event.id)
     parent_depths = []
     for parent in event.parents:
         at = txn.get(topic + parent, db=events)
         if at is None:
-            report.add(Damage.MISSING_PARENT, position, parent.hex()[:16])
+            report.add(Damage.MISSING_PARENT, position, parent.hex()[:16], table=TABLE_DELIVERY)
             continue
         if int.from_bytes(at, "big") >= position:
-            report.add(Damage.PARENT_NOT_BEFORE, position, parent.hex()[:16])
+            report.add(Damage.PARENT_NOT_BEFORE, position, parent.hex()[:16],
+                       table=TABLE_DELIVERY)
             continue
         record = txn.get(topic + at, db=delivery)
         try:
@@ -308,7 +313,8 @@ def _check_record(txn: lmdb.Transaction, dbs: dict[str, Any], topic: bytes,
     if len(parent_depths) == len(event.parents) and None not in parent_depths:
         want = 1 + max(parent_depths) if parent_depths else 0
         if depth != want:
-            report.add(Damage.BAD_DEPTH, position, f"depth {depth}, parents say {want}")
+            report.add(Damage.BAD_DEPTH, position, f"depth {depth}, parents say {want}",
+                       table=TABLE_DELIVERY)
 
 
 def _check_index(txn: lmdb.Transaction, events: Any, delivery: Any, topic: bytes,
@@ -330,7 +336,8 @@ def _check_index(txn: lmdb.Transaction, events: Any, delivery: Any, topic: bytes
                 if type(raw) is not bytes or event_id_of(raw) == event_id:
                     continue
             position = int.from_bytes(at, "big") if len(at) == POSITION_BYTES else None
-            report.add(Damage.INDEX_DANGLING, position, event_id.hex()[:16])
+            report.add(Damage.INDEX_DANGLING, position, event_id.hex()[:16], table=TABLE_EVENTS,
+                       key=event_id)
 
 
 # --------------------------------------------------------------------- at start

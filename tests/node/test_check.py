@@ -142,6 +142,9 @@ def test_a_hole_in_the_delivery_table_is_found(store_dir: Path) -> None:
     found = damages(store_dir)
     assert found[a] == set()
     assert {Damage.DELIVERY_HOLE, Damage.COUNTER_MISMATCH} <= found[b]
+    tables = {f.damage: f.table for t in check_data_dir(store_dir).topics for f in t.findings}
+    assert tables[Damage.DELIVERY_HOLE] == TABLE_DELIVERY  # every finding names its table
+    assert tables[Damage.COUNTER_MISMATCH] == TABLE_META
 
 
 def test_check_refuses_a_store_a_daemon_holds_in_one_line_exit_2(store_dir: Path) -> None:
