@@ -81,7 +81,7 @@ import trio
 from node.core.event import Event
 from node.core.pending import commit_writes, merge_writes, writes_of
 from node.replica.replica import Replica
-from node.core.store import Op, Store, StoreError
+from node.core.store import DamagedTopicError, Op, Store, StoreError
 from transport.dissemination import Disseminator
 from transport.effects import Effect
 
@@ -242,6 +242,10 @@ class Committer:
         self._queued_bytes = 0
         self._drained = trio.Event()  # set (and replaced) when queued bytes fall below the bound
         self.stats: Counter[str] = Counter()
+        # Told (after a failed step) which topic's stored records are damaged, so the
+        # runtime stops serving that topic and the next steps carry the others again.
+        self.on_damaged: Callable[[bytes, DamagedTopicError], None] | None = None
+        self._damaged: list[tuple[bytes, DamagedTopicError]] = []  # found in this step
 
     # ------------------------------------------------------------------ producers
 
@@ -360,6 +364,7 @@ class Committer:
                 for pending in local:
                     if pending.error is None:
                         pending.error = CommitError(reason)
+                self._note_damaged(exc)
                 return
             self.stats["batches"] += 1
             self.stats["frames"] += len(frames)
@@ -372,6 +377,19 @@ class Committer:
         finally:
             for pending in local:
                 pending.done.set()
+            self._report_damaged()
+
+    def _note_damaged(self, exc: BaseException) -> None:
+        if isinstance(exc, DamagedTopicError) and exc.topic_id is not None:
+            self._damaged.append((exc.topic_id, exc))
+
+    def _report_damaged(self) -> None:
+        """Hand the topics this step found damaged to the runtime (after the step: the
+        step's writes and effects stay all or nothing, as for any refused work)."""
+        damaged, self._damaged = self._damaged, []
+        if self.on_damaged is not None:
+            for topic_id, exc in damaged:
+                self.on_damaged(topic_id, exc)
 
     # ------------------------------------------------------------------ inside the step
 
@@ -386,6 +404,7 @@ class Committer:
                 made = list(work.run(now))
             except Exception as exc:
                 pending.error = exc
+                self._note_damaged(exc)
                 return []
             pending.result = made
             return self._announce(made, now)
@@ -403,6 +422,7 @@ class Committer:
                 return list(work.run(now))
             except Exception as exc:
                 pending.error = exc
+                self._note_damaged(exc)
         elif isinstance(work, Records):
             records += work.ops
         return []  # a Tick runs after the frames (`_tick`)
@@ -419,6 +439,8 @@ class Committer:
             events = tuple(work.make(now))
         except Exception as exc:
             pending.error = exc
+            if isinstance(exc, DamagedTopicError):
+                self._damaged.append((exc.topic_id or work.topic, exc))
             if graph.pending_ops < before:
                 # `make` rolled the topic's uncommitted writes back (an all-or-nothing
                 # publish_many): that took the earlier authoring of this step with it.

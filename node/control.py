@@ -47,7 +47,7 @@ import msgpack
 import trio
 
 from node.core.event import Event
-from node.core.store import StoreError
+from node.core.store import DamagedTopicError, StoreError
 from node.replica.order_views import Rewind
 from node.runtime import Node, NodeError, parse_topic_id
 
@@ -367,6 +367,17 @@ async def _handle(node: Node, request: dict[str, Any], client: _Client) -> None:
         raise NodeError(f"unknown op {op!r}")
 
 
+def _stop_serving(node: Node, request: dict[str, Any], exc: DamagedTopicError) -> None:
+    """The topic a request found damaged is served no more (the others are)."""
+    topic_id = exc.topic_id
+    if topic_id is None:  # the layer that found it could not name it: the request does
+        try:
+            topic_id = parse_topic_id(str(request.get("topic", "")))
+        except NodeError:
+            return
+    node.mark_damaged(topic_id, exc.what)
+
+
 class _State(StrEnum):
     """Where a connection is; IDLE and QUEUED ones hold no budget and may be pushed out."""
 
@@ -517,6 +528,8 @@ class ControlServer:
             await client.send({"ok": False, "error": str(exc)})
         except StoreError as exc:  # a damaged or full store: its message says which
             logger.error("control request %r: %s", request.get("op"), exc)
+            if isinstance(exc, DamagedTopicError):
+                _stop_serving(node, request, exc)
             await client.send({"ok": False, "error": str(exc)})
         except (_StreamDone, _SlowReader, trio.BrokenResourceError, trio.ClosedResourceError):
             raise

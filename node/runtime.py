@@ -61,7 +61,7 @@ from node.core.identity import Identity
 from node.core.peer_policy import TRANSPORT_FAULTS_BEFORE_BAN, PeerPolicy
 from node.backup import BackupError, finish_backup, prepare_target
 from node.check import quick_check_topic
-from node.core.store import Op, StoreError
+from node.core.store import DamagedTopicError, Op, StoreError, damaged_topic_message
 from node.dialer import Dialer
 from node.effects import (GOSSIP_TOPIC_PREFIX, PROTOCOL_DISSEMINATION, EffectRunner,
                           gossip_message_topic, gossip_topic)
@@ -183,6 +183,7 @@ class Node:
         # own records are applied in its steps, one commit each (node.committer).
         self.committer = Committer(self.disseminator, self._run, now_ms, store,
                                    window_ms=config.commit_interval_ms)
+        self.committer.on_damaged = lambda topic_id, exc: self.mark_damaged(topic_id, exc.what)
         self._writes = TopicWrites(self.committer, self._topics, rng)
         # Relayed writers' requests (node.relay_intake); their peers are devices, not replicas.
         self._relay_intake = RelayIntake(self.committer, self._topics,
@@ -307,13 +308,15 @@ class Node:
             host.set_gossip_handler(self._on_gossip)
         self._nursery.start_soon(self.committer.run)  # first: opening topics writes through it
         for topic_id, wants_membership in stored_topics(self.store):
-            damage = quick_check_topic(self.store, topic_id)  # node.check: two reads
+            damage = quick_check_topic(self.store, topic_id)  # node.check: a few reads
             if damage is not None:  # serve the others; `megnode check` / `repair` fix it
-                self.damaged_topics[topic_id] = damage
-                logger.error("topic %s is damaged (%s): not served; stop the node and run "
-                             "`megnode check`, then `megnode repair`", topic_id.hex(), damage)
+                self.mark_damaged(topic_id, damage)
                 continue
-            topic = await self._open_topic(topic_id, record=None)  # its record stays as it is
+            try:
+                topic = await self._open_topic(topic_id, record=None)  # its record stays
+            except DamagedTopicError as exc:
+                self.mark_damaged(topic_id, exc.what)
+                continue
             topic.wants_membership = wants_membership
         self._nursery.start_soon(self._peers.watch_peers, self._peer_receive)
         self._nursery.start_soon(self._peers.watch_transport, self._misbehaviour_receive)
@@ -335,7 +338,25 @@ class Node:
         try:
             return self._topics[topic_id]
         except KeyError:
+            damage = self.damaged_topics.get(topic_id)
+            if damage is not None:
+                raise NodeError(damaged_topic_message(topic_id, damage)) from None
             raise NodeError(f"not a member of topic {topic_id.hex()}") from None
+
+    def mark_damaged(self, topic_id: bytes, what: str) -> None:
+        """Stop serving a topic whose stored records are damaged; serve the others.
+
+        Called by the start check, and whenever a read or a step meets a
+        `DamagedTopicError` (missing state group, order record...). The topic
+        leaves the engine and its subscriptions end; its record stays, so
+        after `megnode repair` and a restart the node fetches it again.
+        """
+        if topic_id in self.damaged_topics:
+            return
+        self.damaged_topics[topic_id] = what
+        logger.error("%s", damaged_topic_message(topic_id, what))
+        if self._drop_topic(topic_id):
+            self._nursery.start_soon(self.host.leave, gossip_topic(topic_id))
 
     async def create_topic(self, name: str = "", d_max: int | None = None,
                            access: str = ACCESS_OPEN) -> Topic:
@@ -394,8 +415,7 @@ class Node:
             return self._topics[topic_id]
         damage = self.damaged_topics.get(topic_id) or quick_check_topic(self.store, topic_id)
         if damage is not None:
-            raise NodeError(f"topic {topic_id.hex()} is damaged in the store ({damage}): stop "
-                            "the node and run `megnode repair`")
+            raise NodeError(damaged_topic_message(topic_id, damage))
         replica = Replica(self.store, topic_id, self.identity, self._replica_config())
         if not replica.ready:
             done = self._joining[topic_id] = trio.Event()
@@ -466,16 +486,22 @@ class Node:
 
     async def _forget(self, topic_id: bytes) -> None:
         """Stop replicating a topic here (its stored events stay); its record is the caller's."""
+        if self._drop_topic(topic_id):
+            with trio.CancelScope(shield=True):  # also when a cancelled join forgets it
+                await self.host.leave(gossip_topic(topic_id))
+
+    def _drop_topic(self, topic_id: bytes) -> bool:
+        """Take a topic out of the node and the engine; True if its GossipSub topic must be left."""
         topic = self._topics.pop(topic_id, None)
         if topic is None:
-            return
+            return False
         self.disseminator.remove_topic(topic_id)
         topic.end_subscriptions()  # they end (NodeError) instead of waiting for ever
         self._gossip_undecided.discard(topic_id)
-        if topic_id in self._gossip_subscribed:
-            self._gossip_subscribed.discard(topic_id)
-            with trio.CancelScope(shield=True):  # also when a cancelled join forgets it
-                await self.host.leave(gossip_topic(topic_id))
+        if topic_id not in self._gossip_subscribed:
+            return False
+        self._gossip_subscribed.discard(topic_id)
+        return True
 
     def _replica_config(self) -> ReplicaConfig:
         interval = self.config.ack_interval_ms
@@ -603,9 +629,19 @@ class Node:
     def addresses(self) -> tuple[str, ...]:
         return self.host.listen_addrs()
 
+    def _topic_statuses(self) -> list[dict[str, Any]]:
+        """Each served topic's status; a topic found damaged meanwhile is listed as damaged."""
+        out = []
+        for topic_id, topic in list(self._topics.items()):
+            try:
+                out.append(topic.status())
+            except DamagedTopicError as exc:
+                self.mark_damaged(topic_id, exc.what)
+        return out
+
     def status(self) -> dict[str, Any]:
         """What `megnode status` prints (docs/control.md lists the fields); every list bounded."""
-        topics = [t.status() for t in self._topics.values()]
+        topics = self._topic_statuses()
         rejected: Counter[str] = Counter()
         for topic in topics:
             rejected.update(topic["rejected"])

@@ -53,8 +53,8 @@ from node.core.store import (
     TABLE_EVENTS,
     TABLE_EXTREMITIES,
     TABLE_META,
+    DamagedTopicError,
     Store,
-    StoreError,
 )
 from node.core.topic_table import TopicTable
 from node.core.walks import NotBelowMemo
@@ -88,19 +88,8 @@ def _from_u64(raw: bytes | None) -> int:
     return 0 if raw is None else int.from_bytes(raw, "big")
 
 
-class DamagedTopicError(StoreError):
-    """The store's records of a topic contradict each other: the store file is damaged.
-
-    A typed error rather than an assertion, so the node reports it as one line
-    (the control socket answers the request with its message) instead of
-    "internal error: AssertionError", and `python -O` cannot skip the check.
-    """
-
-
 def _damaged(topic_id: bytes, what: str) -> DamagedTopicError:
-    return DamagedTopicError(
-        f"the store is damaged: topic {topic_id.hex()}: {what}; restore the store "
-        "from a backup (docs/store.md)")
+    return DamagedTopicError(what, topic_id)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -75,6 +75,32 @@ class StoreClosedError(StoreError):
     """The store was used after `close()`."""
 
 
+class DamagedTopicError(StoreError):
+    """One topic's stored records are missing or contradict each other: that topic is damaged.
+
+    Raised by the lowest layer that finds it (the graph's tables, the state
+    groups, the order records) instead of a KeyError or an assertion, so a
+    request answers one line naming the topic and the cure, `python -O`
+    cannot skip the check, and the node can stop serving that topic alone
+    while it serves the others (`Node.mark_damaged`). `what` says what is
+    wrong; `topic_id` is None only where the layer cannot know it (a bare
+    table in a test).
+    """
+
+    def __init__(self, what: str, topic_id: bytes | None = None) -> None:
+        self.what = what
+        self.topic_id = topic_id
+        super().__init__(damaged_topic_message(topic_id, what))
+
+
+def damaged_topic_message(topic_id: bytes | None, what: str) -> str:
+    """The one line a user reads for a damaged topic: what, and the commands that cure it."""
+    name = "a topic" if topic_id is None else f"topic {topic_id.hex()}"
+    target = "TOPIC" if topic_id is None else topic_id.hex()
+    return (f"{name} is damaged in the store: {what}; stop the node and run `megnode check`, "
+            f"then `megnode repair {target}` (docs/store.md)")
+
+
 @dataclass(frozen=True, slots=True)
 class Put:
     """Write `value` under `key` in `table`."""

@@ -30,6 +30,11 @@ class TopicTable:
         self._table = table
         self._t = topic_id
 
+    @property
+    def topic_id(self) -> bytes:
+        """The topic this view reads (so a layer above can name it in a DamagedTopicError)."""
+        return self._t
+
     def get(self, key: bytes) -> bytes | None:
         return self._w.get(self._table, self._t + key)
 

@@ -22,6 +22,7 @@ records every node once.
 from __future__ import annotations
 
 from node.core.order.clock import LANE_STRIDE
+from node.core.store import DamagedTopicError
 from node.core.topic_table import TopicTable
 
 _WHERE = b"w"
@@ -43,7 +44,8 @@ class OrderRecords:
     def node_at(self, lane: int, seq: int) -> bytes:
         node_id = self._table.get(_AT + lane.to_bytes(4, "big") + seq.to_bytes(8, "big"))
         if node_id is None:
-            raise KeyError(f"no order record at lane {lane} seq {seq}")
+            raise DamagedTopicError(f"order record at lane {lane} seq {seq} missing",
+                                    self._table.topic_id)
         return node_id
 
     def record(self, ordinal: int, node_id: bytes, lane: int, seq: int) -> None:

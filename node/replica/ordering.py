@@ -93,7 +93,7 @@ from node.state.roles import Role
 from node.state.roles import indexers as indexers_in
 from node.state.roles import role_of as role_in
 from node.state.tracker import StateTracker
-from node.core.store import TABLE_ORDER
+from node.core.store import TABLE_ORDER, DamagedTopicError
 
 KIND_ACK = "ack"
 
@@ -207,7 +207,8 @@ class TopicOrder(OrderDuties):
     def _confirmed_at(self, position: int) -> bytes:
         event_id = self._table.get(_CONFIRMED + _u64(position))
         if event_id is None:
-            raise OrderIntegrityError(f"confirmed position {position} has no record")
+            raise DamagedTopicError(f"confirmed position {position} missing",
+                                    self._graph.topic_id)
         return event_id
 
     def full_slice(self, since: int, limit: int) -> list[tuple[int, bytes]]:
@@ -284,6 +285,9 @@ class TopicOrder(OrderDuties):
         for event_id in appended:
             if position < self._persisted:
                 stored = self._table.get(_CONFIRMED + _u64(position))
+                if stored is None:  # lost from the store, not a different order
+                    raise DamagedTopicError(f"confirmed position {position} missing",
+                                            self._graph.topic_id)
                 if stored != event_id:
                     raise OrderIntegrityError(f"confirmed position {position} holds "
                                               f"{(stored or b'').hex()[:16]}, the replay gives "

@@ -52,6 +52,7 @@ from typing import Protocol
 
 import msgpack
 
+from node.core.store import DamagedTopicError
 from node.state.types import StateKey
 
 EMPTY_GROUP = 0
@@ -123,6 +124,8 @@ class StateGroups:
         if max_chain < 0:
             raise ValueError("max_chain must be >= 0 (0: every group is a snapshot)")
         self._table = table
+        # Named in a DamagedTopicError (a TopicTable knows its topic; a bare test table not).
+        self._topic_id: bytes | None = getattr(table, "topic_id", None)
         self.max_chain = max_chain
         self._maps: OrderedDict[int, tuple[dict[StateKey, bytes], int]] = OrderedDict()
         self._records: OrderedDict[bytes, EventState] = OrderedDict()
@@ -244,12 +247,20 @@ class StateGroups:
     def _read(self, gid: int) -> tuple[int | None, int, list[Change]]:
         raw = self._table.get(_GROUP + _u64(gid))
         if raw is None:
-            raise KeyError(f"state group {gid} has no record: the store is inconsistent")
-        base, chain, extra, changes = msgpack.unpackb(raw, raw=False)
-        for index in range(1, extra + 1):
-            chunk = self._table.get(_CHUNK + _u64(gid) + index.to_bytes(4, "big"))
-            assert chunk is not None, f"state group {gid} lost chunk {index}"
-            changes.extend(msgpack.unpackb(chunk, raw=False))
+            raise DamagedTopicError(f"state group {gid} missing", self._topic_id)
+        try:
+            base, chain, extra, changes = msgpack.unpackb(raw, raw=False)
+            for index in range(1, extra + 1):
+                chunk = self._table.get(_CHUNK + _u64(gid) + index.to_bytes(4, "big"))
+                if chunk is None:
+                    raise DamagedTopicError(f"state group {gid} lost chunk {index}",
+                                            self._topic_id)
+                changes.extend(msgpack.unpackb(chunk, raw=False))
+        except DamagedTopicError:
+            raise
+        except Exception as exc:  # msgpack raises many types for a garbled record
+            raise DamagedTopicError(f"state group {gid} does not decode ({type(exc).__name__})",
+                                    self._topic_id) from None
         return base, chain, changes
 
     # ---------------------------------------------------------- resolution memo

@@ -62,6 +62,7 @@ from collections.abc import Mapping, Sequence
 from typing import Protocol
 
 from node.core.event import Event
+from node.core.store import DamagedTopicError
 from node.state.auth_chain import AuthChainTooLarge
 from node.state.auth_rules import EventFields, check_auth, check_auth_refs, select_auth_refs
 from node.state.resolution import resolve
@@ -256,8 +257,9 @@ class StateTracker:
             if self.groups.event_state(current) is not None:
                 continue
             parents = self.graph.parents_of(current)
-            if parents is None:
-                raise KeyError(f"event {current.hex()[:12]} is not in the graph")
+            if parents is None:  # an applied event names a parent the store lacks
+                raise DamagedTopicError(f"event {current.hex()[:16]} is not in the graph",
+                                        getattr(self.graph, "topic_id", None))
             missing.append(current)
             stack.extend(parents)
         missing.sort(key=lambda i: (self.graph.depth(i) or 0, i))  # parents are shallower

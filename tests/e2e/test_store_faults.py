@@ -175,10 +175,9 @@ def test_scattered_overwrites_give_one_line_errors_never_an_assertion(
         for args in (("status",), ("publish", seed[1], "after the damage")):
             result = cli(node_copy, *args)
             if result.returncode != 0:
-                # One line, never an assertion. Most damage is named as such
-                # ("damaged"); a few checks outside the store (e.g. node.state's
-                # "the store is inconsistent") still come as "internal error:
-                # <type>: <message>" lines (docs/store.md).
+                # One line, never an assertion. Damage is named as such
+                # ("damaged", DamagedTopicError); a bug would still come as an
+                # "internal error: <type>: <message>" line (docs/store.md).
                 assert result.returncode == 2, result.stderr
                 assert len(result.stderr.strip().splitlines()) == 1, result.stderr
                 assert "Traceback" not in result.stderr, result.stderr

@@ -22,9 +22,20 @@ import pytest
 import trio
 
 from node.check import Damage, check_data_dir, repair_topic
+from node.control import serve_control
+from node.control_client import ControlError, control_call
 from node.core.event import KIND_MESSAGE
 from node.core.identity import sign_event
-from node.core.store import TABLE_DELIVERY, TABLE_EVENTS, TABLE_META, TABLES
+from node.core.store import (
+    TABLE_AUTHORS,
+    TABLE_DELIVERY,
+    TABLE_EVENTS,
+    TABLE_META,
+    TABLE_ORDER,
+    TABLE_STATE,
+    TABLES,
+    Delete,
+)
 from node.replica.ordering import KIND_ACK
 from node.core.graph_commit import META_DELIVERED
 from node.runtime import Node, NodeError
@@ -118,6 +129,7 @@ def test_a_missing_parent_is_found(store_dir: Path) -> None:
         txn.put(a + pos(EVENTS + 1), msgpack.packb([1, orphan.raw]), db=dbs[TABLE_DELIVERY])
         txn.put(a + orphan.id, pos(EVENTS + 1), db=dbs[TABLE_EVENTS])
         txn.put(a + META_DELIVERED, pos(EVENTS + 2), db=dbs[TABLE_META])
+        txn.put(a + orphan.author + pos(99) + orphan.id, b"", db=dbs[TABLE_AUTHORS])
 
     edit(store_dir, append_orphan)
     found = damages(store_dir)
@@ -130,6 +142,9 @@ def test_a_hole_in_the_delivery_table_is_found(store_dir: Path) -> None:
     found = damages(store_dir)
     assert found[a] == set()
     assert {Damage.DELIVERY_HOLE, Damage.COUNTER_MISMATCH} <= found[b]
+    tables = {f.damage: f.table for t in check_data_dir(store_dir).topics for f in t.findings}
+    assert tables[Damage.DELIVERY_HOLE] == TABLE_DELIVERY  # every finding names its table
+    assert tables[Damage.COUNTER_MISMATCH] == TABLE_META
 
 
 def test_check_refuses_a_store_a_daemon_holds_in_one_line_exit_2(store_dir: Path) -> None:
@@ -145,7 +160,26 @@ def test_check_refuses_a_store_a_daemon_holds_in_one_line_exit_2(store_dir: Path
     assert clean.returncode == 0, clean.stdout + clean.stderr
 
 
-def test_repair_drops_a_damaged_topic_and_the_node_refetches_it(tmp_path: Path) -> None:
+def _flip_event_byte(txn, dbs, topic: bytes) -> None:
+    depth, raw = msgpack.unpackb(txn.get(topic + pos(5), db=dbs[TABLE_DELIVERY]))
+    txn.put(topic + pos(5), msgpack.packb([depth, raw[:-3] + b"\x00\x00\x00"]),
+            db=dbs[TABLE_DELIVERY])
+
+
+def state_group_keys(txn, dbs, topic: bytes) -> list[bytes]:
+    with txn.cursor(db=dbs[TABLE_STATE]) as cursor:
+        cursor.set_range(topic + b"g")
+        return [k for k in cursor.iternext(values=False) if k.startswith(topic + b"g")]
+
+
+def _delete_first_state_group(txn, dbs, topic: bytes) -> None:
+    assert txn.delete(state_group_keys(txn, dbs, topic)[0], db=dbs[TABLE_STATE])
+
+
+@pytest.mark.parametrize("damage", [_flip_event_byte, _delete_first_state_group],
+                         ids=["flipped event byte", "deleted state group"])
+def test_repair_drops_a_damaged_topic_and_the_node_refetches_it(tmp_path: Path,
+                                                                damage) -> None:
     published = 20
 
     async def replicate_to_b() -> tuple[bytes, set[bytes]]:
@@ -163,13 +197,7 @@ def test_repair_drops_a_damaged_topic_and_the_node_refetches_it(tmp_path: Path) 
 
     topic, ids = trio.run(replicate_to_b)
     store_b = tmp_path / "b" / "store"
-
-    def flip(txn, dbs):
-        depth, raw = msgpack.unpackb(txn.get(topic + pos(5), db=dbs[TABLE_DELIVERY]))
-        txn.put(topic + pos(5), msgpack.packb([depth, raw[:-3] + b"\x00\x00\x00"]),
-                db=dbs[TABLE_DELIVERY])
-
-    edit(store_b, flip)
+    edit(store_b, lambda txn, dbs: damage(txn, dbs, topic))
     assert damages(store_b)[topic]
     result = repair_topic(store_b, topic)
     assert result.recorded and result.deleted > len(ids)
@@ -224,3 +252,73 @@ def test_a_node_refuses_to_serve_a_topic_the_start_check_finds_damaged(tmp_path:
                     await node.join(damaged)
 
     trio.run(reopen)
+
+
+async def call(socket: Path, **request):
+    return await trio.to_thread.run_sync(control_call, socket, request)
+
+
+@pytest.mark.parametrize("which", ["oldest", "newest", "while running", "confirmed position"])
+def test_a_missing_state_or_order_record_costs_its_topic_one_line_and_no_other(
+        tmp_path: Path, which: str) -> None:
+    """Not "internal error: KeyError": status lists it, publish names the damage and the cure.
+
+    The newest group is caught by the start check, the oldest (the snapshot
+    every later group builds on) when the topic is opened and its state read;
+    "while running": the group is lost under a running node (cold caches),
+    and the first status that reads it marks the topic damaged. "confirmed
+    position": an order record (the confirmed position 1) is lost; the order's
+    replay (the first status, or the node's ack duty) meets it.
+    """
+    data_dir = tmp_path / "n"
+
+    async def two_topics() -> tuple[bytes, bytes]:
+        async with Node.open(data_dir, listen=LOOPBACK) as node:
+            damaged = await node.create_topic("damaged")
+            await damaged.publish_many([b"x%d" % i for i in range(5)])
+            healthy = await node.create_topic("healthy")
+            return damaged.topic_id, healthy.topic_id
+
+    damaged, healthy = trio.run(two_topics)
+    lost: list[bytes] = []
+
+    def drop_record(txn, dbs):
+        if which == "confirmed position":
+            lost.append(damaged + b"c" + pos(1))
+            assert txn.delete(lost[0], db=dbs[TABLE_ORDER])
+            return
+        groups = state_group_keys(txn, dbs, damaged)
+        lost.append(groups[-1] if which == "newest" else groups[0])
+        if which != "while running":
+            assert txn.delete(lost[0], db=dbs[TABLE_STATE])
+
+    edit(data_dir / "store", drop_record)
+    what = "confirmed position 1 missing" if which == "confirmed position" else \
+        f"state group {int.from_bytes(lost[0][-8:], 'big')} missing"
+
+    async def serve() -> None:
+        with trio.fail_after(WAIT_S):
+            async with Node.open(data_dir, listen=LOOPBACK) as node:
+                if which == "while running":
+                    assert damaged in node.topics
+                    node.store.apply([Delete(TABLE_STATE, lost[0])])  # the disk loses it
+                    node.topics[damaged].replica.tracker.clear_caches()
+                socket = data_dir / "control.sock"
+                async with trio.open_nursery() as nursery:
+                    await nursery.start(serve_control, node, socket)
+                    status = (await call(socket, op="status"))["status"]
+                    assert [t["topic"] for t in status["topics"]] == [healthy.hex()]
+                    assert status["damaged_topics"] == {damaged.hex(): what}
+                    with pytest.raises(ControlError) as refused:
+                        await call(socket, op="publish", topic=damaged.hex(), payload="p")
+                    message = str(refused.value)
+                    assert len(message.splitlines()) == 1
+                    assert f"topic {damaged.hex()} is damaged" in message
+                    assert what in message
+                    assert f"megnode repair {damaged.hex()}" in message
+                    assert "internal error" not in message
+                    assert (await call(socket, op="publish", topic=healthy.hex(),
+                                       payload="still served"))["ok"]
+                    nursery.cancel_scope.cancel()
+
+    trio.run(serve)

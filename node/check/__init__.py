@@ -18,7 +18,12 @@ node.core.buffer's; docs/graph.md):
   1 + the deepest parent's (0 for the create event);
 - events (the id index): every entry points at a delivery record of that id;
 - extremities and children: every id they name is applied;
-- meta: the delivered counter equals the number of delivery records.
+- meta: the delivered counter equals the number of delivery records;
+- every other table (buffer, rejections, authors, state groups and event
+  states, the order's confirmed prefix, node positions and proxies, the
+  node's topic records): `node.check.tables`. The check refuses to run if a
+  table of node.core.store.TABLES has no walk there, and reports a named
+  database the build does not know.
 
 The check opens the environment read-only while holding the data dir's
 lock, so no daemon can start (and write) while it reads; a running daemon
@@ -30,8 +35,7 @@ node does.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass, field
-from enum import StrEnum
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +48,7 @@ from node.core.identity import verify_signature
 from node.core.store import (
     MAX_BATCH_OPS,
     STORE_FORMAT,
+    TABLE_AUTHORS,
     TABLE_CHILDREN,
     TABLE_DELIVERY,
     TABLE_EVENTS,
@@ -55,101 +60,33 @@ from node.core.store import (
     StoreError,
     prefix_upper_bound,
 )
+from node.check.report import (
+    MAX_FINDINGS_LISTED,
+    Damage,
+    Finding,
+    StoreReport,
+    TopicReport,
+)
+from node.check.tables import (
+    QUICK_CHECK_EXTREMITIES,
+    TABLE_WALKS,
+    check_topic_records,
+    quick_check_records,
+    walk_tables,
+)
 from node.topic_records import TOPIC_META_PREFIX, stored_topics, topic_record
 from storage.lmdb_data_dir import lock_data_dir, unlock_data_dir
 from storage.lmdb_store import LmdbStore
 from storage.memory import STORE_FORMAT_KEY, encode_store_format
 
-# Findings listed per topic; beyond this only the count grows (a wrecked
-# topic of a million events must not print a million lines).
-MAX_FINDINGS_LISTED = 20
 # Keys one repair transaction deletes (well under the store's MAX_BATCH_OPS).
 REPAIR_BATCH_KEYS = min(100_000, MAX_BATCH_OPS)
 POSITION_BYTES = 8
 DATA_FILE = "data.mdb"  # LMDB's data file in an environment directory
 
 
-class Damage(StrEnum):
-    """What a finding says is wrong. Stable strings: the report and the tests use them."""
-
-    MISSING_TABLE = "missing_table"  # store-wide: a named database is absent
-    UNREADABLE = "unreadable"  # store-wide: LMDB failed mid-walk (a corrupt page)
-    BAD_KEY = "bad_key"  # a key of the wrong length for its table
-    BAD_RECORD = "bad_record"  # a delivery value that is not msgpack [depth, raw]
-    UNDECODABLE = "undecodable"  # the raw event does not decode
-    WRONG_TOPIC = "wrong_topic"  # the event belongs to another topic
-    BAD_SIGNATURE = "bad_signature"
-    ID_MISMATCH = "id_mismatch"  # the id index does not map the event's id to its position
-    MISSING_PARENT = "missing_parent"  # a parent is not applied
-    PARENT_NOT_BEFORE = "parent_not_before"  # a parent is applied at a later position
-    BAD_DEPTH = "bad_depth"
-    DELIVERY_HOLE = "delivery_hole"  # a position missing from 0..n-1
-    COUNTER_MISMATCH = "counter_mismatch"  # meta "delivered" != delivery records
-    INDEX_DANGLING = "index_dangling"  # an id index entry without its delivery record
-    EXTREMITY_MISSING = "extremity_missing"  # a forward extremity that is not applied
-    CHILD_MISSING = "child_missing"  # a children entry naming an unapplied event
-
-
 class CheckError(Exception):
     """The store cannot be checked at all (absent, another format); one line for the user."""
-
-
-@dataclass(slots=True)
-class Finding:
-    damage: Damage
-    position: int | None = None
-    detail: str = ""
-
-    def as_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"damage": str(self.damage)}
-        if self.position is not None:
-            out["position"] = self.position
-        if self.detail:
-            out["detail"] = self.detail
-        return out
-
-
-@dataclass(slots=True)
-class TopicReport:
-    """One topic's verdict: how many events it holds and what is damaged."""
-
-    topic: bytes
-    recorded: bool  # the node's topic record names it (else: left, events kept)
-    events: int = 0
-    findings: list[Finding] = field(default_factory=list)
-    damage_count: int = 0
-
-    @property
-    def ok(self) -> bool:
-        return self.damage_count == 0
-
-    def add(self, damage: Damage, position: int | None = None, detail: str = "") -> None:
-        self.damage_count += 1
-        if len(self.findings) < MAX_FINDINGS_LISTED:
-            self.findings.append(Finding(damage, position, detail))
-
-    def as_json(self) -> dict[str, Any]:
-        return {"topic": self.topic.hex(), "recorded": self.recorded, "events": self.events,
-                "ok": self.ok, "damage_count": self.damage_count,
-                "damage": [f.as_json() for f in self.findings]}
-
-
-@dataclass(slots=True)
-class StoreReport:
-    """The whole store's verdict: store-wide findings and one report per topic."""
-
-    path: Path
-    store_findings: list[Finding] = field(default_factory=list)
-    topics: list[TopicReport] = field(default_factory=list)
-
-    @property
-    def ok(self) -> bool:
-        return not self.store_findings and all(t.ok for t in self.topics)
-
-    def summary_json(self) -> dict[str, Any]:
-        return {"store": str(self.path), "ok": self.ok, "topics": len(self.topics),
-                "damaged_topics": [t.topic.hex() for t in self.topics if not t.ok],
-                "store_damage": [f.as_json() for f in self.store_findings]}
 
 
 # --------------------------------------------------------------------- the check
@@ -189,8 +126,20 @@ def _open_read_only(store_dir: Path) -> lmdb.Environment:
         raise CheckError(f"cannot open the store in {store_dir}: {exc}") from None
 
 
+def unwalked_tables() -> list[str]:
+    """Tables of node.core.store.TABLES no walk covers (node.check.tables.TABLE_WALKS)."""
+    return [name for name in TABLES if name not in TABLE_WALKS]
+
+
 def _check_env(env: lmdb.Environment, txn: lmdb.Transaction, path: Path) -> StoreReport:
+    unwalked = unwalked_tables()
+    if unwalked:  # a table added without a walk: refuse rather than report "ok" unchecked
+        raise CheckError(f"this build's check does not walk table(s) {', '.join(unwalked)}: "
+                         "add them to node/check/tables.py (TABLE_WALKS)")
     report = StoreReport(path)
+    for name in _named_tables(txn):
+        if name not in TABLES:
+            report.store_findings.append(Finding(Damage.UNKNOWN_TABLE, detail=name))
     dbs: dict[str, Any] = {}
     for name in TABLES:
         try:
@@ -204,14 +153,23 @@ def _check_env(env: lmdb.Environment, txn: lmdb.Transaction, path: Path) -> Stor
                              f"format {STORE_FORMAT} only")
     if any(name not in dbs for name in (TABLE_DELIVERY, TABLE_EVENTS, TABLE_META)):
         return report  # nothing per topic can be read
+    report.store_findings += check_topic_records(txn, dbs[TABLE_META])
     recorded = {topic for topic, _ in _records(txn, dbs[TABLE_META])}
     topics = set(recorded)
-    for name in (TABLE_DELIVERY, TABLE_EVENTS, TABLE_EXTREMITIES, TABLE_CHILDREN):
-        if name in dbs:
+    for name in TABLES:  # every table but meta is keyed by topic first
+        if name in dbs and name != TABLE_META:
             topics.update(_topic_prefixes(txn, dbs[name]))
     for topic in sorted(topics):
-        report.topics.append(check_topic(txn, dbs, topic, topic in recorded))
+        topic_report = check_topic(txn, dbs, topic, topic in recorded)
+        walk_tables(txn, dbs, topic_report)
+        report.topics.append(topic_report)
     return report
+
+
+def _named_tables(txn: lmdb.Transaction) -> list[str]:
+    """The named databases in the environment (LMDB keeps their names in its main database)."""
+    with txn.cursor() as cursor:
+        return [key.decode("utf-8", "replace") for key in cursor.iternext(values=False)]
 
 
 def _records(txn: lmdb.Transaction, meta: Any) -> list[tuple[bytes, bool]]:
@@ -258,31 +216,34 @@ def check_topic(txn: lmdb.Transaction, dbs: dict[str, Any], topic: bytes,
                 break
             found = cursor.next()
             if len(key) != ID_BYTES + POSITION_BYTES:
-                report.add(Damage.BAD_KEY, detail=f"delivery key of {len(key)} bytes")
+                report.add(Damage.BAD_KEY, detail=f"delivery key of {len(key)} bytes",
+                           table=TABLE_DELIVERY, key=key[ID_BYTES:])
                 continue
             position = int.from_bytes(key[ID_BYTES:], "big")
             if position != expected:
                 report.add(Damage.DELIVERY_HOLE, expected,
-                           f"positions {expected}..{position - 1} missing")
+                           f"positions {expected}..{position - 1} missing", table=TABLE_DELIVERY)
             expected = position + 1
             report.events += 1
-            _check_record(txn, events, delivery, topic, position, value, report)
+            _check_record(txn, dbs, topic, position, value, report)
     delivered = txn.get(topic + META_DELIVERED, db=dbs[TABLE_META])
     counter = 0 if delivered is None else int.from_bytes(delivered, "big")
     if counter != report.events or counter != expected:
         report.add(Damage.COUNTER_MISMATCH,
                    detail=f"delivered counter {counter}, {report.events} records, "
-                          f"last position {expected - 1}")
+                          f"last position {expected - 1}", table=TABLE_META, key=META_DELIVERED)
     _check_index(txn, events, delivery, topic, report)
     if TABLE_EXTREMITIES in dbs:
         for key in _keys(txn, dbs[TABLE_EXTREMITIES], topic):
             if txn.get(key, db=events) is None:
-                report.add(Damage.EXTREMITY_MISSING, detail=key[ID_BYTES:].hex())
+                report.add(Damage.EXTREMITY_MISSING, detail=key[ID_BYTES:].hex(),
+                           table=TABLE_EXTREMITIES, key=key[ID_BYTES:])
     if TABLE_CHILDREN in dbs:
         for key in _keys(txn, dbs[TABLE_CHILDREN], topic):
             child = key[ID_BYTES + POSITION_BYTES:]
             if len(child) != ID_BYTES or txn.get(topic + child, db=events) is None:
-                report.add(Damage.CHILD_MISSING, detail=child.hex())
+                report.add(Damage.CHILD_MISSING, detail=child.hex(), table=TABLE_CHILDREN,
+                           key=key[ID_BYTES:])
     return report
 
 
@@ -318,23 +279,31 @@ def record_verdict(topic: bytes, value: bytes) -> tuple[int, Any] | Finding:
     return depth, event
 
 
-def _check_record(txn: lmdb.Transaction, events: Any, delivery: Any, topic: bytes,
+def _check_record(txn: lmdb.Transaction, dbs: dict[str, Any], topic: bytes,
                   position: int, value: bytes, report: TopicReport) -> None:
+    events, delivery = dbs[TABLE_EVENTS], dbs[TABLE_DELIVERY]
     verdict = record_verdict(topic, value)
     if isinstance(verdict, Finding):
-        report.add(verdict.damage, position, verdict.detail)
+        report.add(verdict.damage, position, verdict.detail, table=TABLE_DELIVERY)
         return
     depth, event = verdict
+    if TABLE_AUTHORS in dbs:  # the per-author index (Graph.events_by, author_latest_seq)
+        entry = event.author + event.seq.to_bytes(POSITION_BYTES, "big") + event.id
+        if txn.get(topic + entry, db=dbs[TABLE_AUTHORS]) is None:
+            report.add(Damage.UNINDEXED, position, f"{event.id.hex()[:16]} has no authors entry",
+                       table=TABLE_AUTHORS, key=entry)
     if txn.get(topic + event.id, db=events) != _u64(position):
-        report.add(Damage.ID_MISMATCH, position, f"id {event.id.hex()[:16]} not indexed here")
+        report.add(Damage.ID_MISMATCH, position, f"id {event.id.hex()[:16]} not indexed here",
+                   table=TABLE_EVENTS, key=event.id)
     parent_depths = []
     for parent in event.parents:
         at = txn.get(topic + parent, db=events)
         if at is None:
-            report.add(Damage.MISSING_PARENT, position, parent.hex()[:16])
+            report.add(Damage.MISSING_PARENT, position, parent.hex()[:16], table=TABLE_DELIVERY)
             continue
         if int.from_bytes(at, "big") >= position:
-            report.add(Damage.PARENT_NOT_BEFORE, position, parent.hex()[:16])
+            report.add(Damage.PARENT_NOT_BEFORE, position, parent.hex()[:16],
+                       table=TABLE_DELIVERY)
             continue
         record = txn.get(topic + at, db=delivery)
         try:
@@ -344,7 +313,8 @@ def _check_record(txn: lmdb.Transaction, events: Any, delivery: Any, topic: byte
     if len(parent_depths) == len(event.parents) and None not in parent_depths:
         want = 1 + max(parent_depths) if parent_depths else 0
         if depth != want:
-            report.add(Damage.BAD_DEPTH, position, f"depth {depth}, parents say {want}")
+            report.add(Damage.BAD_DEPTH, position, f"depth {depth}, parents say {want}",
+                       table=TABLE_DELIVERY)
 
 
 def _check_index(txn: lmdb.Transaction, events: Any, delivery: Any, topic: bytes,
@@ -366,7 +336,8 @@ def _check_index(txn: lmdb.Transaction, events: Any, delivery: Any, topic: bytes
                 if type(raw) is not bytes or event_id_of(raw) == event_id:
                     continue
             position = int.from_bytes(at, "big") if len(at) == POSITION_BYTES else None
-            report.add(Damage.INDEX_DANGLING, position, event_id.hex()[:16])
+            report.add(Damage.INDEX_DANGLING, position, event_id.hex()[:16], table=TABLE_EVENTS,
+                       key=event_id)
 
 
 # --------------------------------------------------------------------- at start
@@ -375,10 +346,12 @@ def _check_index(txn: lmdb.Transaction, events: Any, delivery: Any, topic: bytes
 def quick_check_topic(store: Store, topic: bytes) -> str | None:
     """What is wrong with `topic` by a cheap test, or None: run on every start.
 
-    Two reads: the delivered counter must name the last delivery record
-    (position counter - 1, none when 0). A torn or truncated topic fails it
-    and the node refuses to serve that topic (serving the others); the full
-    walk is `check_data_dir`.
+    A few reads: the delivered counter must name the last delivery record
+    (position counter - 1, none when 0); the newest state group, the state
+    groups of the first forward extremities and the last confirmed position
+    must exist (`node.check.tables.quick_check_records`). A torn or
+    truncated topic fails it and the node refuses to serve that topic
+    (serving the others); the full walk is `check_data_dir`.
     """
     counter = int.from_bytes(store.get(TABLE_META, topic + META_DELIVERED) or b"", "big")
     last = list(store.scan(TABLE_DELIVERY, topic, reverse=True, limit=1))
@@ -389,7 +362,9 @@ def quick_check_topic(store: Store, topic: bytes) -> str | None:
         else -1
     if position != counter - 1:
         return f"delivered counter {counter} but the last stored position is {position}"
-    return None
+    extremities = [key[ID_BYTES:] for key, _ in
+                   store.scan(TABLE_EXTREMITIES, topic, limit=QUICK_CHECK_EXTREMITIES)]
+    return quick_check_records(store, topic, extremities)
 
 
 # --------------------------------------------------------------------- the repair
@@ -428,6 +403,6 @@ def repair_topic(store_dir: Path, topic: bytes) -> RepairResult:
         return RepairResult(topic, deleted, recorded)
 
 
-__all__ = ["CheckError", "Damage", "Finding", "RepairResult", "StoreError", "StoreReport",
-           "TopicReport", "check_data_dir", "check_topic", "quick_check_topic", "record_verdict",
-           "repair_topic"]
+__all__ = ["MAX_FINDINGS_LISTED", "CheckError", "Damage", "Finding", "RepairResult", "StoreError",
+           "StoreReport", "TopicReport", "check_data_dir", "check_topic", "quick_check_topic",
+           "record_verdict", "repair_topic", "unwalked_tables"]
