@@ -53,14 +53,29 @@ async def test_cut_streams_never_ban_protocol_faults_do(tmp_path: Path) -> None:
             assert node.stats.get("transport_faults", 0) == 0
             assert adversary.peer_id in node.host.peers()
 
-            oversized = encode_uvarint(MAX_FRAME_BYTES + 1)
+            # A length prefix longer than any varint: a protocol fault of weight 1.
+            malformed = b"\xff" * 11
             for count in range(1, TRANSPORT_FAULTS_BEFORE_BAN):
-                await write_raw(adversary, node, oversized, reset=True)
+                await write_raw(adversary, node, malformed, reset=True)
                 await wait_stat(node, "transport_faults", count)
             assert node.stats.get("transport_bans", 0) == 0
             assert adversary.peer_id in node.host.peers()
 
-            await write_raw(adversary, node, oversized, reset=True)
+            await write_raw(adversary, node, malformed, reset=True)
             await wait_stat(node, "transport_bans", 1)
+            while adversary.peer_id in node.host.peers():  # disconnected, and stays out
+                await trio.sleep(POLL_S)
+
+
+async def test_one_oversized_frame_bans_at_once(tmp_path: Path) -> None:
+    """Our own encoder never makes a frame over the bound, so one is proof enough
+    (OVERSIZED_FRAME_WEIGHT faults at once: node.core.peer_policy)."""
+    with trio.fail_after(TEST_TIMEOUT_S):
+        async with Node.open(tmp_path / "node", listen=LOOPBACK_LISTEN, seed=1) as node, \
+                P2PHost(bytes([7]) * 32, gossip=GossipConfig(enabled=False)) as adversary:
+            await adversary.connect(node.addresses[0])
+            await write_raw(adversary, node, encode_uvarint(MAX_FRAME_BYTES + 1), reset=True)
+            await wait_stat(node, "transport_bans", 1)
+            assert node.stats.get("transport_faults", 0) == 1
             while adversary.peer_id in node.host.peers():  # disconnected, and stays out
                 await trio.sleep(POLL_S)
