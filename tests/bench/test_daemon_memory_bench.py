@@ -16,9 +16,11 @@ for the two cores. With 2, node 0 publishes and node 1 receives every event
 by push and anti-entropy (the receive path, intake, dissemination tables);
 both are measured, checkpoints are taken when node 1 has delivered them too.
 
-Publishing: batches of PUBLISH_BATCH events, one request in flight, back to
-back: the node's sustained rate (what it accepts as fast as it commits);
-the achieved rate is reported.
+Publishing: batches of PUBLISH_BATCH events (the CLI's `--lines` chunk,
+1,000; MEGNODE_DAEMON_MEMORY_BATCH changes it, at most the control socket's
+10,000 and a 1 MiB request line), one request in flight, back to back: the
+node's sustained rate (what it accepts as fast as it commits); the achieved
+rate is reported.
 
 Sizes (environment):
     MEGNODE_DAEMON_MEMORY_SIZES   stored events of one topic at the checkpoints,
@@ -27,8 +29,10 @@ Sizes (environment):
                                   extrapolated from the two largest sizes and the
                                   JSON says "growth_100k_to_1m_measured": false)
     MEGNODE_DAEMON_MEMORY_TOPICS  the many-topics case, "TOPICSxEVENTS"
-                                  (default 100x2000; the issue's is 100x10000)
+                                  (default 100x2000; the issue's is 100x10000;
+                                  0x0 skips it)
     MEGNODE_DAEMON_MEMORY_NODES   1 (default) or 2
+    MEGNODE_DAEMON_MEMORY_BATCH   events per publish_batch request (default 1000)
 
 Figures go to bench-results/daemon_memory.json. The baseline is the same
 run's RssAnon at the smallest size (the start-up and the first caches are
@@ -50,12 +54,16 @@ from pathlib import Path
 from typing import Any
 
 from deploy.cluster import LocalCluster
+from node.cli import PUBLISH_BATCH as CLI_PUBLISH_BATCH
 from node.control_client import control_call
 from node.runtime import CONTROL_SOCKET
 
 DEFAULT_SIZES = "10000,100000,300000"
 DEFAULT_TOPICS = "100x2000"
-PUBLISH_BATCH = 5_000  # events per publish_batch: ~530 KB, under the 1 MiB request line
+# Events per publish_batch: what `megnode publish - --lines` sends by default. The
+# batch size matters: 5,000 per request grew RssAnon ~140 B/event from 100k to
+# 300k against ~43 at 1,000 (see the report in docs/graph.md, "Memory").
+PUBLISH_BATCH = int(os.environ.get("MEGNODE_DAEMON_MEMORY_BATCH", CLI_PUBLISH_BATCH))
 PAYLOAD_BYTES = 100  # a small reading, as the in-process bench
 CONTROL_TIMEOUT_S = 120.0
 JOIN_TIMEOUT_S = 60.0
