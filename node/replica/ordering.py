@@ -90,7 +90,7 @@ described in `node.replica.order_views`.
 from __future__ import annotations
 
 from collections import Counter, OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from node.core.event import ID_BYTES as _ID_BYTES
@@ -177,6 +177,9 @@ class TopicOrder(OrderDuties):
         self._persisted = int.from_bytes(self._table.get(_COUNT) or bytes(8), "big")
         self._tentative: tuple[bytes, ...] = ()  # the tentative view (bans applied)
         self._lin_tail: tuple[bytes, ...] = ()  # the linearizer's tail (order_duties)
+        # Events this node soft-failed (node.state.soft_fail), set by the replica: the
+        # ack duty ignores them, since local events never build on them.
+        self.soft_failed: Callable[[bytes], bool] = lambda event_id: False
         self._forks_recorded: dict[bytes, int] = {}  # forks known at the last recorded batch
         self._bans = OrderBans(graph)
         # Fed, unconfirmed events (the newest UNCONFIRMED_CACHE_SIZE; others read back).
@@ -213,6 +216,10 @@ class TopicOrder(OrderDuties):
     def is_confirmed(self, event_id: bytes) -> bool:
         """True if the event holds a position of the confirmed view (never an excluded one)."""
         return self._lin.is_confirmed(event_id) and not self.is_excluded(event_id)
+
+    def excluded_tail(self) -> frozenset[bytes]:
+        """Unconfirmed events the tentative view leaves out (a ban placed before them)."""
+        return frozenset(self._lin_tail).difference(self._tentative)
 
     def is_excluded(self, event_id: bytes) -> bool:
         """True if the event was confirmed by the linearizer but a ban left it out of the view."""
