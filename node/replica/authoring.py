@@ -132,6 +132,18 @@ class Authoring:
                   if len(keep) < d_max else [])
         return sorted(keep + chosen)
 
+    def sign_on(self, parents: tuple[bytes, ...], payload: bytes, now_ms: int,
+                kind: str = KIND_MESSAGE) -> Event:
+        """Sign an event of the local identity on chosen `parents`, checked against their
+        state; nothing is added. For tests and the seeded world's banned writer, which
+        keeps writing on parents from before its ban (node.state.soft_fail)."""
+        latest = self.graph.author_latest_seq(self.identity.public_key)
+        seq = (latest if latest is not None else -1) + 1
+        draft = self._checked(self._draft(kind, None, payload, parents, seq, now_ms))
+        return sign_event(self.identity, topic=self.topic_id, seq=seq, parents=draft.parents,
+                          timestamp_ms=now_ms, kind=kind, payload=payload, state_key=None,
+                          auth=draft.auth)
+
     def _buildable_extremities(self) -> list[bytes]:
         """The forward extremities a local event may build on: soft-failed ones left out.
 
