@@ -99,7 +99,9 @@ class Intake:
             if outcome.status is _DUPLICATE:
                 self.stats["duplicates"] += 1
                 continue
-            fresh.append(raw)
+            soft_failed = dict(outcome.soft_failed) if outcome.soft_failed else {}
+            if event_id not in soft_failed:  # a soft-failed event is kept, never pushed on
+                fresh.append(raw)
             self.stats[f"received_{channel}"] += 1
             out.append(self._log("received", now_ms, topic, event_id=event_id, channel=channel))
             if outcome.status is _BUFFERED:
@@ -120,6 +122,10 @@ class Intake:
                             and event.author == self._key(peer)):
                         out += self._blame(peer, now_ms, topic, f"unauthorized:{reason}",
                                            log=False, fault=Fault.UNAUTHORIZED)
+                elif event.id in soft_failed:  # node.state.soft_fail: kept, not delivered
+                    self.stats["soft_failed"] += 1
+                    out.append(self._log("rejected", now_ms, topic, event=event,
+                                         reason=f"soft_failed:{soft_failed[event.id]}"))
                 else:
                     if event.id == event_id:
                         self._trust(peer)  # useful traffic: an authorized event new here

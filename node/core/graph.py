@@ -197,6 +197,11 @@ class Graph(GraphCommit, GraphWalks):
         info = self._node(event_id)
         return None if info is None else info[0]
 
+    def position(self, event_id: bytes) -> int | None:
+        """The event's delivery position here (None: not applied). An ancestor's is lower."""
+        info = self._node(event_id)
+        return None if info is None else int.from_bytes(info[2], "big")
+
     def parents_of(self, event_id: bytes) -> tuple[bytes, ...] | None:
         info = self._node(event_id)
         return None if info is None else info[1]

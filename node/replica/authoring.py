@@ -34,9 +34,12 @@ from node.state import actions
 from node.state.actions import NotAuthorizedError, RoleError
 from node.state.auth_rules import EventFields, select_auth_refs
 from node.state.roles import Role
+from node.state.soft_fail import SoftFails
 from node.state.tracker import StateResolutionError, StateTracker
 from node.state.types import TYPE_MEMBER, AuthReason
 from node.state.view import StateView
+# Soft-failed events walked below the heads when every head is soft-failed.
+MAX_SOFT_FAILED_WALK = 65_536
 
 if TYPE_CHECKING:
     from node.core.add_result import AddResult
@@ -64,6 +67,8 @@ class Authoring:
         def tracker(self) -> StateTracker: ...
         @property
         def ordering(self) -> TopicOrder | None: ...
+        @property
+        def soft_fails(self) -> SoftFails: ...
         def role_of(self, key: bytes) -> Role: ...
         def _outcome(self, result: AddResult) -> Received: ...
 
@@ -109,7 +114,7 @@ class Authoring:
     def _choose_parents(self, rng: random.Random, kind: str = KIND_MESSAGE) -> list[bytes]:
         """Parents of a local event: the policy's choice, keeping the author's chain
         and pending relayed events when the width exceeds d_max."""
-        extremities = self.graph.extremities()
+        extremities = self._buildable_extremities()
         d_max = self.params.d_max
         if kind == KIND_DUMMY:  # a dummy only merges: it may name more (node.core.parents)
             d_max = self.config.depletion.dummy_parents(d_max)
@@ -120,11 +125,53 @@ class Authoring:
         if order is None:
             return select_parents(extremities, d_max, policy, rng, depth)
         me = self.identity.public_key
-        keep = order.parents_to_keep(me, self.role_of(me) is Role.RELAYED)[:d_max]
+        keep = [k for k in order.parents_to_keep(me, self.role_of(me) is Role.RELAYED)
+                if not self.soft_fails.is_soft_failed(k)][:d_max]
         rest = [e for e in extremities if e not in set(keep)]
         chosen = (select_parents(rest, d_max - len(keep), policy, rng, depth)
                   if len(keep) < d_max else [])
         return sorted(keep + chosen)
+
+    def sign_on(self, parents: tuple[bytes, ...], payload: bytes, now_ms: int,
+                kind: str = KIND_MESSAGE) -> Event:
+        """Sign an event of the local identity on chosen `parents`, checked against their
+        state; nothing is added. For tests and the seeded world's banned writer, which
+        keeps writing on parents from before its ban (node.state.soft_fail)."""
+        latest = self.graph.author_latest_seq(self.identity.public_key)
+        seq = (latest if latest is not None else -1) + 1
+        draft = self._checked(self._draft(kind, None, payload, parents, seq, now_ms))
+        return sign_event(self.identity, topic=self.topic_id, seq=seq, parents=draft.parents,
+                          timestamp_ms=now_ms, kind=kind, payload=payload, state_key=None,
+                          auth=draft.auth)
+
+    def _buildable_extremities(self) -> list[bytes]:
+        """The forward extremities a local event may build on: soft-failed ones left out.
+
+        A soft-failed head (node.state.soft_fail) stays an extremity of the
+        graph (anti-entropy offers it) but is never a parent here. If every
+        head is soft-failed, the walk goes down their parents to the first
+        events that are not, and the deepest of those is the one parent (one
+        parent is always an antichain; several found this way may not be).
+        """
+        extremities = self.graph.extremities()
+        if not self.authorizing:
+            return extremities
+        soft = self.soft_fails
+        kept = [e for e in extremities if not soft.is_soft_failed(e)]
+        if kept or not extremities:
+            return kept
+        below: list[bytes] = []
+        stack, seen = list(extremities), set(extremities)
+        while stack and len(seen) <= MAX_SOFT_FAILED_WALK:
+            for parent in self.graph.parents_of(stack.pop()) or ():
+                if parent in seen:
+                    continue
+                seen.add(parent)
+                (stack if soft.is_soft_failed(parent) else below).append(parent)
+        if not below:
+            raise PublishError("every head of this topic is soft-failed here, and no event "
+                               f"below them was found within {MAX_SOFT_FAILED_WALK}")
+        return [max(below, key=lambda i: (self.graph.depth(i) or 0, i))]
 
     def _draft(self, kind: str, state_key: str | None, payload: bytes,
                parents: tuple[bytes, ...] | list[bytes], seq: int, now_ms: int) -> Event:
@@ -164,6 +211,10 @@ class Authoring:
             return None
         if not self.config.depletion.due(self.graph.width, now_ms, self._last_dummy_ms):
             return None
+        if self.authorizing:
+            buildable = len(self._buildable_extremities())
+            if buildable < self.graph.width and not self.config.depletion.over(buildable):
+                return None  # the rest are soft-failed heads, which a dummy may not merge
         self._last_dummy_ms = now_ms
         try:
             made = self.publish(b"", now_ms, rng, kind=KIND_DUMMY)
@@ -237,10 +288,11 @@ class Authoring:
             raise NotReadyError("the topic's create event has not arrived yet; wait for sync")
         if kind == KIND_CREATE:
             raise PublishError("a topic has exactly one create event")
-        extremities = self.graph.extremities()
+        extremities = self._buildable_extremities()
         d_max = self.params.d_max
         order = self.ordering
-        keep = order.parents_to_keep(author, True)[:d_max] if order is not None else []
+        keep = ([k for k in order.parents_to_keep(author, True)
+                 if not self.soft_fails.is_soft_failed(k)][:d_max] if order is not None else [])
         rest = [e for e in extremities if e not in set(keep)]
         depth = (lambda i: self.graph.depth(i) or 0)
         chosen = (select_parents(rest, d_max - len(keep), self.config.parent_policy, rng, depth)

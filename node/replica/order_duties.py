@@ -84,7 +84,8 @@ class OrderDuties:
         _aside: dict[bytes, OrderNode]
         _acks: set[bytes]
         _latest: dict[bytes, tuple[int, bytes]]
-        _tentative: tuple[bytes, ...]
+        _lin_tail: tuple[bytes, ...]  # the linearizer's tail, bans not applied: see _vote_due
+        soft_failed: Callable[[bytes], bool]  # soft-failed here: never built on, never voted for
         _last_ack_ms: int | None
 
     def ack_due(self, me: bytes, now_ms: int, role: Callable[[], Role]) -> bool:
@@ -114,7 +115,11 @@ class OrderDuties:
         lin = self._lin
         if me not in lin.indexers:
             return False
-        tentative = self._tentative
+        # The linearizer's tail, excluded events included: whether an event is
+        # excluded is only final at its confirmed position, so it must get there;
+        # except soft-failed ones: local events never reference them, so acks
+        # would never catch up with them (an ack every interval for ever).
+        tentative = [t for t in self._lin_tail if not self.soft_failed(t)]
         if not any(t not in self._acks for t in tentative):
             return False
         if len(lin.indexers) == 1:

@@ -53,6 +53,7 @@ events it describes)::
     n               -> u64          its length
     b|start (8)     -> end (8)      a batch replay must feed as it was fed
     p|id            -> ids          a rejected event's ordered deps (its proxy)
+    x|id            -> reason       a confirmed event excluded by a ban (order_bans)
     w|id, l|lane|seq, k             where each ordered node sits
                                     (`node.replica.order_records`)
 
@@ -72,6 +73,16 @@ delivery range), replay feeds it as one batch and everything between such
 batches in chunks of REPLAY_BATCH: the decisions made live, at the cost of
 one record per fork instead of one per batch.
 
+*Bans that hold* (`node.replica.order_bans`). The views are the
+linearizer's order with every event that fails the auth rules against the
+order's own state at its position left out: a ban, kick or role loss takes
+effect at its position in the order, identically on every replica. The
+linearizer still orders the excluded events (nothing else moves); the
+persisted confirmed prefix (`c|position`), its length and every position a
+reader sees count only the events that stay. Excluded confirmed events are
+recorded (`x|id`, for `is_excluded`); replay rebuilds the same exclusions
+from the same confirmed sequence, and the persisted-prefix check covers them.
+
 *Views* (causal, confirmed, tentative; `Rewind`, `OrderStatus`) are
 described in `node.replica.order_views`.
 """
@@ -79,13 +90,14 @@ described in `node.replica.order_views`.
 from __future__ import annotations
 
 from collections import Counter, OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from node.core.event import ID_BYTES as _ID_BYTES
 from node.core.event import Event
 from node.core.graph import Graph
 from node.core.order import Linearizer, OrderNode, OrderUpdate
+from node.replica.order_bans import OrderBans
 from node.replica.order_duties import OrderDuties
 from node.replica.order_records import OrderRecords
 from node.replica.order_views import OrderStatus
@@ -102,11 +114,13 @@ REPLAY_PAGE = 1_024  # events read per page while replaying the delivery order
 REPLAY_BATCH = 256  # events per `extend` between recorded batches (keeps the tail short)
 ROLE_CACHE_SIZE = 4_096  # (state group, author) -> role
 PROXY_CACHE_SIZE = 1_024  # rejected events' deps kept in memory (all are in the table)
+UNCONFIRMED_CACHE_SIZE = 8_192  # fed, unconfirmed events kept for the ban check (else read back)
 
 _CONFIRMED = b"c"
 _COUNT = b"n"
 _BATCH = b"b"
 _PROXY = b"p"
+_EXCLUDED = b"x"
 
 _NO_GROUP = -1
 
@@ -161,8 +175,15 @@ class TopicOrder(OrderDuties):
         # The confirmed prefix lives in the table (`c|position`); this is its length.
         self._confirmed_count = 0
         self._persisted = int.from_bytes(self._table.get(_COUNT) or bytes(8), "big")
-        self._tentative: tuple[bytes, ...] = ()
+        self._tentative: tuple[bytes, ...] = ()  # the tentative view (bans applied)
+        self._lin_tail: tuple[bytes, ...] = ()  # the linearizer's tail (order_duties)
+        # Events this node soft-failed (node.state.soft_fail), set by the replica: the
+        # ack duty ignores them, since local events never build on them.
+        self.soft_failed: Callable[[bytes], bool] = lambda event_id: False
         self._forks_recorded: dict[bytes, int] = {}  # forks known at the last recorded batch
+        self._bans = OrderBans(graph)
+        # Fed, unconfirmed events (the newest UNCONFIRMED_CACHE_SIZE; others read back).
+        self._unconfirmed: OrderedDict[bytes, Event] = OrderedDict()
         self._replay(graph.delivered_count if replay_to is None else replay_to)
 
     # ------------------------------------------------------------------ reading
@@ -193,7 +214,16 @@ class TopicOrder(OrderDuties):
         return self._lin
 
     def is_confirmed(self, event_id: bytes) -> bool:
-        return self._lin.is_confirmed(event_id)
+        """True if the event holds a position of the confirmed view (never an excluded one)."""
+        return self._lin.is_confirmed(event_id) and not self.is_excluded(event_id)
+
+    def excluded_tail(self) -> frozenset[bytes]:
+        """Unconfirmed events the tentative view leaves out (a ban placed before them)."""
+        return frozenset(self._lin_tail).difference(self._tentative)
+
+    def is_excluded(self, event_id: bytes) -> bool:
+        """True if the event was confirmed by the linearizer but a ban left it out of the view."""
+        return self._table.get(_EXCLUDED + event_id) is not None
 
     def pending_relayed(self) -> list[bytes]:
         """Relayed events nobody has referenced yet, sorted."""
@@ -331,18 +361,59 @@ class TopicOrder(OrderDuties):
                 self._latest[event.author] = (ordinal, event.id)
             if event.kind == KIND_ACK:
                 self._acks.add(event.id)
+            self._unconfirmed[event.id] = event
         if not nodes:
             return None
+        while len(self._unconfirmed) > UNCONFIRMED_CACHE_SIZE:
+            self._unconfirmed.popitem(last=False)
         update = self._lin.extend(nodes, relayed)
         if self._aside:
             for node_id in [i for i in self._aside if i in self._lin]:
                 del self._aside[node_id]
-        if update.confirmed_appended:
-            self._append_confirmed(update.confirmed_appended, replaying=not persist)
-        self._tentative = update.tentative
         if self._acks:
             self._acks.difference_update(update.confirmed_appended)  # only unconfirmed ones matter
-        return update
+        return self._filtered(update, replaying=not persist)
+
+    def _filtered(self, update: OrderUpdate, replaying: bool) -> OrderUpdate:
+        """The linearizer's update with banned authors' events left out (`order_bans`).
+
+        Positions are those of the views: `rewind_to` is recomputed as the
+        prefix the old and new filtered views share.
+        """
+        self._lin_tail = update.tentative
+        base = self._confirmed_count
+        appended: list[bytes] = []
+        for event_id in update.confirmed_appended:
+            event = self._unconfirmed.pop(event_id, None) or self._event(event_id)
+            reason = self._bans.admit(event)
+            if reason is None:
+                appended.append(event_id)
+                continue
+            self.stats["excluded"] += 1
+            self.stats[f"excluded.{reason}"] += 1
+            if self._table.get(_EXCLUDED + event_id) is None:
+                self._table.put(_EXCLUDED + event_id, str(reason).encode())
+        confirmed = tuple(appended)
+        if confirmed:
+            self._append_confirmed(confirmed, replaying)
+        tentative = self._bans.survivors(update.tentative, self._unconfirmed_event)
+        excluded = len(update.tentative) - len(tentative)
+        if excluded:
+            self.stats["excluded_tentative"] += excluded
+        old, new = self._tentative, confirmed + tentative
+        shared = next((i for i, (a, b) in enumerate(zip(old, new)) if a != b), min(len(old), len(new)))
+        self._tentative = tentative
+        return OrderUpdate(confirmed, tentative, base + shared)
+
+    def _unconfirmed_event(self, event_id: bytes) -> Event:
+        event = self._unconfirmed.get(event_id)
+        return event if event is not None else self._event(event_id)
+
+    def _event(self, event_id: bytes) -> Event:
+        event = self._graph.get(event_id)
+        if event is None:
+            raise OrderIntegrityError(f"ordered event {event_id.hex()[:16]} is not in the graph")
+        return event
 
     def _deps(self, parents: tuple[bytes, ...]) -> tuple[bytes, ...]:
         """Parents with every rejected event replaced by its own (ordered) deps."""

@@ -101,6 +101,7 @@ from node.state.actions import EventSpec, NotAuthorizedError, RoleError
 from node.state.roles import Role
 from node.state.roles import indexers as indexers_in
 from node.state.roles import role_of as role_in
+from node.state.soft_fail import SoftFails
 from node.state.store import StateGroups
 from node.state.tracker import StateTracker
 from node.state.types import (
@@ -143,6 +144,7 @@ class Replica(StateOperations, Authoring, ReadAccess, Joining):
         self._params: TopicParams | None = None
         self._last_dummy_ms: int | None = None
         self._tracker: StateTracker | None = None
+        self._soft_fails: SoftFails | None = None
         self._authorizing: bool | None = None
         self._order: TopicOrder | None = None
         self._readers_cache: tuple[int, int, int, frozenset[bytes] | None] | None = None
@@ -251,6 +253,18 @@ class Replica(StateOperations, Authoring, ReadAccess, Joining):
             self._tracker = StateTracker(self.graph, groups)
         return self._tracker
 
+    @property
+    def soft_fails(self) -> SoftFails:
+        """This node's soft-fail verdicts (node.state.soft_fail); needs `authorizing`."""
+        if self._soft_fails is None:
+            self.tracker  # raises StateDisabledError as the tracker does
+            self._soft_fails = SoftFails(self.graph.table(TABLE_STATE), self.graph)
+        return self._soft_fails
+
+    def is_soft_failed(self, event_id: bytes) -> bool:
+        """True if the event is here, passed the auth rules, and was soft-failed on arrival."""
+        return self.authorizing and self.soft_fails.is_soft_failed(event_id)
+
     def state(self) -> dict[StateKey, Event]:
         """The current topic state: the resolved state at the forward extremities."""
         return {key: self._event(eid) for key, eid in self._current_state().items()}
@@ -279,7 +293,8 @@ class Replica(StateOperations, Authoring, ReadAccess, Joining):
 
     def deliveries(self, since: int = 0, limit: int = 1_000,
                    include_rejected: bool = False) -> list[tuple[int, Event]]:
-        """What subscribers get: `graph.deliveries` without rejected events.
+        """What subscribers get: `graph.deliveries` without rejected or soft-failed events
+        (`include_rejected=True`: every applied event).
 
         Positions are the graph's delivery positions, so a cursor (last
         position + 1) resumes exactly; up to `limit` events are returned.
@@ -291,7 +306,8 @@ class Replica(StateOperations, Authoring, ReadAccess, Joining):
         end = self.graph.delivered_count
         while position < end and len(out) < limit:
             page = self.graph.deliveries(position, limit)
-            out += [(p, e) for p, e in page if not self.tracker.is_rejected(e.id)]
+            out += [(p, e) for p, e in page if not self.tracker.is_rejected(e.id)
+                    and not self.soft_fails.is_soft_failed(e.id)]
             position = page[-1][0] + 1
         return out[:limit]
 
@@ -309,6 +325,8 @@ class Replica(StateOperations, Authoring, ReadAccess, Joining):
         self._readers_cache = None  # group ids are only meaningful with the writes that made them
         if self._tracker is not None:
             self._tracker.clear_caches()
+        if self._soft_fails is not None:
+            self._soft_fails.clear_caches()
 
     # ---------------------------------------------------------------- updates
 
@@ -320,7 +338,30 @@ class Replica(StateOperations, Authoring, ReadAccess, Joining):
         if isinstance(verdict, Rejected):
             self.counters[f"rejected.{verdict.reason}"] += 1
             return Received(AddStatus.REJECTED, None, reason=verdict.reason)
-        return self._outcome(self.graph.add(verdict))
+        received = self._outcome(self.graph.add(verdict))
+        if received.applied and self._authorizing and self.config.soft_fail:
+            received = self._soft_fail(received)
+        return received
+
+    def _soft_fail(self, received: Received) -> Received:
+        """Judge the applied, authorized events of a received batch against the current
+        state (node.state.soft_fail); the soft-failed ones are reported and counted."""
+        unauthorized = {event_id for event_id, _ in received.unauthorized}
+        judged = [e for e in received.applied if e.id not in unauthorized]
+        if not judged:
+            return received
+        tracker = self.tracker
+        group = tracker.current_group()
+        failed = self.soft_fails.judge(judged, group, tracker.state(group), self.graph.position)
+        if not failed:
+            return received
+        self.counters["soft_failed"] += len(failed)
+        for _, reason in failed:
+            self.counters[f"soft_failed.{reason}"] += 1
+        return Received(
+            received.status, received.event_id, received.reason, received.applied,
+            received.missing, received.dropped, received.equivocations, received.rejected_ids,
+            received.unauthorized, received.order, tuple((i, str(r)) for i, r in failed))
 
     def _outcome(self, result: AddResult) -> Received:
         self.counters[result.status] += 1
@@ -371,6 +412,7 @@ class Replica(StateOperations, Authoring, ReadAccess, Joining):
         """
         if self._order is None and self.authorizing and self.config.ordering.enabled:
             self._order = TopicOrder(self.graph, self.tracker, self.config.ordering)
+            self._order.soft_failed = self.soft_fails.is_soft_failed
         return self._order
 
     def _order_applied(self, applied: tuple[Event, ...]) -> OrderUpdate | None:
@@ -381,6 +423,7 @@ class Replica(StateOperations, Authoring, ReadAccess, Joining):
             # Replay what came before this batch, so the batch itself is reported.
             self._order = TopicOrder(self.graph, self.tracker, self.config.ordering,
                                      replay_to=self.graph.delivered_count - len(applied))
+            self._order.soft_failed = self.soft_fails.is_soft_failed
         return self._order.catch_up(applied)
 
     def _forget_order(self) -> None:

@@ -49,6 +49,9 @@ class ReplicaConfig:
     state_delta_chain: int = MAX_DELTA_CHAIN  # see node.state.store
     # The total order of authorizing topics (node.replica.ordering): on/off, ack interval.
     ordering: OrderConfig = field(default_factory=OrderConfig)
+    # Soft fail on receipt (node.state.soft_fail). False: every event valid in its own
+    # past is forwarded, built on and delivered (the seeded world's "before" figure).
+    soft_fail: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,4 +100,7 @@ class Received:
     unauthorized: tuple[tuple[bytes, str], ...] = ()
     # What the applied events changed in the total order (None: nothing, or no order).
     order: OrderUpdate | None = None
+    # Applied, authorized events soft-failed here (node.state.soft_fail): kept in the
+    # graph, never forwarded, built on or delivered by this node. (id, reason).
+    soft_failed: tuple[tuple[bytes, str], ...] = ()
 

@@ -122,6 +122,9 @@ class AuthReason(StrEnum):
     # the state tracker (node.state.tracker)
     AUTH_REFS_NOT_SELECTED = "auth_refs_not_selected"  # not exactly select_auth_refs(state before)
     STATE_UNRESOLVABLE = "state_unresolvable"  # its parents' states cannot be resolved
+    # soft fail (node.state.soft_fail): valid in its past, but its author is banned,
+    # has left or was kicked, or lost the level, in this node's current state
+    SOFT_FAILED = "soft_failed"
 
 
 # Join rules (content["join_rule"] of m.room.join_rules).

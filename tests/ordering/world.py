@@ -184,12 +184,16 @@ class Net:
     # -- liveness -------------------------------------------------------------------
 
     def unconfirmed(self, name: str) -> list[bytes]:
-        """Events of `name`'s graph that must be confirmed but are not (acks excepted)."""
+        """Events of `name`'s graph that must be confirmed but are not (acks and
+        events excluded by a ban excepted)."""
         replica = self.replicas[name]
         order = replica.ordering
         done = set(order.confirmed)
+        # An event a ban excludes from the views need not (and may never) be confirmed.
+        dropped = order.excluded_tail()
         return [e.id for _, e in replica.ordered("causal", 0, 10**9)
-                if e.kind != KIND_ACK and e.id not in done]
+                if e.kind != KIND_ACK and e.id not in done and e.id not in dropped
+                and not order.is_excluded(e.id)]
 
     def settle(self, rounds_max: int = SETTLE_ROUNDS_MAX) -> int:
         """Sync and acknowledge until every replica has confirmed every non-ack event

@@ -162,7 +162,12 @@ def test_ban_gets_the_banned_members_next_event_rejected(world: World) -> None:
     world.settle()
     for replica in world.everyone():
         assert replica.role_of(BOB.public_key) is Role.NONE
-        assert before_ban.id in [e.id for _, e in replica.deliveries()]
+        assert replica.graph.has(before_ban.id) and not replica.is_rejected(before_ban.id)
+        # Soft fail (node.state.soft_fail): a replica that had the ban when bob's
+        # concurrent event came keeps it out of its causal view; the others deliver it.
+        delivered = before_ban.id in [e.id for _, e in replica.deliveries()]
+        assert delivered != replica.is_soft_failed(before_ban.id)
+    assert alice.is_soft_failed(before_ban.id) and not bob.is_soft_failed(before_ban.id)
     # An honest replica refuses to sign for a banned member...
     with pytest.raises(NotAuthorizedError) as refused:
         bob.publish(b"after the ban", world.tick(), world.rng)

@@ -21,6 +21,7 @@ REASONS = {
     "not_a_member", "knock_for_other", "already_member", "bad_power_levels",
     "auth_ref_missing", "auth_ref_not_state", "auth_ref_other_topic", "duplicate_auth_type",
     "unexpected_auth_ref", "no_create_ref", "auth_refs_not_selected", "state_unresolvable",
+    "soft_failed",
 }
 
 

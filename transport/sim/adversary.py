@@ -5,6 +5,13 @@ invited sends besides its engine's own offers and join asks: a want of the
 topic's root, and a push of an event it signed itself. Members must drop
 them all as if the topic were unknown (transport.dissemination).
 
+The banned writer (`BannedWriter`, issue 16): a member that the creator bans
+and that keeps writing signed events on parents from before its ban (its
+heads when the ban was made, then its own chain), pushing them straight to
+its neighbours. Its events are valid in their own past, so every replica
+keeps them; the order must keep them out of every view (node.replica.order_bans),
+and a node that has the ban soft-fails them (node.state.soft_fail).
+
 The misbehaving peer: garbage frames and forged events.
 
 One more peer with a key of its own and no replica. Each tick it sends each
@@ -20,7 +27,9 @@ from __future__ import annotations
 import random
 from collections.abc import Iterable, Iterator
 
+from node.core.event import Event
 from node.core.identity import Identity, sign_event
+from node.replica.replica import Replica
 from transport.messages import Push, Want, encode
 
 ADVERSARY_FRAMES_PER_TICK = 2  # bad frames the misbehaving peer sends each neighbour per tick
@@ -28,6 +37,10 @@ ADVERSARY_NEIGHBOURS = 6
 GARBAGE_FRAME_BYTES = 32
 FORGED_PAYLOAD = b"forged"
 OUTSIDER_PAYLOAD = b"let me in"
+BANNED_WRITES_PER_ROUND = 2  # events the banned writer signs at each of its writes
+BANNED_WRITE_INTERVAL_MS = 200  # how often it writes, from its ban on
+BANNED_WRITES_AFTER = 6  # it stops once this many were signed after its ban took effect
+BANNED_PAYLOAD = b"still here"
 
 
 def outsider_frames(identity: Identity, topic: bytes, seq: int, now_ms: int) -> list[bytes]:
@@ -67,3 +80,60 @@ class Adversary:
                     raw[-1] ^= 0xFF  # the signature no longer verifies
                     frame = encode(Push(topic, (bytes(raw),)))
                 yield peer, frame
+
+
+class BannedWriter:
+    """A member banned at `ban_round` that keeps writing on pre-ban parents, every
+    BANNED_WRITE_INTERVAL_MS on its ticks, until BANNED_WRITES_AFTER of its writes
+    came after its ban took effect.
+
+    Its writes are split by what its own replica knew when it signed them:
+    `concurrent` were signed before its replica saw the ban confirmed (the
+    order may place them on either side of the ban, the same way everywhere),
+    `after` once it had (the ban holds a confirmed position below anything
+    signed then, so no correct node may show them in any view).
+    """
+
+    def __init__(self, index: int, ban_round: int) -> None:
+        self.index = index
+        self.ban_round = ban_round
+        self.ban_id: bytes | None = None
+        self._parents: tuple[bytes, ...] = ()  # its heads when the ban was made
+        self._tip: bytes | None = None  # its latest post-ban event
+        self.concurrent: list[bytes] = []
+        self.after: list[bytes] = []
+        self._next_ms = 0
+
+    @property
+    def done(self) -> bool:
+        return len(self.after) >= BANNED_WRITES_AFTER
+
+    def due(self, now_ms: int) -> bool:
+        """Time to write again? (From its ban until BANNED_WRITES_AFTER writes after it,
+        into the liveness phase if need be: partitioned away, it learns of its ban late.)"""
+        return self.ban_id is not None and not self.done and now_ms >= self._next_ms
+
+    def banned(self, ban_id: bytes, heads: list[bytes]) -> None:
+        self.ban_id = ban_id
+        self._parents = tuple(heads)
+
+    def write(self, replica: Replica, now_ms: int) -> list[Event]:
+        """Sign BANNED_WRITES_PER_ROUND events on the pre-ban chain; add them to its replica."""
+        assert self.ban_id is not None
+        self._next_ms = now_ms + BANNED_WRITE_INTERVAL_MS
+        order = replica.ordering
+        told = order is not None and order.is_confirmed(self.ban_id) or (
+            order is not None and order.is_excluded(self.ban_id))
+        made: list[Event] = []
+        for _ in range(BANNED_WRITES_PER_ROUND):
+            parents = (self._tip,) if self._tip is not None else self._parents
+            event = replica.sign_on(parents, BANNED_PAYLOAD, now_ms)
+            replica.receive(event.raw, now_ms)  # its engine offers them to whoever syncs
+            (self.after if told else self.concurrent).append(event.id)
+            self._tip = event.id
+            made.append(event)
+        return made
+
+    @staticmethod
+    def push(topic: bytes, events: list[Event]) -> bytes:
+        return encode(Push(topic, tuple(e.raw for e in events)))

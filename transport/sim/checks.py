@@ -8,7 +8,9 @@ mid-run is recorded, since by the end it may have been papered over.
 ids, same forward extremities, nothing buffered), nothing any replica
 accepted is lost (every created event and every event any replica applied is
 everywhere), one confirmed order everywhere, the misbehaving peer banned by
-every honest node it talked to, and no honest peer banned. A failure raises
+every honest node it talked to, and no honest peer banned. With a banned
+writer (`Scenario.banned_writer`): none of its events signed after its ban
+took effect is in any other node's confirmed or tentative view. A failure raises
 AssertionError naming the seed and the command that replays it.
 `converged` is the liveness phase's stopping rule.
 
@@ -36,7 +38,7 @@ from transport.messages import (
     Want,
     decode,
 )
-from transport.sim.adversary import Adversary
+from transport.sim.adversary import Adversary, BannedWriter
 from transport.sim.scenario import Scenario
 from transport.sim.simnode import SimNode
 
@@ -110,6 +112,7 @@ class World(Protocol):
     members: list[SimNode]  # the nodes of the topic (all but outsiders)
     exposure: dict[int, Exposure]  # node index of each outsider -> what it was sent
     adversary: Adversary | None
+    banned: BannedWriter | None
     authorization: bool
     created: list[bytes]
     bans: list[tuple[int, str]]
@@ -134,6 +137,8 @@ def converged(cluster: World) -> bool:
                and n.replica.graph.delivered_count == count
                and n.replica.graph.extremities() == heads for n in nodes):
         return False
+    if cluster.banned is not None and not cluster.banned.done:
+        return False  # the banned writer is still writing
     adversary = cluster.adversary
     if adversary is not None and not all(
             cluster.nodes[i].policy.is_banned(adversary.node_id, cluster.now_ms)  # type: ignore[union-attr]
@@ -153,6 +158,29 @@ def order_settled(nodes: list[SimNode]) -> bool:
     graph = nodes[0].replica.graph
     return all(graph.get(i).kind == KIND_ACK
                for i in orders[0].tentative[len(confirmed):])  # type: ignore[union-attr]
+
+
+def banned_writer_problems(cluster: World) -> list[str]:
+    """Bans that hold (issue 16): the banned writer's events signed once its replica saw
+    the ban confirmed are in no view of the order on any other node."""
+    banned = cluster.banned
+    if banned is None:
+        return []
+    if banned.ban_id is None or not banned.after:
+        return ["the banned writer was never banned, or wrote nothing after its ban took effect"]
+    after = set(banned.after)
+    problems: list[str] = []
+    for node in cluster.members:
+        order = node.replica.ordering
+        if node.index == banned.index or order is None:
+            continue
+        shown = after.intersection(order.confirmed) | after.intersection(order.tentative)
+        if shown:
+            problems.append(f"node {node.index} shows {len(shown)} of the banned writer's "
+                            f"{len(after)} post-ban events in its order")
+        if len(problems) >= MAX_PROBLEMS:
+            break
+    return problems
 
 
 def check(cluster: World, converged: bool = True) -> None:
@@ -180,6 +208,7 @@ def check(cluster: World, converged: bool = True) -> None:
         confirmed = {n.replica.ordering.confirmed for n in nodes}  # type: ignore[union-attr]
         if len(confirmed) != 1:
             problems.append(f"{len(confirmed)} different confirmed orders after healing")
+    problems += banned_writer_problems(cluster)
     adversary = cluster.adversary
     if adversary is not None:
         banned_by = {node for node, peer in cluster.bans if peer == adversary.node_id}

@@ -56,6 +56,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a private topic: invitees join by the join handshake")
     p.add_argument("--outsiders", type=int, default=d.outsiders,
                    help="non-member nodes that know the topic id and keep asking")
+    p.add_argument("--banned-writer", action="store_true",
+                   help="the last member is banned and keeps writing on pre-ban parents")
     p.add_argument("--no-authorization", action="store_true",
                    help="a pure MEG: no topic state, no order, no acks")
     p.add_argument("--sweep", type=int, default=None, metavar="N",
@@ -78,7 +80,7 @@ def scenario_from_args(ns: argparse.Namespace) -> Scenario:
         depletion=not ns.no_depletion, lossy_liveness=not ns.clean_liveness,
         liveness_bound_ms=ns.liveness_bound, authorization=not ns.no_authorization,
         indexers=ns.indexers, adversary=ns.adversary, crashes=ns.crashes, invite=ns.invite,
-        outsiders=ns.outsiders)
+        outsiders=ns.outsiders, banned_writer=ns.banned_writer)
 
 
 def sweep(scenario: Scenario, count: int) -> int:
@@ -89,7 +91,10 @@ def sweep(scenario: Scenario, count: int) -> int:
         try:
             summary = run_scenario(replace(scenario, seed=seed))
             print(f"seed {seed}: ok, {summary.events} events, {summary.confirmed} confirmed, "
-                  f"{summary.acks} acks, {summary.bans} bans, converged "
+                  f"{summary.acks} acks, {summary.bans} bans, "
+                  + (f"{summary.excluded} excluded, {summary.soft_failed} soft-failed, "
+                     if summary.excluded or summary.soft_failed else "")
+                  + f"converged "
                   f"{summary.convergence_ms} ms after faults, wall {summary.wall_s:.1f} s",
                   flush=True)
         except AssertionError as failure:

@@ -60,6 +60,9 @@ class Scenario:
     # id keep asking; they must receive none of its events or event ids.
     invite: bool = False
     outsiders: int = 0
+    # Issue 16: the last member is banned a third of the way through the write
+    # rounds and keeps writing on pre-ban parents (adversary.BannedWriter).
+    banned_writer: bool = False
 
     def argv(self) -> list[str]:
         args = ["--seed", str(self.seed), "--nodes", str(self.nodes), "--loss", str(self.loss),
@@ -80,7 +83,8 @@ class Scenario:
                          ("--no-depletion", not self.depletion),
                          ("--clean-liveness", not self.lossy_liveness),
                          ("--no-authorization", not self.authorization),
-                         ("--adversary", self.adversary), ("--invite", self.invite)):
+                         ("--adversary", self.adversary), ("--invite", self.invite),
+                         ("--banned-writer", self.banned_writer)):
             if on:
                 args.append(flag)
         return args

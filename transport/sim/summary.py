@@ -13,6 +13,7 @@ import hashlib
 from dataclasses import dataclass
 from typing import Protocol
 
+from transport.sim.adversary import BannedWriter
 from transport.sim.network import Network
 from transport.sim.scenario import Scenario
 from transport.sim.simnode import SimNode
@@ -44,6 +45,9 @@ class Summary:
     confirmed: int = 0  # length of the confirmed order everywhere (authorized worlds)
     acks: int = 0  # acknowledgements the replicas made
     bans: int = 0  # (node, peer) bans the peer policies recorded
+    excluded: int = 0  # confirmed events a ban left out of the views (node 0's order)
+    soft_failed: int = 0  # events soft-failed on receipt, summed over the replicas
+    banned_writes: tuple[int, int] = (0, 0)  # the banned writer's (concurrent, after) writes
 
     def lines(self) -> list[str]:
         conv = (f"converged {self.convergence_ms} ms after the fault phase "
@@ -57,7 +61,9 @@ class Summary:
             f"duplicates {self.duplicates} ({self.duplicates / max(self.events, 1):.1f} per event)",
             f"mean width {self.mean_width:.2f}; wall {self.wall_s:.2f} s; digest {self.digest}",
             f"order: {self.confirmed} confirmed, {self.acks} acks; {self.bans} bans",
-        ]
+        ] + ([f"banned writer: {self.banned_writes[0]} writes concurrent with its ban, "
+              f"{self.banned_writes[1]} after it; {self.excluded} excluded from the order, "
+              f"{self.soft_failed} soft-failed on receipt"] if any(self.banned_writes) else [])
 
 
 class World(Protocol):
@@ -72,6 +78,7 @@ class World(Protocol):
     created: list[bytes]
     width_samples: list[float]
     bans: list[tuple[int, str]]
+    banned: BannedWriter | None
 
     def event_ids(self, index: int) -> set[bytes]: ...
 
@@ -112,4 +119,9 @@ def summarise(cluster: World, fault_end: int, converged_at: int | None,
         wall_s=round(wall_s, 3), digest=digest,
         confirmed=(first.order_status().confirmed_length
                    if cluster.authorization and first.ordering is not None else 0),
-        acks=sum(n.replica.counters["acks"] for n in nodes), bans=len(cluster.bans))
+        acks=sum(n.replica.counters["acks"] for n in nodes), bans=len(cluster.bans),
+        excluded=(first.ordering.stats["excluded"]
+                  if cluster.authorization and first.ordering is not None else 0),
+        soft_failed=sum(n.replica.counters["soft_failed"] for n in nodes),
+        banned_writes=((len(cluster.banned.concurrent), len(cluster.banned.after))
+                       if cluster.banned is not None else (0, 0)))

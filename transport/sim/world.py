@@ -52,7 +52,12 @@ from transport.dissemination import Disseminator
 from transport.dissemination_config import DisseminationConfig
 from transport.effects import Disconnect, Effect, Log, Send
 from transport.sim import checks
-from transport.sim.adversary import ADVERSARY_NEIGHBOURS, Adversary, outsider_frames
+from transport.sim.adversary import (
+    ADVERSARY_NEIGHBOURS,
+    Adversary,
+    BannedWriter,
+    outsider_frames,
+)
 from transport.sim.network import Due, Network, ring_with_chords
 from transport.sim.scenario import DEFAULT_INDEXERS, LIVENESS_BOUND_MS, Scenario
 from transport.sim.simnode import SimNode, seed_bytes
@@ -81,11 +86,15 @@ class Cluster:
                  tick_ms: int = DEFAULT_TICK_MS, log_dir: str | Path | None = None,
                  scenario: Scenario | None = None, authorization: bool = False,
                  indexers: int = DEFAULT_INDEXERS, adversary: bool = False,
-                 invite: bool = False, outsiders: int = 0) -> None:
+                 invite: bool = False, outsiders: int = 0,
+                 banned_writer: int | None = None) -> None:
         if not 2 <= n <= MAX_NODES or not 0 <= outsiders <= MAX_NODES - n:
             raise ValueError(f"n must be in [2, {MAX_NODES}], outsiders in [0, {MAX_NODES} - n]")
         if (invite or outsiders) and not authorization:
             raise ValueError("a private topic (invite, outsiders) needs authorization")
+        if banned_writer is not None and (not authorization or n < 2
+                                          or n - 1 < min(indexers, n)):
+            raise ValueError("a banned writer needs authorization and a non-indexer member")
         self.seed = seed
         self.rng = random.Random(seed)
         self.network = Network(self.rng, loss=loss, duplicate=duplicate, reorder=reorder,
@@ -105,6 +114,8 @@ class Cluster:
         self.invalid_log_records = 0
         self.authorization = authorization
         self.adversary: Adversary | None = None
+        # The member banned at that write round, which keeps writing (BannedWriter).
+        self.banned = None if banned_writer is None else BannedWriter(n - 1, banned_writer)
         # Without authorization: a pure MEG, no topic state or auth rules (the
         # paper's model; the width and push measurements use it). With it: the
         # topic the node creates (public join rule, members write), indexers
@@ -185,7 +196,8 @@ class Cluster:
                       config=s.dissemination_config(log=False), d_max=s.d_max,
                       depletion=s.depletion, log_dir=log_dir, scenario=s,
                       authorization=s.authorization, indexers=s.indexers, adversary=s.adversary,
-                      invite=s.invite, outsiders=s.outsiders)
+                      invite=s.invite, outsiders=s.outsiders,
+                      banned_writer=max(1, s.rounds // 3) if s.banned_writer else None)
         if s.partition_at_ms is not None and s.heal_at_ms is not None:
             groups = [set(range(g, s.nodes, s.groups)) for g in range(s.groups)]
             cluster.partition(groups, s.partition_at_ms, s.heal_at_ms)
@@ -237,7 +249,7 @@ class Cluster:
                 self._tick(a)
                 network.schedule(at + self.tick_ms, Due.TICK, a, 0, None)
             elif kind == _ROUND:
-                self._round(a)
+                self._round(a, b)
             elif kind == _CRASH:
                 self._crash(a)
             elif kind == _RESTART:
@@ -327,6 +339,8 @@ class Cluster:
         if self.invite and not node.replica.ready and at >= node.next_join_ms:
             self._ask_to_join(node, at)
         self._apply(node, node.engine.tick(at))
+        if self.banned is not None and index == self.banned.index and self.banned.due(at):
+            self._banned_writes(self.banned)
         assert node.policy is not None
         connected = sorted(self._peer(other).node_id for other in self._adjacent[index])
         self._apply_policy(node, node.policy.tick(at, connected))
@@ -355,19 +369,39 @@ class Cluster:
         if self.authorization:
             self.order_watch.observe(node, self.now_ms)
 
-    def _round(self, writers: int) -> None:
+    def _round(self, writers: int, round_: int = 0) -> None:
         self.width_samples.append(
             sum(n.replica.graph.width for n in self.members) / len(self.members))
+        banned = self.banned
+        if banned is not None and round_ == banned.ban_round:
+            self._ban(banned)
         for index in sorted(self.rng.sample(range(len(self.members)), writers)):
             node = self.nodes[index]
             if not node.alive:
                 continue  # crashed: it writes nothing until it restarts
+            if banned is not None and banned.ban_id is not None and index == banned.index:
+                continue  # it writes below, on its pre-ban parents
             if self.invite and node.replica.membership_of(node.identity.public_key) \
                     is not Membership.JOIN:
                 continue  # an invitee whose join is not in its state yet writes nothing
             event, _ = node.replica.publish(f"{index}@{self.now_ms}".encode(), self.now_ms, self.rng)
             self.created.append(event.id)
             self._apply(node, node.engine.on_publish(self.topic, event, self.now_ms))
+
+    def _ban(self, banned: BannedWriter) -> None:
+        """The creator bans the banned writer; its heads at that instant are its pre-ban parents."""
+        creator, target = self.nodes[0], self.nodes[banned.index]
+        event, _ = creator.replica.ban(target.identity.public_key, self.now_ms, self.rng)
+        self.created.append(event.id)
+        self._apply(creator, creator.engine.on_publish(self.topic, event, self.now_ms))
+        banned.banned(event.id, target.replica.graph.extremities())
+
+    def _banned_writes(self, banned: BannedWriter) -> None:
+        """The banned writer signs on its pre-ban chain and pushes to every neighbour."""
+        node = self.nodes[banned.index]
+        frame = banned.push(self.topic, banned.write(node.replica, self.now_ms))
+        for peer in sorted(self._adjacent[node.index]):
+            self.network.transmit(node.index, peer, frame)
 
     def _apply(self, node: SimNode, effects: list[Effect]) -> None:
         """Carry out the engine's effects: send, log, and tell the policy of misbehaviour."""
