@@ -81,7 +81,7 @@ ST_CHUNK_INDEX_BYTES = 4
 EMPTY_GROUP = 0
 # node.replica.ordering / node.replica.order_records (order under T)
 OR_CONFIRMED, OR_COUNT, OR_BATCH, OR_PROXY = b"c", b"n", b"b", b"p"
-OR_WHERE, OR_AT, OR_RECORDED = b"w", b"l", b"k"
+OR_WHERE, OR_AT, OR_RECORDED, OR_EXCLUDED = b"w", b"l", b"k", b"x"
 
 _COUNTERS = (META_DELIVERED, META_EQUIVOCATIONS, META_ARRIVALS, META_BUFFER_TOTAL,
              META_REJECTIONS)
@@ -326,7 +326,7 @@ def _walk_state_events(topic: _Topic, exists: Callable[[int], bool]) -> None:
 
 
 def walk_order(topic: _Topic) -> None:
-    """The confirmed prefix, node positions and proxies (node.replica.ordering)."""
+    """The confirmed prefix, node positions, exclusions and proxies (node.replica.ordering)."""
     count = _u64(topic.get(TABLE_ORDER, OR_COUNT))
     expected = 0
     for rest, value in topic.scan(TABLE_ORDER, OR_CONFIRMED):
@@ -353,6 +353,12 @@ def walk_order(topic: _Topic) -> None:
                 not _u64(rest[1:]) < _u64(value) <= delivered:
             topic.add(Damage.BAD_RECORD, TABLE_ORDER, rest,
                       f"batch {_u64(rest[1:])}..{_u64(value[:U64])}, {delivered} delivered")
+    for rest, value in topic.scan(TABLE_ORDER, OR_EXCLUDED):  # node.replica.order_bans
+        if len(rest) != 1 + ID_BYTES or not value:
+            topic.add(Damage.BAD_RECORD, TABLE_ORDER, rest, "not id -> reason")
+        elif not topic.applied(rest[1:]):
+            topic.add(Damage.EVENT_MISSING, TABLE_ORDER, rest,
+                      f"excluded event {rest[1:].hex()[:16]}, not applied")
     for rest, value in topic.scan(TABLE_ORDER, OR_PROXY):
         deps = [value[i:i + ID_BYTES] for i in range(0, len(value), ID_BYTES)]
         if len(rest) != 1 + ID_BYTES or len(value) % ID_BYTES:

@@ -122,6 +122,7 @@ def test_the_key_prefixes_are_the_owning_modules(store) -> None:
         state._EVENT, state._GROUP, state._CHUNK, state._MEMO, state._REJECTED, state._NEXT)
     assert (tables.OR_CONFIRMED, tables.OR_COUNT, tables.OR_BATCH, tables.OR_PROXY) == (
         order._CONFIRMED, order._COUNT, order._BATCH, order._PROXY)
+    assert tables.OR_EXCLUDED == order._EXCLUDED
     assert (tables.OR_WHERE, tables.OR_AT, tables.OR_RECORDED) == (
         records._WHERE, records._AT, records._RECORDED)
 
