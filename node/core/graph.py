@@ -136,6 +136,10 @@ class Graph(GraphCommit, GraphWalks):
         self._nodes: OrderedDict[bytes, _NodeInfo] = OrderedDict()
         self._events: OrderedDict[bytes, Event] = OrderedDict()
         self._latest_seq: OrderedDict[bytes, int | None] = OrderedDict()
+        # Sizes of the two biggest caches: a node's cache budget shrinks them
+        # when it holds many topics (`resize_caches`, node.replica.cache_budget).
+        self._node_cache_size = NODE_CACHE_SIZE
+        self._event_cache_size = EVENT_CACHE_SIZE
         self._discard_listeners: list[Callable[[], None]] = []
         # Mirrors of persistent counters (None: read from the store on next use).
         self._delivered: int | None = None
@@ -165,6 +169,14 @@ class Graph(GraphCommit, GraphWalks):
         """This topic's slice of an extension table, written in the graph's transactions."""
         return TopicTable(self._w, name, self._t)
 
+    def resize_caches(self, nodes: int, events: int) -> None:
+        """Hold at most `nodes` (depth, parents) and `events` decoded events (oldest dropped)."""
+        self._node_cache_size = nodes
+        self._event_cache_size = events
+        for cache, size in ((self._nodes, nodes), (self._events, events)):
+            while len(cache) > size:
+                cache.popitem(last=False)
+
     def on_discard(self, listener: Callable[[], None]) -> None:
         """Call `listener` whenever pending writes are discarded (its caches are stale)."""
         self._discard_listeners.append(listener)
@@ -190,7 +202,7 @@ class Graph(GraphCommit, GraphWalks):
         if record is None:
             return None
         event = trusted_event(msgpack.unpackb(record)[1])
-        self._remember(self._events, event_id, event, EVENT_CACHE_SIZE)
+        self._remember(self._events, event_id, event, self._event_cache_size)
         return event
 
     def depth(self, event_id: bytes) -> int | None:
@@ -414,7 +426,7 @@ class Graph(GraphCommit, GraphWalks):
             raise _damaged(self._t, "the id index names a position the delivery table lacks")
         depth, raw = msgpack.unpackb(record)
         info = (depth, tuple(msgpack.unpackb(raw)[4]), position)
-        self._remember(self._nodes, event_id, info, NODE_CACHE_SIZE)
+        self._remember(self._nodes, event_id, info, self._node_cache_size)
         return info
 
     def _apply_cascade(self, first: Event, cascade: _Cascade) -> None:
@@ -490,11 +502,11 @@ class Graph(GraphCommit, GraphWalks):
             if len(latest_seq) > LATEST_SEQ_CACHE_SIZE:
                 latest_seq.popitem(last=False)
         nodes[event_id] = (depth, parents, at)
-        if len(nodes) > NODE_CACHE_SIZE:
+        if len(nodes) > self._node_cache_size:
             nodes.popitem(last=False)
         events = self._events
         events[event_id] = event
-        if len(events) > EVENT_CACHE_SIZE:
+        if len(events) > self._event_cache_size:
             events.popitem(last=False)
         if self._memo.memos:
             self._memo.note_applied(depth, event_id)

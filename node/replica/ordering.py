@@ -135,7 +135,7 @@ class TopicOrder(OrderDuties):
     """
 
     def __init__(self, graph: Graph, tracker: StateTracker, config: OrderConfig = OrderConfig(),
-                 replay_to: int | None = None) -> None:
+                 replay_to: int | None = None, where_cache: int | None = None) -> None:
         root = graph.get(graph.topic_id)
         if root is None:
             raise ValueError("a topic order needs the topic's create event")
@@ -145,7 +145,7 @@ class TopicOrder(OrderDuties):
         self._tracker = tracker
         self._table = graph.table(TABLE_ORDER)
         self._lin = Linearizer(frozenset({root.author}), role_change=self._role_change,
-                               directory=OrderRecords(self._table))
+                               directory=OrderRecords(self._table), cache_size=where_cache)
         self._fed = 0  # delivery positions consumed
         # Rejected event -> its ordered deps: recorded in the table (`p|id`), the
         # newest PROXY_CACHE_SIZE kept in memory; `_rejected` says whether any
@@ -166,6 +166,10 @@ class TopicOrder(OrderDuties):
         self._replay(graph.delivered_count if replay_to is None else replay_to)
 
     # ------------------------------------------------------------------ reading
+
+    def resize_caches(self, where: int) -> None:
+        """Resize the order's position cache (a node's cache budget, node.replica.cache_budget)."""
+        self._lin.resize_cache(where)
 
     @property
     def confirmed(self) -> tuple[bytes, ...]:

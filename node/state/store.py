@@ -129,8 +129,15 @@ class StateGroups:
         self.max_chain = max_chain
         self._maps: OrderedDict[int, tuple[dict[StateKey, bytes], int]] = OrderedDict()
         self._records: OrderedDict[bytes, EventState] = OrderedDict()
+        self._record_cache_size = RECORD_CACHE_SIZE  # a node's cache budget may shrink it
         self._memo: OrderedDict[bytes, int] = OrderedDict()
         self._next: int | None = None
+
+    def resize_caches(self, records: int) -> None:
+        """Hold at most `records` event records (the oldest dropped)."""
+        self._record_cache_size = records
+        while len(self._records) > records:
+            self._records.popitem(last=False)
 
     def clear_caches(self) -> None:
         """Forget everything cached (pending writes were discarded)."""
@@ -151,7 +158,7 @@ class StateGroups:
         reason = raw[16:].decode() if len(raw) > 16 else None
         record = EventState(int.from_bytes(raw[:8], "big"), int.from_bytes(raw[8:16], "big"),
                             reason)
-        _remember(self._records, event_id, record, RECORD_CACHE_SIZE)
+        _remember(self._records, event_id, record, self._record_cache_size)
         return record
 
     def record_event(self, event_id: bytes, record: EventState) -> None:
@@ -160,7 +167,7 @@ class StateGroups:
             value += record.reason.encode()
             self._table.put(_REJECTED + event_id, b"")
         self._table.put(_EVENT + event_id, value)
-        _remember(self._records, event_id, record, RECORD_CACHE_SIZE)
+        _remember(self._records, event_id, record, self._record_cache_size)
 
     def rejected_ids(self, limit: int | None = None) -> list[bytes]:
         """Ids of rejected events (in id order), at most `limit`."""
