@@ -136,10 +136,11 @@ class Graph(GraphCommit, GraphWalks):
         self._nodes: OrderedDict[bytes, _NodeInfo] = OrderedDict()
         self._events: OrderedDict[bytes, Event] = OrderedDict()
         self._latest_seq: OrderedDict[bytes, int | None] = OrderedDict()
-        # Sizes of the two biggest caches: a node's cache budget shrinks them
+        # Sizes of the caches: a node's cache budget shrinks them
         # when it holds many topics (`resize_caches`, node.replica.cache_budget).
         self._node_cache_size = NODE_CACHE_SIZE
         self._event_cache_size = EVENT_CACHE_SIZE
+        self._latest_seq_cache_size = LATEST_SEQ_CACHE_SIZE
         self._discard_listeners: list[Callable[[], None]] = []
         # Mirrors of persistent counters (None: read from the store on next use).
         self._delivered: int | None = None
@@ -169,11 +170,14 @@ class Graph(GraphCommit, GraphWalks):
         """This topic's slice of an extension table, written in the graph's transactions."""
         return TopicTable(self._w, name, self._t)
 
-    def resize_caches(self, nodes: int, events: int) -> None:
-        """Hold at most `nodes` (depth, parents) and `events` decoded events (oldest dropped)."""
+    def resize_caches(self, nodes: int, events: int, latest_seq: int) -> None:
+        """Hold at most `nodes` (depth, parents), `events` decoded events and
+        `latest_seq` authors' latest seqs (the oldest dropped)."""
         self._node_cache_size = nodes
         self._event_cache_size = events
-        for cache, size in ((self._nodes, nodes), (self._events, events)):
+        self._latest_seq_cache_size = latest_seq
+        for cache, size in ((self._nodes, nodes), (self._events, events),
+                            (self._latest_seq, latest_seq)):
             while len(cache) > size:
                 cache.popitem(last=False)
 
@@ -301,7 +305,7 @@ class Graph(GraphCommit, GraphWalks):
         if author in self._latest_seq:
             return self._latest_seq[author]
         latest = self._scan_latest_seq(author)
-        self._remember(self._latest_seq, author, latest, LATEST_SEQ_CACHE_SIZE)
+        self._remember(self._latest_seq, author, latest, self._latest_seq_cache_size)
         return latest
 
     def _scan_latest_seq(self, author: bytes) -> int | None:
@@ -499,7 +503,7 @@ class Graph(GraphCommit, GraphWalks):
         w.put(TABLE_AUTHORS, t + author + seq.to_bytes(8, "big") + event_id, b"")
         if latest is None or seq > latest:  # type: ignore[operator]
             latest_seq[author] = seq  # `_remember`, inline
-            if len(latest_seq) > LATEST_SEQ_CACHE_SIZE:
+            if len(latest_seq) > self._latest_seq_cache_size:
                 latest_seq.popitem(last=False)
         nodes[event_id] = (depth, parents, at)
         if len(nodes) > self._node_cache_size:

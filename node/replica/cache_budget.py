@@ -23,9 +23,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from node.core.graph import EVENT_CACHE_SIZE, NODE_CACHE_SIZE
+from node.core.graph import EVENT_CACHE_SIZE, LATEST_SEQ_CACHE_SIZE, NODE_CACHE_SIZE
 from node.core.order.clock import WHERE_CACHE_SIZE
-from node.state.store import RECORD_CACHE_SIZE
+from node.replica.ordering import ROLE_CACHE_SIZE
+from node.state.store import MEMO_CACHE_SIZE, RECORD_CACHE_SIZE
+from node.state.tracker import VERDICT_CACHE_SIZE
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,6 +38,12 @@ class CacheSizes:
     events: int = EVENT_CACHE_SIZE  # the graph's decoded events
     records: int = RECORD_CACHE_SIZE  # the state's per-event records
     where: int = WHERE_CACHE_SIZE  # the order's positions (one generation of two)
+    # Per author or per state: small while a topic has few writers, ~1-2 MB
+    # each at full size with many (verdicts ~520 bytes an entry).
+    latest_seq: int = LATEST_SEQ_CACHE_SIZE  # the graph's authors' latest seqs
+    memo: int = MEMO_CACHE_SIZE  # the state's resolution memo
+    verdicts: int = VERDICT_CACHE_SIZE  # the state's auth verdicts
+    roles: int = ROLE_CACHE_SIZE  # the order's (state group, author) roles
 
     def __post_init__(self) -> None:
         for name in self.__slots__:
@@ -44,25 +52,19 @@ class CacheSizes:
 
 
 # The node-wide totals: twice the per-topic sizes, so a node with one or two
-# busy topics keeps today's sizes. About 90 MB of caches at most (a topic's
-# caches at full size measured ~45 MB).
-NODE_CACHE_TOTALS = CacheSizes(
-    nodes=2 * NODE_CACHE_SIZE,
-    events=2 * EVENT_CACHE_SIZE,
-    records=2 * RECORD_CACHE_SIZE,
-    where=2 * WHERE_CACHE_SIZE,
-)
+# busy topics keeps today's sizes. About 80 MB of caches at most (a topic's
+# caches at full size held ~40 MB of Python objects (tracemalloc): nodes 19.5,
+# positions and ids (two generations) 11.6, events 4.4, records 3.3; and with
+# many writers up to ~4 more in the per-author ones).
+NODE_CACHE_TOTALS = CacheSizes(**{name: 2 * getattr(CacheSizes(), name)
+                                   for name in CacheSizes.__slots__})
 
 # What every topic keeps however many are open (1/256 of the full sizes): the
 # parents of what arrives next and the newest positions, so a topic still
 # works without a store read per event. At MAX_TOPICS (1,024) topics that is
 # 4 x one topic's full caches.
-TOPIC_CACHE_MINIMUMS = CacheSizes(
-    nodes=NODE_CACHE_SIZE // 256,
-    events=EVENT_CACHE_SIZE // 256,
-    records=RECORD_CACHE_SIZE // 256,
-    where=WHERE_CACHE_SIZE // 256,
-)
+TOPIC_CACHE_MINIMUMS = CacheSizes(**{name: getattr(CacheSizes(), name) // 256
+                                      for name in CacheSizes.__slots__})
 
 
 @dataclass(frozen=True, slots=True)

@@ -156,6 +156,7 @@ class TopicOrder(OrderDuties):
         self._acks: set[bytes] = set()  # unconfirmed acks
         self._latest: dict[bytes, tuple[int, bytes]] = {}  # writer -> (ordinal, id), ordered nodes
         self._roles: OrderedDict[tuple[int, bytes], Role] = OrderedDict()
+        self._role_cache_size = ROLE_CACHE_SIZE  # a node's cache budget may shrink it
         self._indexers_group = _NO_GROUP
         self._last_ack_ms: int | None = None
         # The confirmed prefix lives in the table (`c|position`); this is its length.
@@ -167,9 +168,12 @@ class TopicOrder(OrderDuties):
 
     # ------------------------------------------------------------------ reading
 
-    def resize_caches(self, where: int) -> None:
-        """Resize the order's position cache (a node's cache budget, node.replica.cache_budget)."""
+    def resize_caches(self, where: int, roles: int) -> None:
+        """Resize the order's position and role caches (node.replica.cache_budget)."""
         self._lin.resize_cache(where)
+        self._role_cache_size = roles
+        while len(self._roles) > roles:
+            self._roles.popitem(last=False)
 
     @property
     def confirmed(self) -> tuple[bytes, ...]:
@@ -414,7 +418,7 @@ class TopicOrder(OrderDuties):
         if role is None:
             role = role_in(author, self._tracker.state(group), self._graph)
             self._roles[key] = role
-            if len(self._roles) > ROLE_CACHE_SIZE:
+            if len(self._roles) > self._role_cache_size:
                 self._roles.popitem(last=False)
         return role
 

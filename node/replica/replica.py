@@ -253,7 +253,7 @@ class Replica(StateOperations, Authoring, ReadAccess, Joining):
                        "ReplicaConfig.authorization is off"))
             groups = StateGroups(self.graph.table(TABLE_STATE), self.config.state_delta_chain)
             self._tracker = StateTracker(self.graph, groups)
-            groups.resize_caches(self._caches.records)
+            self._resize_state_caches()
         return self._tracker
 
     def state(self) -> dict[StateKey, Event]:
@@ -377,6 +377,7 @@ class Replica(StateOperations, Authoring, ReadAccess, Joining):
         if self._order is None and self.authorizing and self.config.ordering.enabled:
             self._order = TopicOrder(self.graph, self.tracker, self.config.ordering,
                                      where_cache=self._caches.where)
+            self._order.resize_caches(self._caches.where, self._caches.roles)
         return self._order
 
     def _order_applied(self, applied: tuple[Event, ...]) -> OrderUpdate | None:
@@ -388,16 +389,23 @@ class Replica(StateOperations, Authoring, ReadAccess, Joining):
             self._order = TopicOrder(self.graph, self.tracker, self.config.ordering,
                                      replay_to=self.graph.delivered_count - len(applied),
                                      where_cache=self._caches.where)
+            self._order.resize_caches(self._caches.where, self._caches.roles)
         return self._order.catch_up(applied)
 
     def resize_caches(self, sizes: CacheSizes) -> None:
         """Bound the biggest caches to `sizes` (a node's cache budget, node.replica.cache_budget)."""
         self._caches = sizes
-        self.graph.resize_caches(sizes.nodes, sizes.events)
+        self.graph.resize_caches(sizes.nodes, sizes.events, sizes.latest_seq)
         if self._tracker is not None:
-            self._tracker.groups.resize_caches(sizes.records)
+            self._resize_state_caches()
         if self._order is not None:
-            self._order.resize_caches(sizes.where)
+            self._order.resize_caches(sizes.where, sizes.roles)
+
+    def _resize_state_caches(self) -> None:
+        sizes, tracker = self._caches, self._tracker
+        assert tracker is not None
+        tracker.groups.resize_caches(sizes.records, sizes.memo)
+        tracker.resize_caches(sizes.verdicts)
 
     def _forget_order(self) -> None:
         self._order = None  # pending writes were discarded: rebuild from what is durable
