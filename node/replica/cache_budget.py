@@ -3,10 +3,10 @@
 Every open topic has its own graph, state and order caches. At their full
 per-topic sizes a node's memory grew with topics x cache sizes (100 topics x
 10k events: 68 -> 1,081 MB RssAnon), up to `MAX_TOPICS` topics. The caches
-(`CacheSizes`: all but three small ones) therefore draw on one budget per node: each of the N open topics gets
-`min(per-topic size, max(minimum, node total / N))` entries, re-applied to
-every open topic (shrinking a cache drops its oldest entries) whenever a topic
-is opened or closed. A node with one or two busy topics keeps the full
+(`CacheSizes`: all but three small ones) therefore draw on one budget per
+node: each of the N open topics gets `min(per-topic size, max(minimum, node
+total / N))` entries, re-applied to every open topic (shrinking a cache
+drops its oldest entries) whenever a topic is opened or closed. A node with one or two busy topics keeps the full
 per-topic sizes; the node's cache entries stay under the node totals, or
 `MAX_TOPICS` x the minimums when that is larger.
 
