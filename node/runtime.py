@@ -72,6 +72,7 @@ from node.metrics import MetricsExporter, close_listeners, open_metrics_listener
 from node.peer_executor import PeerExecutor
 from node.peer_ids import node_id_of, now_ms
 from node.relay_intake import RelayIntake, remote_ip
+from node.replica.cache_budget import CacheBudget
 from node.replica.ordering import OrderConfig
 from node.replica.replica import Replica, ReplicaConfig
 from node.state.types import RULE_INVITE, RULE_PUBLIC, Membership
@@ -154,6 +155,9 @@ class Node:
             peer_key=key_of_hex_peer,
         )
         self._topics: dict[bytes, Topic] = {}
+        # The topics' biggest caches share one budget (issue 17: flat memory).
+        self._cache_budget = CacheBudget()
+        self._cache_shares = self._cache_budget.shares(1)  # as last applied to every topic
         # Joins by handshake under way: a second `join` of the same topic waits for it.
         self._joining: dict[bytes, trio.Event] = {}
         # GossipSub: topics subscribed (open ones), and topics whose join rule is
@@ -495,6 +499,7 @@ class Node:
         topic = self._topics.pop(topic_id, None)
         if topic is None:
             return False
+        self._share_caches()
         self.disseminator.remove_topic(topic_id)
         topic.end_subscriptions()  # they end (NodeError) instead of waiting for ever
         self._gossip_undecided.discard(topic_id)
@@ -506,7 +511,17 @@ class Node:
     def _replica_config(self) -> ReplicaConfig:
         interval = self.config.ack_interval_ms
         return ReplicaConfig(ordering=OrderConfig() if interval is None
-                             else OrderConfig(ack_interval_ms=interval))
+                             else OrderConfig(ack_interval_ms=interval),
+                             caches=self._cache_budget.shares(len(self._topics) + 1))
+
+    def _share_caches(self) -> None:
+        """Re-apply the cache budget's shares to every open topic (one opened or closed)."""
+        shares = self._cache_budget.shares(len(self._topics))
+        if shares == self._cache_shares:
+            return
+        self._cache_shares = shares
+        for topic in self._topics.values():
+            topic.replica.resize_caches(shares)
 
     async def _open_topic(self, topic_id: bytes, record: bytes | None = b"") -> Topic:
         replica = Replica(self.store, topic_id, self.identity, self._replica_config())
@@ -517,6 +532,8 @@ class Node:
         self._check_room()
         topic = Topic(self.node_id, replica, self._writes)
         self._topics[replica.topic_id] = topic
+        self._share_caches()
+        replica.resize_caches(self._cache_shares)  # made when fewer or more topics were open
         self.disseminator.add_topic(replica)
         if record is not None:
             await self._write_records(topic_record(replica.topic_id, record))

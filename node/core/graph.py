@@ -136,6 +136,11 @@ class Graph(GraphCommit, GraphWalks):
         self._nodes: OrderedDict[bytes, _NodeInfo] = OrderedDict()
         self._events: OrderedDict[bytes, Event] = OrderedDict()
         self._latest_seq: OrderedDict[bytes, int | None] = OrderedDict()
+        # Sizes of the caches: a node's cache budget shrinks them
+        # when it holds many topics (`resize_caches`, node.replica.cache_budget).
+        self._node_cache_size = NODE_CACHE_SIZE
+        self._event_cache_size = EVENT_CACHE_SIZE
+        self._latest_seq_cache_size = LATEST_SEQ_CACHE_SIZE
         self._discard_listeners: list[Callable[[], None]] = []
         # Mirrors of persistent counters (None: read from the store on next use).
         self._delivered: int | None = None
@@ -165,6 +170,17 @@ class Graph(GraphCommit, GraphWalks):
         """This topic's slice of an extension table, written in the graph's transactions."""
         return TopicTable(self._w, name, self._t)
 
+    def resize_caches(self, nodes: int, events: int, latest_seq: int) -> None:
+        """Hold at most `nodes` (depth, parents), `events` decoded events and
+        `latest_seq` authors' latest seqs (the oldest dropped)."""
+        self._node_cache_size = nodes
+        self._event_cache_size = events
+        self._latest_seq_cache_size = latest_seq
+        for cache, size in ((self._nodes, nodes), (self._events, events),
+                            (self._latest_seq, latest_seq)):
+            while len(cache) > size:
+                cache.popitem(last=False)
+
     def on_discard(self, listener: Callable[[], None]) -> None:
         """Call `listener` whenever pending writes are discarded (its caches are stale)."""
         self._discard_listeners.append(listener)
@@ -190,7 +206,7 @@ class Graph(GraphCommit, GraphWalks):
         if record is None:
             return None
         event = trusted_event(msgpack.unpackb(record)[1])
-        self._remember(self._events, event_id, event, EVENT_CACHE_SIZE)
+        self._remember(self._events, event_id, event, self._event_cache_size)
         return event
 
     def depth(self, event_id: bytes) -> int | None:
@@ -294,7 +310,7 @@ class Graph(GraphCommit, GraphWalks):
         if author in self._latest_seq:
             return self._latest_seq[author]
         latest = self._scan_latest_seq(author)
-        self._remember(self._latest_seq, author, latest, LATEST_SEQ_CACHE_SIZE)
+        self._remember(self._latest_seq, author, latest, self._latest_seq_cache_size)
         return latest
 
     def _scan_latest_seq(self, author: bytes) -> int | None:
@@ -419,7 +435,7 @@ class Graph(GraphCommit, GraphWalks):
             raise _damaged(self._t, "the id index names a position the delivery table lacks")
         depth, raw = msgpack.unpackb(record)
         info = (depth, tuple(msgpack.unpackb(raw)[4]), position)
-        self._remember(self._nodes, event_id, info, NODE_CACHE_SIZE)
+        self._remember(self._nodes, event_id, info, self._node_cache_size)
         return info
 
     def _apply_cascade(self, first: Event, cascade: _Cascade) -> None:
@@ -492,14 +508,14 @@ class Graph(GraphCommit, GraphWalks):
         w.put(TABLE_AUTHORS, t + author + seq.to_bytes(8, "big") + event_id, b"")
         if latest is None or seq > latest:  # type: ignore[operator]
             latest_seq[author] = seq  # `_remember`, inline
-            if len(latest_seq) > LATEST_SEQ_CACHE_SIZE:
+            if len(latest_seq) > self._latest_seq_cache_size:
                 latest_seq.popitem(last=False)
         nodes[event_id] = (depth, parents, at)
-        if len(nodes) > NODE_CACHE_SIZE:
+        if len(nodes) > self._node_cache_size:
             nodes.popitem(last=False)
         events = self._events
         events[event_id] = event
-        if len(events) > EVENT_CACHE_SIZE:
+        if len(events) > self._event_cache_size:
             events.popitem(last=False)
         if self._memo.memos:
             self._memo.note_applied(depth, event_id)

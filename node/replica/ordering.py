@@ -149,7 +149,7 @@ class TopicOrder(OrderDuties):
     """
 
     def __init__(self, graph: Graph, tracker: StateTracker, config: OrderConfig = OrderConfig(),
-                 replay_to: int | None = None) -> None:
+                 replay_to: int | None = None, where_cache: int | None = None) -> None:
         root = graph.get(graph.topic_id)
         if root is None:
             raise ValueError("a topic order needs the topic's create event")
@@ -159,7 +159,7 @@ class TopicOrder(OrderDuties):
         self._tracker = tracker
         self._table = graph.table(TABLE_ORDER)
         self._lin = Linearizer(frozenset({root.author}), role_change=self._role_change,
-                               directory=OrderRecords(self._table))
+                               directory=OrderRecords(self._table), cache_size=where_cache)
         self._fed = 0  # delivery positions consumed
         # Rejected event -> its ordered deps: recorded in the table (`p|id`), the
         # newest PROXY_CACHE_SIZE kept in memory; `_rejected` says whether any
@@ -170,6 +170,7 @@ class TopicOrder(OrderDuties):
         self._acks: set[bytes] = set()  # unconfirmed acks
         self._latest: dict[bytes, tuple[int, bytes]] = {}  # writer -> (ordinal, id), ordered nodes
         self._roles: OrderedDict[tuple[int, bytes], Role] = OrderedDict()
+        self._role_cache_size = ROLE_CACHE_SIZE  # a node's cache budget may shrink it
         self._indexers_group = _NO_GROUP
         self._last_ack_ms: int | None = None
         # The confirmed prefix lives in the table (`c|position`); this is its length.
@@ -187,6 +188,13 @@ class TopicOrder(OrderDuties):
         self._replay(graph.delivered_count if replay_to is None else replay_to)
 
     # ------------------------------------------------------------------ reading
+
+    def resize_caches(self, where: int, roles: int) -> None:
+        """Resize the order's position and role caches (node.replica.cache_budget)."""
+        self._lin.resize_cache(where)
+        self._role_cache_size = roles
+        while len(self._roles) > roles:
+            self._roles.popitem(last=False)
 
     @property
     def confirmed(self) -> tuple[bytes, ...]:
@@ -481,7 +489,7 @@ class TopicOrder(OrderDuties):
         if role is None:
             role = role_in(author, self._tracker.state(group), self._graph)
             self._roles[key] = role
-            if len(self._roles) > ROLE_CACHE_SIZE:
+            if len(self._roles) > self._role_cache_size:
                 self._roles.popitem(last=False)
         return role
 

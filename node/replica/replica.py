@@ -82,6 +82,7 @@ from node.core.monitor import ReferenceMonitor, Rejected
 from node.core.order import OrderUpdate
 from node.core.parents import DEFAULT_D_MAX, MAX_D_MAX, MIN_D_MAX
 from node.replica.authoring import Authoring
+from node.replica.cache_budget import CacheSizes
 from node.replica.joining import Joining
 from node.replica.order_views import ORDER_CAUSAL, ORDER_CONFIRMED, ORDER_TENTATIVE, OrderStatus
 from node.replica.ordering import TopicOrder
@@ -139,6 +140,7 @@ class Replica(StateOperations, Authoring, ReadAccess, Joining):
         self.identity = identity
         self.config = config
         self.graph = Graph(store, topic_id, config.limits)
+        self._caches = CacheSizes()
         self.monitor = ReferenceMonitor(topic_id, config.max_future_skew_ms)
         self.counters: Counter[str] = Counter()
         self._params: TopicParams | None = None
@@ -152,6 +154,8 @@ class Replica(StateOperations, Authoring, ReadAccess, Joining):
         self._access_epochs = (0, 0)
         self.graph.on_discard(self._forget_state_caches)
         self.graph.on_discard(self._forget_order)
+        if config.caches != self._caches:
+            self.resize_caches(config.caches)
 
     @classmethod
     def create_topic(
@@ -251,6 +255,7 @@ class Replica(StateOperations, Authoring, ReadAccess, Joining):
                        "ReplicaConfig.authorization is off"))
             groups = StateGroups(self.graph.table(TABLE_STATE), self.config.state_delta_chain)
             self._tracker = StateTracker(self.graph, groups)
+            self._resize_state_caches()
         return self._tracker
 
     @property
@@ -411,8 +416,10 @@ class Replica(StateOperations, Authoring, ReadAccess, Joining):
         `ReplicaConfig.ordering.enabled`.
         """
         if self._order is None and self.authorizing and self.config.ordering.enabled:
-            self._order = TopicOrder(self.graph, self.tracker, self.config.ordering)
+            self._order = TopicOrder(self.graph, self.tracker, self.config.ordering,
+                                     where_cache=self._caches.where)
             self._order.soft_failed = self.soft_fails.is_soft_failed
+            self._order.resize_caches(self._caches.where, self._caches.roles)
         return self._order
 
     def _order_applied(self, applied: tuple[Event, ...]) -> OrderUpdate | None:
@@ -422,9 +429,26 @@ class Replica(StateOperations, Authoring, ReadAccess, Joining):
         if self._order is None:
             # Replay what came before this batch, so the batch itself is reported.
             self._order = TopicOrder(self.graph, self.tracker, self.config.ordering,
-                                     replay_to=self.graph.delivered_count - len(applied))
+                                     replay_to=self.graph.delivered_count - len(applied),
+                                     where_cache=self._caches.where)
             self._order.soft_failed = self.soft_fails.is_soft_failed
+            self._order.resize_caches(self._caches.where, self._caches.roles)
         return self._order.catch_up(applied)
+
+    def resize_caches(self, sizes: CacheSizes) -> None:
+        """Bound the biggest caches to `sizes` (a node's cache budget, node.replica.cache_budget)."""
+        self._caches = sizes
+        self.graph.resize_caches(sizes.nodes, sizes.events, sizes.latest_seq)
+        if self._tracker is not None:
+            self._resize_state_caches()
+        if self._order is not None:
+            self._order.resize_caches(sizes.where, sizes.roles)
+
+    def _resize_state_caches(self) -> None:
+        sizes, tracker = self._caches, self._tracker
+        assert tracker is not None
+        tracker.groups.resize_caches(sizes.records, sizes.memo)
+        tracker.resize_caches(sizes.verdicts)
 
     def _forget_order(self) -> None:
         self._order = None  # pending writes were discarded: rebuild from what is durable

@@ -17,6 +17,7 @@ from node.core.graph import GraphLimits
 from node.core.monitor import MAX_FUTURE_SKEW_MS
 from node.core.order import OrderUpdate
 from node.core.parents import DEFAULT_D_MAX, MAX_D_MAX, MIN_D_MAX, DepletionPolicy, ParentPolicy
+from node.replica.cache_budget import CacheSizes
 from node.replica.ordering import OrderConfig
 from node.state.store import MAX_DELTA_CHAIN
 
@@ -52,6 +53,9 @@ class ReplicaConfig:
     # Soft fail on receipt (node.state.soft_fail). False: every event valid in its own
     # past is forwarded, built on and delivered (the seeded world's "before" figure).
     soft_fail: bool = True
+    # Sizes of the biggest caches: a node shares one budget among its topics
+    # (node.replica.cache_budget; later changes: `Replica.resize_caches`).
+    caches: CacheSizes = CacheSizes()
 
 
 @dataclass(frozen=True, slots=True)

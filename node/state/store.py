@@ -129,8 +129,18 @@ class StateGroups:
         self.max_chain = max_chain
         self._maps: OrderedDict[int, tuple[dict[StateKey, bytes], int]] = OrderedDict()
         self._records: OrderedDict[bytes, EventState] = OrderedDict()
+        self._record_cache_size = RECORD_CACHE_SIZE  # a node's cache budget may shrink them
+        self._memo_cache_size = MEMO_CACHE_SIZE
         self._memo: OrderedDict[bytes, int] = OrderedDict()
         self._next: int | None = None
+
+    def resize_caches(self, records: int, memo: int) -> None:
+        """Hold at most `records` event records and `memo` memo entries (the oldest dropped)."""
+        self._record_cache_size = records
+        self._memo_cache_size = memo
+        for cache, size in ((self._records, records), (self._memo, memo)):
+            while len(cache) > size:
+                cache.popitem(last=False)
 
     def clear_caches(self) -> None:
         """Forget everything cached (pending writes were discarded)."""
@@ -151,7 +161,7 @@ class StateGroups:
         reason = raw[16:].decode() if len(raw) > 16 else None
         record = EventState(int.from_bytes(raw[:8], "big"), int.from_bytes(raw[8:16], "big"),
                             reason)
-        _remember(self._records, event_id, record, RECORD_CACHE_SIZE)
+        _remember(self._records, event_id, record, self._record_cache_size)
         return record
 
     def record_event(self, event_id: bytes, record: EventState) -> None:
@@ -160,7 +170,7 @@ class StateGroups:
             value += record.reason.encode()
             self._table.put(_REJECTED + event_id, b"")
         self._table.put(_EVENT + event_id, value)
-        _remember(self._records, event_id, record, RECORD_CACHE_SIZE)
+        _remember(self._records, event_id, record, self._record_cache_size)
 
     def rejected_ids(self, limit: int | None = None) -> list[bytes]:
         """Ids of rejected events (in id order), at most `limit`."""
@@ -275,13 +285,13 @@ class StateGroups:
         if raw is None:
             return None
         gid = int.from_bytes(raw, "big")
-        _remember(self._memo, key, gid, MEMO_CACHE_SIZE)
+        _remember(self._memo, key, gid, self._memo_cache_size)
         return gid
 
     def remember(self, gids: Iterable[int], result: int) -> None:
         key = _memo_key(gids)
         self._table.put(_MEMO + key, _u64(result))
-        _remember(self._memo, key, result, MEMO_CACHE_SIZE)
+        _remember(self._memo, key, result, self._memo_cache_size)
 
 
 def _memo_key(gids: Iterable[int]) -> bytes:

@@ -108,11 +108,18 @@ class StateTracker:
         self.groups = groups
         self.stats: Counter[str] = Counter()
         self._verdicts: OrderedDict[tuple, AuthReason | None] = OrderedDict()
+        self._verdict_cache_size = VERDICT_CACHE_SIZE  # a node's cache budget may shrink it
         self._current: tuple[tuple[bytes, ...], int] | None = None
         self._caught_up: set[bytes] = set()
         # Input gids -> why resolution refused them. Gids are only meaningful
         # with the writes that made them, so this goes with the other caches.
         self._unresolvable: OrderedDict[tuple[int, ...], str] = OrderedDict()
+
+    def resize_caches(self, verdicts: int) -> None:
+        """Hold at most `verdicts` auth verdicts (the oldest dropped)."""
+        self._verdict_cache_size = verdicts
+        while len(self._verdicts) > verdicts:
+            self._verdicts.popitem(last=False)
 
     def clear_caches(self) -> None:
         self.groups.clear_caches()
@@ -200,7 +207,7 @@ class StateTracker:
             reason = check_auth(event, state, self.graph)
         if cacheable:
             self._verdicts[key] = reason
-            if len(self._verdicts) > VERDICT_CACHE_SIZE:
+            if len(self._verdicts) > self._verdict_cache_size:
                 self._verdicts.popitem(last=False)
         return reason
 

@@ -124,6 +124,21 @@ class CausalIndex:
         self._ids: dict[int, bytes] = {}  # packed position -> id (with a directory)
         self._old_ids: dict[int, bytes] = {}
 
+    def resize_cache(self, cache_size: int) -> None:
+        """Keep the newest `cache_size` to 2 * `cache_size` positions (with a directory)."""
+        self._cache_size = cache_size
+        if self._directory is None:
+            return  # every position is only here
+        if len(self._where) > cache_size:
+            self._old_where, self._where = self._where, {}
+        if len(self._ids) > cache_size:
+            self._old_ids, self._ids = self._ids, {}
+        # Dicts keep insertion order: the newest entries are the last ones.
+        if len(self._old_where) > cache_size:
+            self._old_where = dict(list(self._old_where.items())[-cache_size:])
+        if len(self._old_ids) > cache_size:
+            self._old_ids = dict(list(self._old_ids.items())[-cache_size:])
+
     def __contains__(self, node_id: bytes) -> bool:
         return node_id in self._where or self._locate(node_id) is not None
 

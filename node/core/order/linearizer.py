@@ -57,10 +57,10 @@ RoleChange = Callable[[OrderNode], "frozenset[bytes] | None"]
 
 class Linearizer:
     def __init__(self, indexers: frozenset[bytes], role_change: RoleChange | None = None,
-                 directory: NodeDirectory | None = None) -> None:
+                 directory: NodeDirectory | None = None, cache_size: int | None = None) -> None:
         # With a directory (a replica's store) the index keeps positions and ids
         # of old nodes there, behind a bounded cache (`clock.NodeDirectory`).
-        self._index = CausalIndex(directory)
+        self._index = CausalIndex(directory, cache_size)
         # The unconfirmed nodes and their sort keys: a node leaves both when it is
         # confirmed (only the causal index keeps it), so they hold the tentative
         # tail, not the history (issue 17: flat memory).
@@ -80,6 +80,10 @@ class Linearizer:
         self._consensus = Consensus(self._index, frozenset(indexers))
 
     # -- reading -------------------------------------------------------------
+
+    def resize_cache(self, cache_size: int) -> None:
+        """Resize the causal index's position cache (`CausalIndex.resize_cache`)."""
+        self._index.resize_cache(cache_size)
 
     @property
     def confirmed(self) -> tuple[bytes, ...]:
