@@ -152,6 +152,10 @@ class Replica(StateOperations, Authoring, ReadAccess, Joining):
         self._readers_cache: tuple[int, int, int, frozenset[bytes] | None] | None = None
         # (join-rules and power-levels events, member events) applied: node.replica.read_access
         self._access_epochs = (0, 0)
+        # The current state soft fail last judged against, with the access epochs it was
+        # resolved at: only member, power-levels and join-rules events change who stands
+        # (the same argument as read_access's), so other events reuse it unresolved.
+        self._standing_state: tuple[tuple[int, int], int, Mapping[StateKey, bytes]] | None = None
         self.graph.on_discard(self._forget_state_caches)
         self.graph.on_discard(self._forget_order)
         if config.caches != self._caches:
@@ -328,6 +332,7 @@ class Replica(StateOperations, Authoring, ReadAccess, Joining):
     def _forget_state_caches(self) -> None:
         self._authorizing = None  # the root itself may have been among the discarded writes
         self._readers_cache = None  # group ids are only meaningful with the writes that made them
+        self._standing_state = None
         if self._tracker is not None:
             self._tracker.clear_caches()
         if self._soft_fails is not None:
@@ -355,9 +360,15 @@ class Replica(StateOperations, Authoring, ReadAccess, Joining):
         judged = [e for e in received.applied if e.id not in unauthorized]
         if not judged:
             return received
-        tracker = self.tracker
-        group = tracker.current_group()
-        failed = self.soft_fails.judge(judged, group, tracker.state(group), self.graph.position)
+        cached = self._standing_state
+        if cached is not None and cached[0] == self._access_epochs:
+            _, group, state = cached
+        else:  # resolving the heads costs a resolution whenever they changed: only when needed
+            tracker = self.tracker
+            group = tracker.current_group()
+            state = tracker.state(group)
+            self._standing_state = (self._access_epochs, group, state)
+        failed = self.soft_fails.judge(judged, group, state, self.graph.position)
         if not failed:
             return received
         self.counters["soft_failed"] += len(failed)
