@@ -13,7 +13,6 @@ import random
 from collections import Counter
 from dataclasses import dataclass, field, replace
 
-from node.core.event import event_id_of
 from node.core.parents import DepletionPolicy
 from node.replica.replica import Replica, ReplicaConfig
 from node.state.types import RULE_INVITE
@@ -22,16 +21,8 @@ from tests.transport.pair import PAIR_NOW_MS, identity
 from transport.dissemination import Disseminator
 from transport.dissemination_config import DisseminationConfig
 from transport.effects import Effect, Send
-from transport.messages import (
-    Events,
-    JoinSubmit,
-    JoinTemplate,
-    Offer,
-    Push,
-    Reply,
-    Want,
-    decode,
-)
+from transport.messages import decode
+from transport.sim.checks import exposed
 
 MAX_FLIGHTS = 200
 CONFIG = DisseminationConfig(log=False, depletion=False, sync_on_connect=False)
@@ -51,21 +42,9 @@ class Received:
         if message.topic != topic:
             return
         self.kinds[type(message).__name__] += 1
-        raws: tuple[bytes, ...] = ()
-        if isinstance(message, (Push, Reply, Events)):
-            raws = message.events
-        elif isinstance(message, JoinSubmit):
-            raws = (message.raw,)
-        self.events |= {event_id_of(raw) for raw in raws}
-        if isinstance(message, Offer):
-            self.ids |= set(message.heads) | set(message.since)
-        elif isinstance(message, Reply):
-            self.ids |= set(message.heads)
-        elif isinstance(message, Want):
-            self.ids |= set(message.ids)
-        elif isinstance(message, JoinTemplate):
-            self.ids |= set(message.parents) | set(message.auth)
-        self.ids -= {topic}  # the topic id itself is what every test peer knows
+        events, ids = exposed(message)
+        self.events |= events
+        self.ids |= ids
 
 
 class Mesh:

@@ -31,6 +31,7 @@ from transport.messages import (
     Events,
     JoinSubmit,
     JoinTemplate,
+    Message,
     MessageError,
     Offer,
     Push,
@@ -88,19 +89,30 @@ class Exposure:
         if message.topic != topic:
             return
         self.frames += 1
-        if isinstance(message, (Push, Reply, Events)):
-            self.events |= {event_id_of(raw) for raw in message.events}
-        elif isinstance(message, JoinSubmit):
-            self.events.add(event_id_of(message.raw))
-        if isinstance(message, Offer):
-            self.ids |= set(message.heads) | set(message.since)
-        elif isinstance(message, Reply):
-            self.ids |= set(message.heads)
-        elif isinstance(message, Want):
-            self.ids |= set(message.ids)
-        elif isinstance(message, JoinTemplate):
-            self.ids |= set(message.parents) | set(message.auth)
-        self.ids.discard(topic)  # the topic id is what a non-member knows already
+        events, ids = exposed(message)
+        self.events |= events
+        self.ids |= ids
+
+
+def exposed(message: Message) -> tuple[set[bytes], set[bytes]]:
+    """The events a message carries and the event ids it names, the topic id (its root,
+    which whoever asks already knows) excepted: what a reader of it learns of the topic."""
+    events: set[bytes] = set()
+    ids: set[bytes] = set()
+    if isinstance(message, (Push, Reply, Events)):
+        events = {event_id_of(raw) for raw in message.events}
+    elif isinstance(message, JoinSubmit):
+        events = {event_id_of(message.raw)}
+    if isinstance(message, Offer):
+        ids = set(message.heads) | set(message.since)
+    elif isinstance(message, Reply):
+        ids = set(message.heads)
+    elif isinstance(message, Want):
+        ids = set(message.ids)
+    elif isinstance(message, JoinTemplate):
+        ids = set(message.parents) | set(message.auth)
+    ids.discard(message.topic)
+    return events, ids
 
 
 class World(Protocol):
