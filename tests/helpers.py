@@ -107,3 +107,19 @@ def mounted_tmpfs(mount_point: Path, size: str) -> Iterator[Path]:
         yield mount_point
     finally:
         subprocess.run(["umount", str(mount_point)], check=True)
+
+
+class QuietNode:
+    """The least an exporter reads: no topics, no peers, empty stats."""
+
+    node_id = "00" * 32
+    stats: dict[str, int] = {}
+    topics: dict[bytes, Any] = {}
+
+    class host:  # noqa: N801 - a namespace standing in for the libp2p host
+        @staticmethod
+        def peers() -> frozenset[str]:
+            return frozenset()
+
+    class disseminator:  # noqa: N801
+        stats: dict[str, int] = {}

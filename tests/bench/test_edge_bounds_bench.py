@@ -30,7 +30,7 @@ from node.core.event import pack_payload
 from node.metrics import MetricsExporter, open_metrics_listeners
 from node.relay import RelayServer
 from node.state.types import RULE_PUBLIC, TYPE_MEMBER
-from tests.helpers import authorized_topic, identity
+from tests.helpers import QuietNode, authorized_topic, identity
 from transport.libp2p_host import ConnectError
 from transport.relay import SubmitRequest, encode
 
@@ -40,22 +40,6 @@ SLOW_SOCKETS = 8  # the issue's figure
 SCRAPES = 20
 SCRAPE_TIMEOUT_S = 1.0
 HONEST_REQUEST = b"GET /metrics HTTP/1.0\r\n\r\n"
-
-
-class QuietNode:
-    """The least an exporter reads: no topics, no peers, empty stats."""
-
-    node_id = "00" * 32
-    stats: dict[str, int] = {}
-    topics: dict[bytes, Any] = {}
-
-    class host:  # noqa: N801 - a namespace standing in for the libp2p host
-        @staticmethod
-        def peers() -> frozenset[str]:
-            return frozenset()
-
-    class disseminator:  # noqa: N801
-        stats: dict[str, int] = {}
 
 
 async def _slow_socket(port: int, partial: bool) -> trio.SocketStream:

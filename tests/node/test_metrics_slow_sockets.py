@@ -10,7 +10,6 @@ is bounded and waits on a condition.
 
 from __future__ import annotations
 
-from typing import Any
 
 import trio
 
@@ -20,28 +19,13 @@ from node.metrics import (
     MetricsExporter,
     open_metrics_listeners,
 )
+from tests.helpers import QuietNode
 
 SLOW_SOCKETS = MAX_CONNECTIONS + 4  # more than every slot
 HONEST_SCRAPE_S = 1.0  # the bound an honest scrape must be answered within
 SCRAPES = 20  # the issue's count
 SETUP_TIMEOUT_S = 10.0
 POLL_S = 0.01
-
-
-class QuietNode:
-    """What an exporter reads of a node, all empty."""
-
-    node_id = "00" * 32
-    stats: dict[str, int] = {}
-    topics: dict[bytes, Any] = {}
-
-    class host:  # noqa: N801 - a namespace standing in for the libp2p host
-        @staticmethod
-        def peers() -> frozenset[str]:
-            return frozenset()
-
-    class disseminator:  # noqa: N801
-        stats: dict[str, int] = {}
 
 
 async def scrape(port: int) -> bytes:
