@@ -12,10 +12,9 @@ from node.core.event import (
     MAX_EVENT_BYTES,
     MAX_PARENTS,
     MAX_STATE_KEY_BYTES,
-    SIGNING_DOMAIN,
+    WITHHELD_EXT,
     EventFormatError,
     decode_event,
-    signed_encoding,
 )
 from node.core import antichain as antichain_module
 from node.core.monitor import MAX_FUTURE_SKEW_MS, Rejected
@@ -298,7 +297,11 @@ def assert_decodes_canonically_or_is_refused(raw: bytes) -> None:
     except EventFormatError as error:
         assert error.reason
         return
-    rebuilt = signed_encoding(event.signing_body()[len(SIGNING_DOMAIN):], event.signature)
+    rebuilt = msgpack.packb([event.version, event.topic, event.author, event.seq,
+                             list(event.parents), list(event.auth), event.timestamp_ms,
+                             event.kind, event.state_key,
+                             msgpack.ExtType(WITHHELD_EXT, event.digest) if event.withheld
+                             else event.payload, event.signature], use_bin_type=True)
     assert rebuilt == raw == event.raw
     assert decode_event(rebuilt) == event
 
