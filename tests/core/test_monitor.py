@@ -8,6 +8,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from node.core.event import (
+    EVENT_VERSION,
     MAX_AUTH_REFS,
     MAX_EVENT_BYTES,
     MAX_PARENTS,
@@ -102,7 +103,7 @@ def test_not_an_array(world):
 
 
 def test_unknown_version(world):
-    assert_rejected(world, craft_raw(fields_of(world, version=2), identity("mallory")), "unknown_version")
+    assert_rejected(world, craft_raw(fields_of(world, version=EVENT_VERSION + 1), identity("mallory")), "unknown_version")
 
 
 def test_too_large(world):
