@@ -84,7 +84,7 @@ from __future__ import annotations
 import random
 from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from node.core.event import Event, event_id_of
@@ -121,6 +121,7 @@ _STAT_KEYS = {kind: (f"messages_sent_{kind.__name__.lower()}", f"bytes_sent_{kin
                            JoinSubmit)}
 # Messages that carry a topic's events or event ids: the read filter applies to them.
 _GUARDED = frozenset({Push, Offer, Reply, Want, Events})
+_CARRIES_EVENTS = frozenset({Push, Reply, Events})  # what history_access may thin out
 NOT_MEMBER = "not_member"  # the log reason of a message dropped by the read filter
 
 
@@ -517,9 +518,20 @@ class Disseminator(Intake, AntiEntropy, JoinHandshake):
         """The one way out: a Send of `message`, or None if the read filter withholds it."""
         if type(message) in _GUARDED:
             replica = self._replicas.get(message.topic)
-            if replica is not None and not self._may_serve(peer, replica):
-                self.stats["not_member_withheld"] += 1
-                return None
+            if replica is not None:
+                if not self._may_serve(peer, replica):
+                    self.stats["not_member_withheld"] += 1
+                    return None
+                if type(message) in _CARRIES_EVENTS and replica.limits_history():
+                    # History this reader may not read goes in its withheld form
+                    # (node.replica.history_access); one check per event.
+                    served = replica.served_to(self._key(peer), message.events)
+                    if served is not None:
+                        self.stats["history_withheld"] += 1
+                        if not served and type(message) is Push:
+                            return None
+                        message = replace(message, events=served)
+                        data = None
         data = data if data is not None else encode(message)
         stats = self.stats
         messages_key, bytes_key = _STAT_KEYS[type(message)]

@@ -152,13 +152,19 @@ _blake2b = hashlib.blake2b
 
 
 def event_id_of(raw: bytes) -> bytes:
-    """The id of the event encoded (fully or withheld) by `raw`, which this node checked before.
+    """The id of the event encoded (fully or withheld) by `raw`.
 
-    Parses the bytes to find the payload; the decoder and the store compute ids
-    from fields they already hold (`full_event_id`).
+    Total: bytes from anywhere get a name (the duplicate check runs before the
+    decoder); bytes that are no event get their plain hash, and decoding refuses
+    them anyway. Parses the bytes to find the payload; the decoder and the
+    store compute ids from fields they already hold (`full_event_id`).
     """
-    payload = msgpack.unpackb(raw)[9]
-    if type(payload) is bytes:
+    try:
+        fields = msgpack.unpackb(raw)
+        payload = fields[9] if type(fields) is list and len(fields) == FIELD_COUNT else None
+    except Exception:  # not an event at all: a name for the bytes, which decoding refuses
+        payload = None
+    if type(payload) is bytes and len(raw) - _SIGNATURE_TAIL - len(payload) > 0:
         return full_event_id(raw, len(payload), payload_digest(payload))
     return _blake2b(raw, digest_size=ID_BYTES).digest()
 
