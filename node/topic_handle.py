@@ -292,6 +292,7 @@ class Topic:
             "ready": self.ready,
             "delivered": delivered,  # handed to subscribers: rejected events are not
             "acks": acks,  # empty acknowledgements among the delivered
+            "withheld": self.replica.counters["withheld"],  # received without payload (history)
             "extremities": graph.width,
             "buffered": graph.buffered_count,
             "equivocations": graph.equivocation_count,

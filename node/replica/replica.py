@@ -402,6 +402,9 @@ class Replica(StateOperations, Authoring, ReadAccess, HistoryAccess, Joining):
             self.counters[f"rejected.{rejection.reason}"] += 1
         if result.equivocations:
             self.counters["equivocations"] += len(result.equivocations)
+        for event in result.applied:
+            if event.withheld:  # history this member may not read (history_access)
+                self.counters["withheld"] += 1
         unauthorized: tuple[tuple[bytes, str], ...] = ()
         order: OrderUpdate | None = None
         authorizing = self._authorizing  # the property's cached answer: this runs per event
