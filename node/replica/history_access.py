@@ -42,7 +42,7 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from node.core.event import Event, event_id_of
+from node.core.event import Event, EventFormatError, decode_event, event_id_of
 from node.state.tracker import StateResolutionError
 from node.state.types import HISTORY_JOINED, HISTORY_KEY
 from node.state.view import StateView
@@ -108,9 +108,14 @@ class HistoryAccess:
         changed = False
         for raw in raws:
             event = graph.get(event_id_of(raw))
-            if event is None:  # not a vertex here (buffered): its own checks come later
-                event = graph.buffered_event(event_id_of(raw))
-            if event is None or event.is_state:
+            if event is None:
+                # Buffered (its past is not all here): no state to judge it by yet. Left
+                # out; the peer gets it by anti-entropy once a node that holds its past
+                # can judge it.
+                changed = changed or not _is_state(raw)
+                if _is_state(raw):
+                    out.append(raw)
+            elif event.is_state:
                 out.append(raw)
             elif self.may_read_payload(key, event):
                 if event.withheld:
@@ -141,3 +146,11 @@ class HistoryAccess:
         if len(cache) > HISTORY_READERS_CACHE_SIZE:
             cache.popitem(last=False)
         return readers
+
+
+def _is_state(raw: bytes) -> bool:
+    """Is `raw` a state event (never withheld)? Bytes that decode to none count as not."""
+    try:
+        return decode_event(raw).is_state
+    except EventFormatError:
+        return False
