@@ -160,13 +160,19 @@ def event_id_of(raw: bytes) -> bytes:
     store compute ids from fields they already hold (`full_event_id`).
     """
     try:
-        fields = msgpack.unpackb(raw)
-        payload = fields[9] if type(fields) is list and len(fields) == FIELD_COUNT else None
+        payload = _unpackb(raw)[9]
     except Exception:  # not an event at all: a name for the bytes, which decoding refuses
         payload = None
-    if type(payload) is bytes and len(raw) - _SIGNATURE_TAIL - len(payload) > 0:
-        return full_event_id(raw, len(payload), payload_digest(payload))
+    if type(payload) is bytes:
+        start = _payload_start(raw, len(payload))
+        if start > 0:
+            return _blake2b(raw[:start] + _WITHHELD_HEADER
+                            + _blake2b(payload, digest_size=DIGEST_BYTES).digest()
+                            + raw[-_SIGNATURE_TAIL:], digest_size=ID_BYTES).digest()
     return _blake2b(raw, digest_size=ID_BYTES).digest()
+
+
+_unpackb = msgpack.unpackb
 
 
 # Byte surgery on the canonical encoding: the payload is the tenth element and the
@@ -191,14 +197,9 @@ def _withheld_form(raw: bytes, payload_length: int, digest: bytes) -> bytes:
 
 
 def full_event_id(raw: bytes, payload_length: int, digest: bytes) -> bytes:
-    """BLAKE2b-256 of the withheld form of a full encoding, without building it."""
-    hasher = _blake2b(digest_size=ID_BYTES)
-    view = memoryview(raw)
-    hasher.update(view[:_payload_start(raw, payload_length)])
-    hasher.update(_WITHHELD_HEADER)
-    hasher.update(digest)
-    hasher.update(view[-_SIGNATURE_TAIL:])
-    return hasher.digest()
+    """BLAKE2b-256 of the withheld form of a full encoding (`_withheld_form`, inline)."""
+    return _blake2b(raw[:_payload_start(raw, payload_length)] + _WITHHELD_HEADER + digest
+                    + raw[-_SIGNATURE_TAIL:], digest_size=ID_BYTES).digest()
 
 
 def _digest_body(raw: bytes, start: int, digest: bytes) -> bytes:

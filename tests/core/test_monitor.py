@@ -307,7 +307,8 @@ def assert_decodes_canonically_or_is_refused(raw: bytes) -> None:
     assert decode_event(rebuilt) == event
 
 
-@settings(max_examples=300, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=300, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.binary(max_size=600))
 def test_random_bytes_only_ever_give_named_rejections(world, data):
     assert_no_unexpected_rejection(world[0], data)
@@ -315,7 +316,8 @@ def test_random_bytes_only_ever_give_named_rejections(world, data):
     assert outcome.status is AddStatus.REJECTED and outcome.reason
 
 
-@settings(max_examples=300, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=300, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(position=st.integers(min_value=0), value=st.integers(min_value=0, max_value=255),
        cut=st.booleans())
 def test_mutated_valid_events_never_raise(world, position, value, cut):
