@@ -499,6 +499,8 @@ class Disseminator(Intake, AntiEntropy, JoinHandshake):
         if not candidates:
             return []
         chosen = self._rng.sample(candidates, min(fanout, len(candidates)))
+        # One encoding for every peer, unless what each may read differs (history).
+        shared = not self._replicas[topic].limits_history()
         out: list[Effect] = []
         while raws:
             batch, _ = self._take_raws(raws)
@@ -508,14 +510,18 @@ class Disseminator(Intake, AntiEntropy, JoinHandshake):
             for peer in sorted(chosen):
                 sent = self._send(peer, Push(topic, tuple(batch)), data)
                 if sent is not None:
-                    data = sent.data
+                    data = sent.data if shared else None
                     out.append(sent)
         return out
 
     # ------------------------------------------------------------- internals: output
 
     def _send(self, peer: PeerId, message: Message, data: bytes | None = None) -> Send | None:
-        """The one way out: a Send of `message`, or None if the read filter withholds it."""
+        """The one way out: a Send of `message`, or None if the read filter withholds it.
+
+        `data`, if given, is `encode(message)` (a caller sending one message to many
+        peers encodes it once); for a topic whose history is limited it must be None.
+        """
         if type(message) in _GUARDED:
             replica = self._replicas.get(message.topic)
             if replica is not None:

@@ -121,7 +121,10 @@ class HistoryAccess:
                 if event.withheld:
                     changed = True  # never pass a withheld copy off to someone who may read it
                 else:
-                    out.append(raw)
+                    # Our full copy, whatever bytes the caller holds (a forward passes on
+                    # the bytes it received, which may be a withheld form).
+                    changed = changed or event.raw != raw
+                    out.append(event.raw)
             else:
                 withheld = event.withheld_form()
                 changed = changed or withheld != raw
