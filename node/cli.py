@@ -181,7 +181,7 @@ def _control(args: argparse.Namespace, request: dict[str, Any]) -> dict[str, Any
 def cmd_topic(args: argparse.Namespace) -> int:
     if args.topic_command == "create":
         reply = _control(args, {"op": "topic_create", "name": args.name, "d_max": args.d_max,
-                                "access": args.access})
+                                "access": args.access, "history": args.history})
         _print_json({"topic": reply["topic"]})
     elif args.topic_command == "state":
         print(json.dumps(_control(args, {"op": "state", "topic": args.topic})["state"], indent=2))
@@ -406,6 +406,9 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--access", choices=("open", "invite"), default="open",
                    help="open: anyone with the id may join and publish; invite: members are "
                         "invited and writers granted (default: open)")
+    q.add_argument("--history", choices=("shared", "joined"), default="shared",
+                   help="invite topics: shared: members read all history; joined: a member "
+                        "reads events from its join on (default: shared)")
     q = with_data_dir(topic_commands.add_parser("state", help="the topic's resolved state"))
     q.add_argument("topic")
     q = with_data_dir(topic_commands.add_parser("set-state", help="set a state entry"))

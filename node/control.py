@@ -293,8 +293,10 @@ async def _handle(node: Node, request: dict[str, Any], client: _Client) -> None:
         if d_max is not None and type(d_max) is not int:
             raise NodeError("d_max must be an integer")
         access = request.get("access", "open")
+        history = request.get("history", "shared")
         try:
-            topic = await node.create_topic(name, d_max=d_max, access=str(access))
+            topic = await node.create_topic(name, d_max=d_max, access=str(access),
+                                            history=str(history))
         except ValueError as exc:
             raise NodeError(str(exc)) from None
         await client.send({"ok": True, "topic": topic.id_hex})

@@ -75,7 +75,7 @@ from node.relay_intake import RelayIntake, remote_ip
 from node.replica.cache_budget import CacheBudget
 from node.replica.ordering import OrderConfig
 from node.replica.replica import Replica, ReplicaConfig
-from node.state.types import RULE_INVITE, RULE_PUBLIC, Membership
+from node.state.types import HISTORY_SETTINGS, HISTORY_SHARED, RULE_INVITE, RULE_PUBLIC, Membership
 from node.topic_handle import MAX_REJECT_REASONS_SHOWN, Delivered, Topic, most_common
 from node.topic_records import WANTS_MEMBERSHIP, forget_topic, stored_topics, topic_record
 from node.data_dir import KEY_FILE, STORE_DIR, open_data_dir
@@ -363,15 +363,22 @@ class Node:
             self._nursery.start_soon(self.host.leave, gossip_topic(topic_id))
 
     async def create_topic(self, name: str = "", d_max: int | None = None,
-                           access: str = ACCESS_OPEN) -> Topic:
+                           access: str = ACCESS_OPEN, history: str = HISTORY_SHARED) -> Topic:
         """Create a new topic with this node's identity as its creator and first indexer.
 
         `access="open"`: anyone who knows the topic id may join and publish (a
         publish-subscribe topic). `access="invite"`: members must be invited,
         and writing is granted per member (`Topic.add_writer`).
+        `history` (invite topics): "shared" lets a member read the whole topic,
+        "joined" only events from its join on (docs/access.md, "History").
         """
         if access not in ACCESS_MODES:
             raise NodeError(f"access must be one of {', '.join(ACCESS_MODES)}")
+        if history not in HISTORY_SETTINGS:
+            raise NodeError(f"history must be one of {', '.join(HISTORY_SETTINGS)}")
+        if history != HISTORY_SHARED and access == ACCESS_OPEN:
+            raise NodeError("history joined needs access invite: anyone may join an open topic "
+                            "and read it")
         self._check_room()
         kwargs = {} if d_max is None else {"d_max": d_max}
 
@@ -379,7 +386,7 @@ class Node:
             return Replica.create_topic(
                 self.store, self.identity, now, name=name, config=self._replica_config(),
                 authorization=True, join_rule=RULE_PUBLIC if access == ACCESS_OPEN else RULE_INVITE,
-                members_write=access == ACCESS_OPEN, commit=False, **kwargs)
+                members_write=access == ACCESS_OPEN, history=history, commit=False, **kwargs)
 
         try:
             # The topic and the record that this node replicates it: one transaction.

@@ -232,7 +232,8 @@ class Topic:
                 await self._changes.wait()
                 continue
             for pos, event in batch:
-                yield Delivered(pos, event)
+                if not event.withheld:  # a payload this member may not read (history)
+                    yield Delivered(pos, event)
                 position = pos + 1
 
     async def _subscribe_tentative(self, since: int) -> AsyncIterator[Delivered | Rewind]:
@@ -261,7 +262,8 @@ class Topic:
                 await self._changes.wait()
                 continue
             for pos, event in batch:
-                yield Delivered(pos, event)
+                if not event.withheld:  # a payload this member may not read (history)
+                    yield Delivered(pos, event)
                 sent.append(event.id)
                 position = pos + 1
 
@@ -290,6 +292,7 @@ class Topic:
             "ready": self.ready,
             "delivered": delivered,  # handed to subscribers: rejected events are not
             "acks": acks,  # empty acknowledgements among the delivered
+            "withheld": self.replica.counters["withheld"],  # received without payload (history)
             "extremities": graph.width,
             "buffered": graph.buffered_count,
             "equivocations": graph.equivocation_count,

@@ -109,3 +109,22 @@ def test_only_members_read_an_invite_topic(tmp_path: Path) -> None:
             assert {f"after ban {n}" for n in range(MESSAGES)} <= set(payloads(cluster, i, topic))
         assert not [p for p in payloads(cluster, BANNED, topic) if p.startswith("after ban")]
         assert messages_delivered(cluster, BANNED, topic) == before_ban
+
+        # history = joined (a topic of its own): a late member reads from its join on only.
+        wrong = cluster.cli_raw(0, "topic", "create", "x", "--history", "joined")
+        assert wrong.returncode == 2 and len(wrong.stderr.strip().splitlines()) == 1, wrong.stderr
+        assert "history joined needs access invite" in wrong.stderr
+        later = cluster.cli(0, "topic", "create", "joined", "--access", "invite",
+                            "--history", "joined")["topic"]
+        publish(cluster, 0, later, "early")
+        cluster.cli(0, "topic", "invite", later, node3)
+        assert cluster.cli(BANNED, "topic", "join", later) == {"topic": later, "ready": True}
+        publish(cluster, 0, later, "late")
+        deadline = time.monotonic() + WAIT_S
+        while not {f"late {n}" for n in range(MESSAGES)} <= set(payloads(cluster, BANNED, later)):
+            assert time.monotonic() < deadline, "the late member did not get its events"
+            time.sleep(0.2)
+        held = payloads(cluster, BANNED, later)
+        assert not [p for p in held if p.startswith("early")], held
+        status = cluster.topic_status(BANNED, later)
+        assert status["withheld"] >= MESSAGES  # it holds the early vertices, not their payloads

@@ -164,7 +164,9 @@ def test_writer_cut_off_in_a_branch_is_rejected_after_the_merge(
         assert replica.counters[f"rejected.{expected_reason}"] == 1
         assert replica.counters["unauthorized"] == 1
         delivered = [e.id for _, e in replica.deliveries(limit=10_000)]
-        assert graph.id("B1") in delivered  # concurrent with the cut: it was allowed
+        # Concurrent with the cut, B1 is authorised (not rejected). Whether it is delivered
+        # depends on arrival: applied after the cut, soft fail holds it back (docs/state.md).
+        assert (graph.id("B1") in delivered) != replica.is_soft_failed(graph.id("B1"))
         assert graph.id("B2") not in delivered
         # The rejected event is a vertex: its child is applied, accepted and delivered.
         assert graph.id("A3") in delivered

@@ -56,6 +56,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a private topic: invitees join by the join handshake")
     p.add_argument("--outsiders", type=int, default=d.outsiders,
                    help="non-member nodes that know the topic id and keep asking")
+    p.add_argument("--history", choices=("shared", "joined"), default=d.history,
+                   help="the private topic's history setting (with --invite)")
+    p.add_argument("--late", type=int, default=d.late,
+                   help="members (the last ones) invited only half-way through the rounds")
     p.add_argument("--banned-writer", action="store_true",
                    help="the last member is banned and keeps writing on pre-ban parents")
     p.add_argument("--no-authorization", action="store_true",
@@ -80,7 +84,7 @@ def scenario_from_args(ns: argparse.Namespace) -> Scenario:
         depletion=not ns.no_depletion, lossy_liveness=not ns.clean_liveness,
         liveness_bound_ms=ns.liveness_bound, authorization=not ns.no_authorization,
         indexers=ns.indexers, adversary=ns.adversary, crashes=ns.crashes, invite=ns.invite,
-        outsiders=ns.outsiders, banned_writer=ns.banned_writer)
+        outsiders=ns.outsiders, banned_writer=ns.banned_writer, history=ns.history, late=ns.late)
 
 
 def sweep(scenario: Scenario, count: int) -> int:
