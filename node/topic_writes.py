@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 
 from node.committer import CommitError, Committer
 from node.core.event import Event
-from node.errors import NodeError
+from node.errors import Banned, NodeError, NotAMember, NotAWriter, TopicLeft
 from node.replica.replica import StateDisabledError
 from node.state.actions import NotAuthorizedError, RoleError
 from node.state.types import Membership
@@ -50,10 +50,12 @@ class TopicWrites:
             try:
                 for payload in payloads:
                     events.append(replica.publish(payload, now, self._rng, kind=kind)[0])
-            except NotAuthorizedError as exc:
+            except Exception as exc:  # whatever refused one event refuses the batch
                 if events:
                     replica.graph.discard_pending()  # all or nothing
-                raise NodeError(f"not allowed to publish: {exc}") from None
+                if isinstance(exc, NotAuthorizedError):
+                    raise self._refusal(topic, exc) from None
+                raise
             return events
 
         try:
@@ -81,9 +83,22 @@ class TopicWrites:
             raise NodeError(f"state change not stored: {exc}") from None
         return [e.id for e in events]
 
+    @staticmethod
+    def _refusal(topic: Topic, exc: NotAuthorizedError) -> NotAMember:
+        """The auth rules' refusal as the error an application tells apart."""
+        membership = topic.membership()
+        if membership == Membership.BAN:
+            return Banned(f"not allowed to publish: banned from topic {topic.id_hex}")
+        if membership != Membership.JOIN:
+            return NotAMember(f"not allowed to publish: not a joined member of topic "
+                              f"{topic.id_hex} (membership: {membership or 'none'}; join it "
+                              f"first: `megnode topic join {topic.id_hex} --wait`)")
+        return NotAWriter(f"not allowed to publish: not a writer in topic {topic.id_hex} "
+                          f"({exc}; an admin grants it: `megnode topic add-writer`)")
+
     def _check_publishable(self, topic: Topic) -> None:
         if topic.topic_id not in self._topics:
-            raise NodeError("this topic was left")
+            raise TopicLeft("this topic was left")
         if not topic.ready:
             raise NodeError("the topic's create event has not arrived yet; wait for sync "
                             "(Topic.wait_ready) before publishing")
@@ -134,6 +149,7 @@ class TopicWrites:
                 event, _ = replica.join(now, self._rng)
             except NotAuthorizedError as exc:
                 logger.info("cannot join %s yet: %s", topic.id_hex, exc)
+                topic.join_refusal = str(exc)
                 continue
             joins.append((topic.topic_id, event))
         return joins
