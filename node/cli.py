@@ -58,7 +58,7 @@ from pathlib import Path
 from typing import Any
 
 from node.cli_surface import (  # the user surface: errors, exit statuses, publish, subscribe
-    DEFAULT_DATA_DIR, EXIT_FAILURE, EXIT_OK, EXIT_USAGE, JOIN_WAIT_S, CONTROL_SLACK_S,
+    DEFAULT_DATA_DIR, EXIT_FAILURE, Parser, EXIT_OK, EXIT_USAGE, JOIN_WAIT_S, CONTROL_SLACK_S,
     TOPIC_VIEW_COMMANDS, UserError, _control, _data_dir, _positive_seconds, _print_json,
     add_publish_arguments, add_subscribe_arguments, add_topic_view_parsers, cmd_topic_view,
     finish_help, publish_command, subscribe_command)
@@ -334,7 +334,7 @@ def cmd_restore(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="megnode", description=__doc__.split("\n\n")[0])
+    parser = Parser(prog="megnode", description=__doc__.split("\n\n")[0])
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     def with_data_dir(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -483,7 +483,14 @@ def main(argv: list[str] | None = None) -> int:
     if argv and argv[0] in PASS_THROUGH:
         return PASS_THROUGH[argv[0]](argv[1:])
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extras = parser.parse_known_args(argv)
+    # `publish TOPIC --binary MESSAGE`: argparse has passed the optional MESSAGE by
+    # when it meets the option; the one word left over is that message.
+    if (extras and getattr(args, "func", None) is cmd_publish and args.message is None
+            and len(extras) == 1 and not extras[0].startswith("-")):
+        args.message, extras = extras[0], []
+    if extras:
+        parser.error(f"unrecognized arguments: {' '.join(extras)}")
     try:
         return args.func(args)
     except UserError as exc:

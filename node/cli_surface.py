@@ -21,7 +21,7 @@ import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, NoReturn
 
 from node.control_client import (CONTROL_SOCKET, DAEMON_GONE, ControlError, control_call,
                                  control_lines)
@@ -453,6 +453,15 @@ EXIT_STATUS_HELP = ("exit status: 0 done, 1 failure, 2 usage or refused, 3 no da
                     "away, 4 payload too large, 5 not UTF-8 / not base64, 6 topic not found, "
                     "7 not a member / not a writer / banned, 8 timed out, 9 topic left "
                     "(docs/control.md)")
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse with the CLI's error style: one `megnode: ...` line, exit status 2."""
+
+    def error(self, message: str) -> NoReturn:
+        command = self.prog.removeprefix("megnode").strip()
+        where = f"{command}: " if command else ""
+        self.exit(EXIT_USAGE, f"megnode: {where}{message} (see `{self.prog} --help`)\n")
 
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter):
