@@ -424,8 +424,13 @@ class Node:
             if topic_id not in self._topics:
                 raise JoinRefusedError(f"topic {topic_id.hex()} not found or you are not "
                                        "invited")
-        if topic_id in self._topics:
-            return self._topics[topic_id]
+        held = self._topics.get(topic_id)
+        if held is not None:
+            if held.membership() != Membership.JOIN and not held.wants_membership:
+                # Replicated here without membership (synced, or stored so): pursue it now.
+                held.wants_membership = True
+                await self._write_records(topic_record(topic_id, WANTS_MEMBERSHIP))
+            return held
         damage = self.damaged_topics.get(topic_id) or quick_check_topic(self.store, topic_id)
         if damage is not None:
             raise NodeError(damaged_topic_message(topic_id, damage))
