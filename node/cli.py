@@ -475,7 +475,7 @@ def _analytics_main(argv: list[str]) -> int:
 def _sim_main(argv: list[str]) -> int:
     from transport.sim import main as sim_main
 
-    return sim_main(argv)
+    return sim_main(argv, prog="megnode simulate")
 
 
 def main(argv: list[str] | None = None) -> int:
