@@ -15,14 +15,23 @@ import random
 from collections.abc import Mapping, Sequence
 
 from node.committer import CommitError, Committer
-from node.core.event import Event
-from node.errors import Banned, NodeError, NotAMember, NotAWriter, TopicLeft
+from node.core.event import Event, EventFormatError
+from node.core.outcomes import RejectReason
+from node.errors import (Banned, NodeError, NotAMember, NotAWriter, PayloadTooLarge,
+                         TopicLeft)
 from node.replica.replica import StateDisabledError
 from node.state.actions import NotAuthorizedError, RoleError
 from node.state.types import Membership
 from node.topic_handle import JOIN_RETRY_MS, StateAction, Topic
 
 logger = logging.getLogger("megnode")
+
+
+def format_refusal(exc: EventFormatError) -> NodeError:
+    """A local event the format refuses (too large, a kind too long): the user's mistake."""
+    if exc.reason is RejectReason.TOO_LARGE:
+        return PayloadTooLarge(f"the event would be too large ({exc.detail})")
+    return NodeError(f"not a valid event: {exc}")
 
 
 class TopicWrites:
@@ -55,6 +64,8 @@ class TopicWrites:
                     replica.graph.discard_pending()  # all or nothing
                 if isinstance(exc, NotAuthorizedError):
                     raise self._refusal(topic, exc) from None
+                if isinstance(exc, EventFormatError):
+                    raise format_refusal(exc) from None
                 raise
             return events
 
@@ -75,6 +86,8 @@ class TopicWrites:
                 made = action(replica, now, self._rng)
             except (NotAuthorizedError, RoleError, StateDisabledError) as exc:
                 raise NodeError(str(exc)) from None
+            except EventFormatError as exc:  # e.g. set_state content over the event limit
+                raise format_refusal(exc) from None
             return [event for event, _ in made]
 
         try:

@@ -115,3 +115,11 @@ async def test_a_held_invite_topic_without_an_invite_times_out_with_the_reason(
         topic.wants_membership = False  # no join under way: publish is refused at once
         with pytest.raises(megnode.NotAMember, match="not a joined member"):
             await topic.publish(b"x")
+
+
+async def test_oversized_state_content_is_a_plain_refusal(tmp_path: Path) -> None:
+    async with megnode.Node.open(tmp_path / "a", listen=LOOPBACK, seed=3) as node:
+        topic = await node.create_topic("state")
+        with pytest.raises(megnode.PayloadTooLarge, match="too large"):
+            await topic.set_state("app.config", "", {"blob": "x" * (MAX_PAYLOAD_BYTES * 2)})
+        await topic.set_state("app.config", "", {"unit": "C"})  # the topic carries on
