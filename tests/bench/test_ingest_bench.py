@@ -92,7 +92,7 @@ async def burst(tmp: Path, senders: int) -> dict[str, float]:
     topics = [authored_topic(BURST_EVENTS // senders) for _ in range(senders)]
     total = sum(len(raws) for _, raws in topics)
     async with Node.open(tmp / f"node{senders}", listen=LOOPBACK) as node:
-        handles = [await node.join(replica.topic_id, wait=False) for replica, _ in topics]
+        handles = [await node.join(replica.topic_id) for replica, _ in topics]
         async with AsyncExitStack() as stack:
             hosts = [await stack.enter_async_context(
                 P2PHost(os.urandom(32), LOOPBACK, gossip=GossipConfig(enabled=False)))
