@@ -54,6 +54,14 @@ KEY_BYTES = 32
 SIGNATURE_BYTES = 64
 
 MAX_EVENT_BYTES = 64 * 1024
+# What an event's fields other than its payload take at most, encoded: MAX_PARENTS
+# and MAX_AUTH_REFS ids, a MAX_KIND_BYTES kind, a MAX_STATE_KEY_BYTES state key, the
+# author, topic, signature and integers with their msgpack headers add up to 1,506
+# bytes (tests/core/test_event.py builds that worst case); rounded up to 2 KiB.
+EVENT_OVERHEAD_BYTES = 2 * 1024
+# The largest payload a local publish accepts, whatever the topic's d_max: 63,488
+# bytes (62 KiB). Publishing more is refused before anything is signed.
+MAX_PAYLOAD_BYTES = MAX_EVENT_BYTES - EVENT_OVERHEAD_BYTES
 MAX_PARENTS = 20
 MAX_AUTH_REFS = 10
 MAX_STATE_KEY_BYTES = 255

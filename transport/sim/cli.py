@@ -19,35 +19,46 @@ from transport.sim.scenario import PROGRAM, Scenario
 from transport.sim.world import run_scenario
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog=PROGRAM,
-                                description="Replay a deterministic megnode simulation.")
+def build_parser(prog: str = PROGRAM) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog=prog, description="Replay a deterministic megnode simulation.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        epilog=f"example: {prog} --seed 1 --nodes 50 --loss 0.1 --partition-at 1000 "
+               "--heal-at 4000")
     d = Scenario(seed=0)
-    p.add_argument("--seed", type=int, required=True)
-    p.add_argument("--nodes", type=int, default=d.nodes)
-    p.add_argument("--loss", type=float, default=d.loss)
-    p.add_argument("--duplicate", type=float, default=d.duplicate)
-    p.add_argument("--reorder", type=float, default=d.reorder)
-    p.add_argument("--latency", type=int, nargs=2, default=list(d.latency_ms), metavar=("LO", "HI"))
-    p.add_argument("--neighbours", type=int, default=d.neighbours)
-    p.add_argument("--rounds", type=int, default=d.rounds)
-    p.add_argument("--writers", type=int, default=d.writers)
-    p.add_argument("--round-ms", type=int, default=d.round_ms)
-    p.add_argument("--partition-at", type=int, default=None)
-    p.add_argument("--heal-at", type=int, default=None)
-    p.add_argument("--groups", type=int, default=d.groups)
+    p.add_argument("--seed", type=int, required=True, help="the run's seed (replays it exactly)")
+    p.add_argument("--nodes", type=int, default=d.nodes, help="replicas in the world")
+    p.add_argument("--loss", type=float, default=d.loss, help="probability a message is lost")
+    p.add_argument("--duplicate", type=float, default=d.duplicate,
+                   help="probability a message is delivered twice")
+    p.add_argument("--reorder", type=float, default=d.reorder,
+                   help="probability a message is delayed past later ones")
+    p.add_argument("--latency", type=int, nargs=2, default=list(d.latency_ms), metavar=("LO", "HI"),
+                   help="link latency range in virtual ms")
+    p.add_argument("--neighbours", type=int, default=d.neighbours, help="peers per node")
+    p.add_argument("--rounds", type=int, default=d.rounds, help="publishing rounds")
+    p.add_argument("--writers", type=int, default=d.writers, help="nodes publishing each round")
+    p.add_argument("--round-ms", type=int, default=d.round_ms, help="virtual ms between rounds")
+    p.add_argument("--partition-at", type=int, default=None,
+                   help="virtual ms at which the network splits (with --heal-at)")
+    p.add_argument("--heal-at", type=int, default=None, help="virtual ms at which it heals")
+    p.add_argument("--groups", type=int, default=d.groups, help="sides of the partition")
     p.add_argument("--fanout", type=int, default=d.fanout, help="an author's push fanout")
     p.add_argument("--forward-fanout", type=int, default=d.forward_fanout,
                    help="a relay's fanout for an event first received by push")
-    p.add_argument("--sync-interval", type=int, default=d.sync_interval_ms)
-    p.add_argument("--d-max", type=int, default=d.d_max)
-    p.add_argument("--liveness-bound", type=int, default=d.liveness_bound_ms)
-    p.add_argument("--no-push", action="store_true")
-    p.add_argument("--no-peer-state", action="store_true")
-    p.add_argument("--no-depletion", action="store_true")
+    p.add_argument("--sync-interval", type=int, default=d.sync_interval_ms,
+                   help="anti-entropy interval in virtual ms")
+    p.add_argument("--d-max", type=int, default=d.d_max, help="parents per event")
+    p.add_argument("--liveness-bound", type=int, default=d.liveness_bound_ms,
+                   help="virtual ms after healing within which every node must hold everything")
+    p.add_argument("--no-push", action="store_true", help="no push fast path: anti-entropy only")
+    p.add_argument("--no-peer-state", action="store_true",
+                   help="no per-peer state in anti-entropy")
+    p.add_argument("--no-depletion", action="store_true", help="no depletion dummies")
     p.add_argument("--clean-liveness", action="store_true",
                    help="no loss/duplication/reordering after healing")
-    p.add_argument("--indexers", type=int, default=d.indexers)
+    p.add_argument("--indexers", type=int, default=d.indexers,
+                   help="nodes that acknowledge for the total order")
     p.add_argument("--crashes", type=int, default=d.crashes,
                    help="nodes that crash once in the fault phase and restart from their store")
     p.add_argument("--adversary", action="store_true",
@@ -110,8 +121,8 @@ def sweep(scenario: Scenario, count: int) -> int:
     return 1 if failed else 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    ns = build_parser().parse_args(argv)
+def main(argv: list[str] | None = None, prog: str = PROGRAM) -> int:
+    ns = build_parser(prog).parse_args(argv)
     scenario = scenario_from_args(ns)
     if ns.sweep is not None:
         return sweep(scenario, ns.sweep)
