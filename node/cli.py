@@ -64,13 +64,12 @@ from node.cli_surface import (  # the user surface: errors, exit statuses, publi
     finish_help, publish_command, subscribe_command)
 from node.config import FAST_PATHS, ConfigError, load_config
 from node.control_client import CONTROL_SOCKET
+from node.daemon_log import LogFileError, setup_daemon_log
 from node.core.identity import Identity
 from node.core.store import StoreError
 from node.keyfile import KeyFileError, save_identity
 
 KEY_FILE = "node.key"  # the same name node.runtime uses
-DAEMON_LOG_MAX_BYTES = 10 * 1024 * 1024  # `run --log-file`: rotated at this size
-DAEMON_LOG_BACKUPS = 5  # rotated files kept beside the current one
 DAEMON_UMASK = 0o077  # `run`: files for the node's user only
 
 
@@ -95,23 +94,6 @@ def cmd_keygen(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _setup_daemon_log(path: str | None, level: int) -> None:
-    """The daemon's own log: stderr, or a size-rotated file (`run --log-file`)."""
-    handler: logging.Handler
-    if path is None:
-        handler = logging.StreamHandler()
-    else:
-        from logging.handlers import RotatingFileHandler
-
-        try:
-            handler = RotatingFileHandler(path, maxBytes=DAEMON_LOG_MAX_BYTES,
-                                          backupCount=DAEMON_LOG_BACKUPS, encoding="utf-8")
-        except OSError as exc:
-            raise UserError(f"cannot write the log file {path}: {exc.strerror or exc}") from None
-    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-    logging.basicConfig(level=level, handlers=[handler])
-
-
 def cmd_run(args: argparse.Namespace) -> int:
     import trio
 
@@ -127,7 +109,10 @@ def cmd_run(args: argparse.Namespace) -> int:
             fast_path=args.fast_path, log_dir=args.log_dir)
     except ConfigError as exc:
         raise UserError(str(exc)) from None
-    _setup_daemon_log(args.log_file, logging.INFO if args.verbose else logging.WARNING)
+    try:
+        setup_daemon_log(args.log_file, args.verbose)
+    except LogFileError as exc:
+        raise UserError(str(exc)) from None
     daemon_log = logging.getLogger("megnode")
 
     async def main() -> None:
@@ -352,9 +337,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--bootstrap", action="append", help="peer /p2p/ address to dial (repeatable)")
     p.add_argument("--fast-path", choices=FAST_PATHS, help="how new events spread quickly")
     p.add_argument("--log-dir", help="dissemination log dir, relative to the data dir")
-    p.add_argument("--log-file", help="the daemon's own log (warnings; info with -v) goes to "
-                   "this file, rotated, instead of stderr")
-    p.add_argument("-v", "--verbose", action="store_true")
+    p.add_argument("--log-file", help="the daemon's own log, and every library's (py-libp2p's "
+                   "included), goes to this file, rotated, instead of stderr")
+    p.add_argument("-v", "--verbose", action="count", default=0,
+                   help="-v: the node's info lines; -vv: its debug lines and the libraries' "
+                        "info lines; -vvv: everything (default: warnings only)")
     p.add_argument("--reinit", action="store_true",
                    help="start with an empty store although this node has run before "
                         "(its store is missing or empty; docs/store.md)")
