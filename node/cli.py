@@ -65,6 +65,7 @@ from node.cli_surface import (  # the user surface: errors, exit statuses, publi
 from node.config import FAST_PATHS, ConfigError, load_config
 from node.control_client import CONTROL_SOCKET
 from node.daemon_log import LogFileError, setup_daemon_log
+from node.sd_notify import Notice, notify
 from node.core.identity import Identity
 from node.core.store import StoreError
 from node.keyfile import KeyFileError, save_identity
@@ -126,8 +127,12 @@ def cmd_run(args: argparse.Namespace) -> int:
                                  "peer_id": node.host.peer_id, "addresses": list(node.addresses)})
                     daemon_log.info("started node %s, listening on %s", node.node_id,
                                     ", ".join(node.addresses))
+                    # systemd's Type=notify: the node listens and answers its control
+                    # socket now (a blocking datagram to a local socket: instant).
+                    notify(Notice.READY, f"listening on {', '.join(node.addresses)}")
                     async for _ in signals:
                         break
+                notify(Notice.STOPPING)
                 nursery.cancel_scope.cancel()
         daemon_log.info("stopped")
         _print_json({"event": "stopped"})
