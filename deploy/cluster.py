@@ -12,22 +12,31 @@ sees the others, and tears everything down — even when the caller fails.
         cluster.cli(1, "publish", topic, "hello")
 
 Every wait is bounded (named timeouts); a node that dies is reported with
-the tail of its stderr. `python -m deploy --nodes 5 --dir run/`
-starts a cluster and keeps it up until Ctrl-C (`--netns --delay-ms 50
---loss-percent 10`: each node in a network namespace, deploy.netns_cluster).
-Subclasses change where nodes listen and how they are executed through
-`listen_address` and `run_command`.
+the tail of its stderr. `python -m deploy.cluster --nodes 5 [--dir D]` (or
+`python -m deploy`, which adds `--netns --delay-ms 50 --loss-percent 10`: each
+node in a network namespace, deploy.netns_cluster) starts a cluster and keeps
+it up until SIGTERM, SIGINT (Ctrl-C) or SIGHUP: the signal is forwarded to
+every daemon (SIGHUP as SIGTERM; the daemons run in sessions of their own, so
+nothing else reaches them) and the command waits for them to stop, SIGKILL
+after STOP_TIMEOUT_S. It writes only into the directory named by `--dir`
+(default: a new one under the temp dir, printed first), never into the
+current directory. Subclasses change where nodes listen and how they are
+executed through `listen_address` and `run_command`.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -42,10 +51,25 @@ POLL_INTERVAL_S = 0.1
 STDERR_TAIL_BYTES = 4_000
 MAX_NODES = 64
 MAX_PARALLEL_DIALS = 16  # control-socket `connect` calls in flight while a cluster starts
+WATCH_INTERVAL_S = 1.0  # `python -m deploy.cluster`: how often it checks its daemons are alive
+# Signals that stop a running cluster, and what each daemon is sent for them
+# (`megnode run` stops cleanly on SIGTERM and SIGINT only).
+FORWARDED_SIGNALS = {signal.SIGTERM: signal.SIGTERM, signal.SIGINT: signal.SIGINT,
+                     signal.SIGHUP: signal.SIGTERM}
+DIR_PREFIX = "megnode-cluster-"  # the default directory, under the temp dir
 
 
 class ClusterError(Exception):
     """A node failed to start, connect or answer; the message includes its stderr tail."""
+
+
+class Interrupted(BaseException):
+    """A stop signal arrived (a BaseException, like KeyboardInterrupt: it must unwind
+    whatever the cluster was doing, start-up included, so the daemons are stopped)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
 
 
 @dataclass
@@ -86,6 +110,7 @@ class LocalCluster:
         self.extra_args = extra_args
         self.env = {**os.environ, **(env or {})}
         self.nodes = [NodeProcess(i, self.base_dir / f"node{i}") for i in range(nodes)]
+        self.stop_signal = signal.SIGTERM  # what close() sends (a forwarded signal changes it)
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -98,7 +123,9 @@ class LocalCluster:
             raise
         return self
 
-    def __exit__(self, *exc_info: object) -> None:
+    def __exit__(self, exc_type: object, exc: BaseException | None, tb: object) -> None:
+        if isinstance(exc, Interrupted):
+            self.stop_signal = FORWARDED_SIGNALS.get(signal.Signals(exc.signum), signal.SIGTERM)
         self.close()
 
     def start(self) -> None:
@@ -228,14 +255,25 @@ class LocalCluster:
             process.wait(timeout=STOP_TIMEOUT_S)
 
     def close(self) -> None:
+        """Send every daemon `stop_signal` once, wait for each; SIGKILL one that overstays.
+
+        Once: a daemon that got its stop signal restores the default action, so a
+        second one would kill it in the middle of closing its store.
+        """
         for node in self.nodes:  # ask all first, so their shutdowns overlap
             if self.alive(node.index):
-                self.signal(node.index, signal.SIGCONT)
-                self.signal(node.index, signal.SIGTERM)
+                self.signal(node.index, signal.SIGCONT)  # a stopped process cannot handle it
+                self.signal(node.index, self.stop_signal)
+        deadline = time.monotonic() + STOP_TIMEOUT_S
         for node in self.nodes:
-            self.stop(node.index)
-            if node.process is not None and node.process.stdout is not None:
-                node.process.stdout.close()
+            if node.process is not None:
+                try:
+                    node.process.wait(timeout=max(0.0, deadline - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    node.process.kill()
+                    node.process.wait(timeout=STOP_TIMEOUT_S)
+                if node.process.stdout is not None:
+                    node.process.stdout.close()
 
     # ------------------------------------------------------------------ driving nodes
 
@@ -309,3 +347,87 @@ class LocalCluster:
             if time.monotonic() - start > timeout_s:
                 raise ClusterError(f"delivered counts {counts} short of {count} after {timeout_s} s")
             time.sleep(POLL_INTERVAL_S * 3)
+
+
+# ---------------------------------------------------------------------- command line
+
+
+@contextmanager
+def stop_signals_interrupt() -> Iterator[None]:
+    """Within: SIGTERM, SIGINT and SIGHUP raise Interrupted, once; later ones are ignored
+    until the block ends, so a second Ctrl-C cannot cut the daemons' shutdown short."""
+
+    def interrupt(signum: int, _frame: object) -> None:
+        for sig in FORWARDED_SIGNALS:
+            signal.signal(sig, signal.SIG_IGN)
+        raise Interrupted(signum)
+
+    previous = {sig: signal.signal(sig, interrupt) for sig in FORWARDED_SIGNALS}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def add_cluster_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--nodes", type=int, default=3, help="daemons to run (default: 3)")
+    parser.add_argument("--dir", help="where the nodes' data dirs go (default: a new "
+                        f"{DIR_PREFIX}* directory under the temp dir; never the current one)")
+    parser.add_argument("--fast-path", default="push", choices=("push", "gossipsub", "none"),
+                        help="how new events spread (default: push)")
+
+
+def cluster_dir(requested: str | None) -> Path:
+    """The directory named, or a new one under the temp dir."""
+    if requested is not None:
+        return Path(requested)
+    return Path(tempfile.mkdtemp(prefix=DIR_PREFIX))
+
+
+def run_until_stopped(cluster: LocalCluster) -> int:
+    """Start `cluster`, print where it is, keep it up until a stop signal or a daemon dies.
+
+    0 when stopped by a signal (every daemon stopped cleanly), 1 when a daemon
+    died or would not stop, 2 when the cluster could not start.
+    """
+    print(f"cluster dir: {cluster.base_dir}", flush=True)
+    try:
+        with stop_signals_interrupt():
+            with cluster:
+                for node in cluster.nodes:
+                    assert node.process is not None
+                    print(f"node{node.index}: {node.address}  (pid {node.process.pid}, "
+                          f"data dir {node.data_dir})", flush=True)
+                print("all connected; Ctrl-C or SIGTERM stops the cluster", flush=True)
+                while all(cluster.alive(n.index) for n in cluster.nodes):
+                    time.sleep(WATCH_INTERVAL_S)
+                dead = [n.index for n in cluster.nodes if not cluster.alive(n.index)]
+                print(f"node(s) {dead} stopped on their own; stopping the others",
+                      file=sys.stderr)
+                return 1
+    except Interrupted as stop:
+        codes = {n.index: n.process.returncode for n in cluster.nodes if n.process is not None}
+        unclean = {i: code for i, code in codes.items() if code != 0}
+        print(f"{stop}: stopped {len(codes)} daemon(s)"
+              + (f"; unclean exits {unclean}" if unclean else ""), flush=True)
+        return 1 if unclean else 0
+    except ClusterError as exc:
+        print(f"python -m deploy.cluster: {exc}", file=sys.stderr)
+        return 2
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m deploy.cluster",
+                                     description="Run N megnode daemons on 127.0.0.1 until "
+                                                 "SIGTERM or Ctrl-C (forwarded to them).")
+    add_cluster_arguments(parser)
+    args = parser.parse_args(argv)
+    if not 1 <= args.nodes <= MAX_NODES:
+        parser.error(f"--nodes must be in [1, {MAX_NODES}]")
+    cluster = LocalCluster(cluster_dir(args.dir), args.nodes, fast_path=args.fast_path)
+    return run_until_stopped(cluster)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
