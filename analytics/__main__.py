@@ -10,7 +10,11 @@ lines (any depth of subdirectories) or Parquet from `to-parquet`. With `--d`
 the measured width is compared with the model's fixed point; k defaults to
 the number of writing nodes per topic (nodes that created `message` events).
 
-Exit status: 0 done, 1 the logs could not be read, 2 bad arguments.
+Exit status: 0 done; 1 Spark could not read or write (an existing output,
+an unreadable Parquet file); 2 a user mistake, one line on stderr: bad
+arguments, a log path that does not exist, cannot be read or holds no log
+file, logs without a single valid record, or the analytics extra not
+installed (`pip install 'megnode[analytics]'`: analytics/requirements.py).
 """
 
 from __future__ import annotations
@@ -20,7 +24,15 @@ import os
 import sys
 from collections.abc import Sequence
 
-from analytics.spark import DEFAULT_MASTER
+from analytics.requirements import install_hint, missing_modules
+
+# analytics.spark.DEFAULT_MASTER and analytics.jobs.load.LOG_FILE_GLOB's suffixes,
+# restated so `--help`, the extra's check and the input checks answer without
+# importing pyspark; a test holds them equal.
+DEFAULT_MASTER = "local[*]"
+LOG_FILE_SUFFIXES = (".jsonl", ".jsonl.gz", ".json", ".json.gz")
+PARQUET_SUFFIX = ".parquet"
+EXIT_OK, EXIT_SPARK_FAILED, EXIT_USAGE = 0, 1, 2
 
 # The model's argument range (analytics.model: MIN_CONVERGENT_PARENTS,
 # MAX_PARENTS, MAX_REPLICAS), restated so `--help` and argument errors answer
@@ -74,19 +86,53 @@ def _parents(text: str) -> int:
     return _int_in(text, MIN_D, MAX_D, " (with d = 1 the width never converges)")
 
 
+def _input_problem(paths: Sequence[str]) -> str | None:
+    """Why these log paths cannot be analysed, before paying ~10 s for a JVM (None: fine).
+
+    Remote URLs (`hdfs://`, `s3a://`) are left to Spark.
+    """
+    missing = [p for p in paths if "://" not in p and not os.path.exists(p)]
+    if missing:
+        return f"no such log path: {', '.join(missing)}"
+    for path in (p for p in paths if "://" not in p):
+        if not os.access(path, os.R_OK | (os.X_OK if os.path.isdir(path) else 0)):
+            return f"cannot read the log path {path}: permission denied"
+        if os.path.isfile(path):
+            if os.path.getsize(path) == 0:
+                return f"the log file {path} is empty"
+            continue
+        unreadable: list[OSError] = []
+        found = any(name.endswith((*LOG_FILE_SUFFIXES, PARQUET_SUFFIX))
+                    for _root, _dirs, files in os.walk(path, onerror=unreadable.append)
+                    for name in files) or path.rstrip("/").endswith(PARQUET_SUFFIX)
+        if unreadable:
+            error = unreadable[0]
+            return f"cannot read {error.filename}: {error.strerror}"
+        if not found:
+            return (f"no log files in {path} (looked for "
+                    f"{', '.join('*' + s for s in (*LOG_FILE_SUFFIXES, PARQUET_SUFFIX))}, "
+                    "in subdirectories too)")
+    return None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    missing_extra = missing_modules()
+    if missing_extra and not {"-h", "--help"} & set(argv):
+        print(f"error: {install_hint(missing_extra)}", file=sys.stderr)
+        return EXIT_USAGE
     args = _parser().parse_args(argv)
     if args.command == "to-parquet" and len(args.paths) < 2:
-        print("to-parquet needs at least one input and an output", file=sys.stderr)
-        return 2
+        print("error: to-parquet needs at least one input and an output", file=sys.stderr)
+        return EXIT_USAGE
     if args.command == "analyze" and args.k is not None and args.d is None:
-        print("--k needs --d: the logs do not record parents per event", file=sys.stderr)
-        return 2
+        print("error: --k needs --d: the logs do not record parents per event", file=sys.stderr)
+        return EXIT_USAGE
     inputs = args.logdir if args.command == "analyze" else args.paths[:-1]
-    missing = [p for p in inputs if "://" not in p and not os.path.exists(p)]
-    if missing:  # say so before paying ~10 s for a JVM
-        print(f"error: no such log path: {', '.join(missing)}", file=sys.stderr)
-        return 1
+    problem = _input_problem(inputs)
+    if problem is not None:
+        print(f"error: {problem}", file=sys.stderr)
+        return EXIT_USAGE
     # Imported here so `--help` answers without starting the JVM.
     from pyspark.errors import AnalysisException
 
@@ -105,11 +151,14 @@ def main(argv: Sequence[str] | None = None) -> int:
                 print(f"wrote {loaded.records} records to {output} ({loaded.malformed_total} malformed lines skipped)")
                 for reason, count in loaded.malformed.items():
                     print(f"  {reason}: {count}")
+    except report.NoRecords as error:  # nothing to analyse: no report, a user's mistake
+        print(f"error: {error}", file=sys.stderr)
+        return EXIT_USAGE
     except (FileNotFoundError, AnalysisException) as error:
         # A missing path or an existing output: say so, no JVM stack trace.
         print(f"error: {str(error).splitlines()[0]}", file=sys.stderr)
-        return 1
-    return 0
+        return EXIT_SPARK_FAILED
+    return EXIT_OK
 
 
 if __name__ == "__main__":

@@ -6,6 +6,16 @@ It returns the tables so the CLI can print the short ones on the terminal and
 tests can read the numbers. Stage messages ("[1/5] loading logs ...") go to
 `progress` (stderr by default) because Spark can take a while on large sets.
 
+Times on the page are seconds after the run's start (its earliest log
+record), not epoch milliseconds: every time point (`*_ms` columns such as
+peak_ms, settle_ms, start_ms) becomes `*_s` after the start, and the long
+durations (convergence, catch-up) become seconds (TIME_POINT_COLUMNS,
+DURATION_COLUMNS). Latencies stay in ms (sub-second; their titles say so).
+An empty table says "none". Event counts: "events created" (Input) counts
+events whose `created` record is in the logs; the Dissemination table counts
+every event seen (created or delivered) and says how many of those have no
+`created` record, so the two numbers differ by exactly that line.
+
 Only small, aggregated results ever reach the driver: tables are capped at
 MAX_TABLE_ROWS rows and plots at MAX_PLOTTED_SERIES series of at most
 MAX_POINTS_PER_SERIES points (width series are reduced to the per-bucket
@@ -38,7 +48,30 @@ PLOT_DPI: Final = 110
 NUMBER_DECIMALS: Final = 2
 TERMINAL_CELL_CHARS: Final = 16  # 64-hex ids would make the terminal summary too wide
 
+MS_PER_S: Final = 1000.0
+# Columns holding a node clock's epoch ms, shown as seconds after the run's start.
+TIME_POINT_COLUMNS: Final = frozenset({"peak_ms", "settle_ms", "start_ms", "end_ms", "first_ms",
+                                       "last_ms", "created_ms", "delivered_ms"})
+# Durations long enough to read in seconds (latencies, lags stay in ms).
+DURATION_COLUMNS: Final = frozenset({"convergence_ms", "duration_ms", "quiet_before_ms"})
+NONE: Final = "none"  # what an empty table says
+MODEL_CHECK_NOTE: Final = (
+    "Compares the width this run measured (forward extremities sampled by every node: "
+    "measured_mean over all samples, steady_mean over each series' steady part) with the "
+    "paper's model: predicted = fixed_point_width(d, k), the width k replicas keep when "
+    "each adds one event with up to d parents every round, all concurrently (section VIII). "
+    "That is the worst case, so steady/predicted near 1 is expected only where the run "
+    "writes like the model (the simulation: k > d writers writing every round); a cluster "
+    "whose writers mostly see each other's events before writing keeps a width near 1, so "
+    "a ratio near 1/k there (0.25 for the demo's cluster, k = 4) is expected, not a failure. "
+    "Above 1 would mean the width exceeds the model's bound."
+)
+
 T = TypeVar("T")
+
+
+class NoRecords(ValueError):
+    """The logs hold no valid record: nothing to analyse, so no report is written."""
 
 
 @dataclass(frozen=True)
@@ -80,8 +113,29 @@ class _Stages:
         return result
 
 
-def table_from(df: DataFrame, title: str, note: str = "", limit: int = MAX_TABLE_ROWS) -> Table:
-    """Collect at most `limit` rows of `df` as a Table (the note says when rows were cut)."""
+def in_seconds(df: DataFrame, start_ms: int | None) -> DataFrame:
+    """Time points as seconds after `start_ms`, long durations as seconds (renamed `*_s`)."""
+    columns = []
+    for name in df.columns:
+        if name in TIME_POINT_COLUMNS and start_ms is not None:
+            columns.append(((F.col(name) - F.lit(start_ms)) / MS_PER_S).alias(name[:-3] + "_s"))
+        elif name in DURATION_COLUMNS:
+            columns.append((F.col(name) / MS_PER_S).alias(name[:-3] + "_s"))
+        else:
+            columns.append(F.col(name))
+    return df.select(*columns)
+
+
+def run_start_ms(records: DataFrame) -> int | None:
+    """The run's start: its earliest log record's timestamp (None: no records)."""
+    return records.agg(F.min("ts_ms")).collect()[0][0]
+
+
+def table_from(df: DataFrame, title: str, note: str = "", limit: int = MAX_TABLE_ROWS,
+               start_ms: int | None = None) -> Table:
+    """Collect at most `limit` rows of `df` as a Table (the note says when rows were cut);
+    with `start_ms`, times in seconds after it (in_seconds)."""
+    df = in_seconds(df, start_ms)
     rows = df.limit(limit + 1).collect()
     if len(rows) > limit:
         note = f"{note} First {limit} rows shown.".strip()
@@ -99,20 +153,26 @@ def analyze(
 ) -> Report:
     """Run every analysis on the logs and write the report folder (progress: stderr by default)."""
     out = Path(outdir)
-    out.mkdir(parents=True, exist_ok=True)
     stages = _Stages(progress if progress is not None else sys.stderr)
     loaded = stages.run(lambda: load.load_logs(spark, log_paths))
+    if loaded.report.records == 0:
+        loaded.release()
+        paths = log_paths if isinstance(log_paths, str) else ", ".join(log_paths)
+        raise NoRecords(f"no valid log records in {paths} ({loaded.report.lines} lines read, "
+                        f"{loaded.report.malformed_total} malformed); no report written")
     records = loaded.records
+    start_ms = run_start_ms(records)
     # Origins, first deliveries and members feed most jobs: compute them once.
     base = events.basis(records)
-    spread, spread_plots = stages.run(lambda: _dissemination(base))
-    widths, width_plots = stages.run(lambda: _width(base))
+    spread, spread_plots = stages.run(lambda: _dissemination(base, start_ms))
+    widths, width_plots = stages.run(lambda: _width(base, start_ms))
     checks, texts, figure_paths = stages.run(lambda: _model(records, out, k, d))
     input_table = _input_table(loaded.report, records)
     summary = (input_table, spread[0], spread[1], widths[0], *checks)
     tables = (input_table, _malformed_samples(loaded.report), *spread, *widths, *checks)
 
     def write() -> tuple[Path, ...]:
+        out.mkdir(parents=True, exist_ok=True)
         plots = [path for plot in (*spread_plots, *width_plots) if (path := plot(out)) is not None]
         plots.extend(figure_paths)
         _write_html(out / "index.html", tables, texts, plots)
@@ -148,10 +208,11 @@ def _input_table(report: load.LoadReport, records: DataFrame) -> Table:
 
 def _malformed_samples(report: load.LoadReport) -> Table:
     rows = tuple((s.reason, s.file, s.line) for s in report.samples)
-    return Table("Malformed lines (samples)", ("reason", "file", "line"), rows, "" if rows else "None.")
+    return Table("Malformed lines (samples)", ("reason", "file", "line"), rows)
 
 
-def _dissemination(base: events.Basis) -> tuple[tuple[Table, ...], tuple[_Plot, ...]]:
+def _dissemination(base: events.Basis, start_ms: int | None
+                   ) -> tuple[tuple[Table, ...], tuple[_Plot, ...]]:
     latencies = dissemination.latencies(base).cache()
     overall = dissemination.latency_summary(latencies).select(F.lit("all").alias("channel"), "*")
     per_channel = overall.unionByName(dissemination.latency_summary(latencies, ("channel",)))
@@ -160,11 +221,13 @@ def _dissemination(base: events.Basis) -> tuple[tuple[Table, ...], tuple[_Plot, 
     curve = coverage.coverage_curve(base).collect()
     episodes = catchup.catchup_episodes(base)
     facts = missing.agg(F.count("*").alias("pairs"), F.countDistinct("topic", "event").alias("events")).collect()[0]
+    uncreated = events.known_events(base).where(F.col("origin_node").isNull()).count()
     totals = Table(
         "Dissemination",
         ("what", "value"),
         (
-            ("events", duplicates.events),
+            ("events (created or delivered)", duplicates.events),
+            ("  of which delivered, no created record", uncreated),
             ("remote deliveries", duplicates.deliveries),
             ("(event, node) never delivered", facts["pairs"]),
             ("events some member never delivered", facts["events"]),
@@ -173,15 +236,21 @@ def _dissemination(base: events.Basis) -> tuple[tuple[Table, ...], tuple[_Plot, 
             ("final coverage", curve[-1]["coverage"] if curve else None),
             ("catch-up episodes", episodes.count()),
         ),
+        "events counts every event some node created or delivered; Input's \"events created\" "
+        "only those whose created record is in the logs. They differ by the events delivered "
+        "without one: made by a node whose logs were not collected, before its logs begin, or "
+        "lost with a rotated log file (they have no latency).",
     )
     tables = (
         table_from(per_channel, "Latency by channel (ms)", "created at the author -> first delivery elsewhere."),
         totals,
         table_from(dissemination.latency_summary(latencies, ("node",)), "Latency by node (ms)"),
-        table_from(missing, "Never delivered", "Members that never delivered an event."),
+        table_from(missing, "Never delivered", "Members that never delivered an event.",
+                   start_ms=start_ms),
         table_from(dissemination.duplicates_by_channel(base), "Duplicates by channel"),
         table_from(episodes, "Catch-up episodes", f"Runs of sync deliveries <= {catchup.CATCHUP_GAP_MS} ms apart, "
-                   f">= {catchup.CATCHUP_MIN_EVENTS} events."),
+                   f">= {catchup.CATCHUP_MIN_EVENTS} events; start_s, end_s: seconds after the run's "
+                   "start.", start_ms=start_ms),
         table_from(rejections.rejections(base), "Rejections", "topic - = peer-level (a frame that could not be "
                    "decoded); reason cut at the first ':'."),
     )
@@ -191,7 +260,7 @@ def _dissemination(base: events.Basis) -> tuple[tuple[Table, ...], tuple[_Plot, 
     return tables, (lambda out: _plot_coverage(curve, out), lambda out: _plot_latency_cdf(cdf, out))
 
 
-def _width(base: events.Basis) -> tuple[tuple[Table, ...], tuple[_Plot, ...]]:
+def _width(base: events.Basis, start_ms: int | None) -> tuple[tuple[Table, ...], tuple[_Plot, ...]]:
     converged = convergence.convergence(base).cache()
     dummies = width.dummy_counts(base)
     per_topic = (
@@ -201,7 +270,7 @@ def _width(base: events.Basis) -> tuple[tuple[Table, ...], tuple[_Plot, ...]]:
             converged.groupBy("topic").agg(
                 F.sum(F.col("converged").cast("int")).alias("converged_nodes"),
                 F.count("*").alias("series"),
-                F.max("convergence_ms").alias("max_convergence_ms"),
+                (F.max("convergence_ms") / MS_PER_S).alias("max_convergence_s"),
             ),
             "topic",
             "left",
@@ -216,12 +285,14 @@ def _width(base: events.Basis) -> tuple[tuple[Table, ...], tuple[_Plot, ...]]:
             "Width convergence",
             f"From the peak until the width stays within max({convergence.BAND_MIN}, "
             f"{convergence.BAND_FRACTION} x median) of the median of the last "
-            f"{convergence.STEADY_FRACTION:.0%} of the series.",
+            f"{convergence.STEADY_FRACTION:.0%} of the series. first_s, peak_s, settle_s: "
+            "seconds after the run's start; convergence_s = settle_s - peak_s.",
+            start_ms=start_ms,
         ),
         table_from(dummies, "Dummy events by node"),
     )
     histogram = width.width_histogram(base, ()).collect()
-    series = _width_plot_series(base)
+    series = _width_plot_series(base, start_ms)
     dummy_rows = dummies.orderBy(F.desc("dummies")).limit(MAX_TABLE_ROWS).collect()
     converged.unpersist()
     return tables, (
@@ -250,9 +321,9 @@ def _model(
                      c.steady_over_predicted)
                     for c in checks
                 )
-                note = "predicted = fixed_point_width(d, k)" + (
-                    "" if k is not None else f"; k = nodes that created {'/'.join(modelcheck.WRITE_KINDS)} "
-                    "events in the topic"
+                note = MODEL_CHECK_NOTE + (
+                    f" k = {k}, as given." if k is not None else
+                    f" k = nodes that created {'/'.join(modelcheck.WRITE_KINDS)} events in the topic."
                 )
                 tables.append(Table("Model check: width", columns, rows, note))
         figures = modelcheck.paper_figures(out)
@@ -266,8 +337,11 @@ def _model(
     return tuple(tables), tuple(texts), paths
 
 
-def _width_plot_series(records: events.Records) -> list[tuple[str, list[tuple[int, int]]]]:
-    """Up to MAX_PLOTTED_SERIES (topic, node) series, each cut to per-bucket maxima."""
+def _width_plot_series(records: events.Records, start_ms: int | None = None
+                       ) -> list[tuple[str, list[tuple[float, int]]]]:
+    """Up to MAX_PLOTTED_SERIES (topic, node) series, each cut to per-bucket maxima;
+    times in seconds after `start_ms` (default: the first width sample), one origin
+    for every series so they line up."""
     samples = width.width_samples(records)
     chosen = samples.select("topic", "node").distinct().orderBy("topic", "node").limit(MAX_PLOTTED_SERIES)
     span = samples.agg(F.min("ts_ms").alias("lo"), F.max("ts_ms").alias("hi")).collect()[0]
@@ -282,9 +356,11 @@ def _width_plot_series(records: events.Records) -> list[tuple[str, list[tuple[in
         .orderBy("topic", "node", "ts_ms")
         .collect()
     )
-    series: dict[str, list[tuple[int, int]]] = {}
+    origin = span["lo"] if start_ms is None else start_ms
+    series: dict[str, list[tuple[float, int]]] = {}
     for row in rows:
-        series.setdefault(f"{row['topic'][:8]}/{row['node'][:8]}", []).append((row["ts_ms"], row["width"]))
+        series.setdefault(f"{row['topic'][:8]}/{row['node'][:8]}", []).append(
+            ((row["ts_ms"] - origin) / MS_PER_S, row["width"]))
     return list(series.items())
 
 
@@ -308,7 +384,7 @@ def _plot_coverage(curve: list[Any], out: Path) -> Path | None:
     figure, axes = _figure()
     axes.step([r["t_ms"] for r in curve], [r["coverage"] for r in curve], where="post")
     axes.set(xlabel="ms after creation", ylabel="fraction of members holding the event",
-             title="Coverage over time (mean over events)", ylim=(0, 1.05))
+             title="Coverage over time (mean over events)", ylim=(0, 1.05), xlim=(0, None))
     axes.grid(alpha=0.3)
     return _save(figure, out / "coverage.png")
 
@@ -325,19 +401,23 @@ def _plot_latency_cdf(counts: list[Any], out: Path) -> Path | None:
             running += r["count"]
             ys.append(running / total)
         axes.step([r["latency_ms"] for r in rows], ys, where="post", label=f"{channel} ({total})")
-    axes.set(xlabel="latency (ms)", ylabel="fraction of deliveries", title="Delivery latency CDF by channel")
+    axes.set(xlabel="latency (ms)", ylabel="fraction of deliveries", title="Delivery latency CDF by channel",
+             ylim=(0, 1.05))
+    axes.set_xlim(left=min(0, min(r["latency_ms"] for r in counts)))  # clock skew may be negative
     axes.legend()
     axes.grid(alpha=0.3)
     return _save(figure, out / "latency_cdf.png")
 
 
-def _plot_width_series(series: list[tuple[str, list[tuple[int, int]]]], out: Path) -> Path | None:
+def _plot_width_series(series: list[tuple[str, list[tuple[float, int]]]], out: Path) -> Path | None:
     if not series:
         return None
     figure, axes = _figure()
     for label, points in series:
         axes.plot([p[0] for p in points], [p[1] for p in points], drawstyle="steps-post", label=label)
-    axes.set(xlabel="node clock (ms)", ylabel="forward extremities", title="Width over time (topic/node)")
+    axes.set(xlabel="seconds after the run's start", ylabel="forward extremities",
+             title="Width over time (topic/node)", xlim=(0, None), ylim=(0, None))
+    axes.ticklabel_format(axis="x", useOffset=False, style="plain")  # no "+1.7e12" offset
     axes.legend(fontsize="small", ncol=2)
     axes.grid(alpha=0.3)
     return _save(figure, out / "width_over_time.png")
@@ -390,7 +470,7 @@ def format_table(table: Table, max_cell_chars: int | None = None) -> str:
     lines.append("  ".join("-" * w for w in widths))
     lines.extend("  ".join(c.rjust(w) for c, w in zip(line, widths)) for line in cells[1:])
     if not table.rows:
-        lines.append("(none)")
+        lines.append(NONE)
     if table.note:
         lines.append(table.note)
     return "\n".join(lines)
@@ -407,6 +487,8 @@ def _html_table(table: Table) -> str:
     body = "".join(
         "<tr>" + "".join(f"<td>{html.escape(format_value(v))}</td>" for v in row) + "</tr>" for row in table.rows
     )
+    if not table.rows:
+        body = f'<tr><td colspan="{len(table.columns)}">{NONE}</td></tr>'
     note = f"<p class=note>{html.escape(table.note)}</p>" if table.note else ""
     return f"<h2>{html.escape(table.title)}</h2><table><tr>{head}</tr>{body}</table>{note}"
 

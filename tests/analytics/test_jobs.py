@@ -604,5 +604,61 @@ def test_cli_bounds_are_the_models():
 def test_analyze_reports_a_missing_log_directory(tmp_path, capsys):
     from analytics.__main__ import main
 
-    assert main(["analyze", str(tmp_path / "nowhere"), "--out", str(tmp_path / "r")]) == 1
+    assert main(["analyze", str(tmp_path / "nowhere"), "--out", str(tmp_path / "r")]) == 2
     assert "no such log path" in capsys.readouterr().err
+
+
+def test_analyze_refuses_an_empty_or_unreadable_log_directory_before_spark(tmp_path, capsys,
+                                                                          monkeypatch):
+    from analytics import __main__ as cli
+
+    empty = tmp_path / "empty"
+    (empty / "node0").mkdir(parents=True)
+    (empty / "node0" / "notes.txt").write_text("not a log\n")
+    assert cli.main(["analyze", str(empty), "--out", str(tmp_path / "r")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"error: no log files in {empty}" in err and "*.jsonl" in err
+    blank = tmp_path / "blank.jsonl"
+    blank.write_text("")
+    assert cli.main(["analyze", str(blank), "--out", str(tmp_path / "r")]) == 2
+    assert "is empty" in capsys.readouterr().err
+    # Tests run as root, for whom every mode bit reads: unreadable as the OS would say it.
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    monkeypatch.setattr(cli.os, "access", lambda path, mode: str(path) != str(locked))
+    assert cli.main(["analyze", str(locked), "--out", str(tmp_path / "r")]) == 2
+    assert f"cannot read the log path {locked}: permission denied" in capsys.readouterr().err
+    assert not (tmp_path / "r").exists()
+
+
+def test_analyze_without_the_analytics_extra_prints_the_install_line(tmp_path, capsys,
+                                                                     monkeypatch):
+    from analytics import __main__ as cli
+
+    monkeypatch.setattr(cli, "missing_modules", lambda: ["pyspark", "pandas"])
+    assert cli.main(["analyze", str(tmp_path), "--out", str(tmp_path / "r")]) == 2
+    err = capsys.readouterr().err
+    assert err == ("error: analyze needs the analytics extra (missing: pyspark, pandas); "
+                   "install it with: pip install 'megnode[analytics]'\n")
+
+
+def test_the_restated_constants_are_the_loaders_and_the_sessions():
+    from analytics import __main__ as cli
+    from analytics.jobs import load
+    from analytics.spark import DEFAULT_MASTER
+
+    assert cli.DEFAULT_MASTER == DEFAULT_MASTER
+    suffixes = load.LOG_FILE_GLOB.removeprefix("*.{").removesuffix("}").split(",")
+    assert cli.LOG_FILE_SUFFIXES == tuple(f".{s}" for s in suffixes)
+
+
+@pytest.mark.spark
+def test_analyze_of_logs_without_one_valid_record_writes_no_report(spark, tmp_path):
+    from analytics import report
+
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    (logs / "n.jsonl").write_text("not json\n{\"v\": 1}\n")
+    with pytest.raises(report.NoRecords, match=r"no valid log records in .* \(2 lines read, 2 malformed\)"):
+        report.analyze(spark, str(logs), tmp_path / "r", progress=open(os.devnull, "w"))
+    assert not (tmp_path / "r").exists()

@@ -18,7 +18,7 @@ def test_analyze_hands_its_arguments_to_the_analytics_program(tmp_path):
                                  capture_output=True, text=True, timeout=60)
     direct = subprocess.run([sys.executable, "-m", "analytics", *args],
                             capture_output=True, text=True, timeout=60)
-    assert through_cli.returncode == direct.returncode == 1
+    assert through_cli.returncode == direct.returncode == 2  # a user's mistake
     assert through_cli.stderr == direct.stderr
     assert "no such log path" in through_cli.stderr
     assert not (tmp_path / "report").exists()
