@@ -238,8 +238,9 @@ def _dissemination(base: events.Basis, start_ms: int | None
         ),
         "events counts every event some node created or delivered; Input's \"events created\" "
         "only those whose created record is in the logs. They differ by the events delivered "
-        "without one: made by a node whose logs were not collected, before its logs begin, or "
-        "lost with a rotated log file (they have no latency).",
+        "without one (they have no latency): the joins made through the join handshake (the "
+        "joiner signs its join, a member adds it, and neither logs it as created), and events "
+        "made by a node whose logs were not collected, or before its logs begin.",
     )
     tables = (
         table_from(per_channel, "Latency by channel (ms)", "created at the author -> first delivery elsewhere."),

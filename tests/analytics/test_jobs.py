@@ -570,6 +570,13 @@ def test_analyze_writes_the_report_and_prints_the_summary(logdir, tmp_path, caps
         assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "Never delivered" in page and "Catch-up episodes" in page and "Model check: width" in page
     assert "Rejections" in page and "bad_message" in page and "Monte-Carlo check" in page
+    # Issue 13: times in seconds after the run's start, "none" for empty tables, the two
+    # event counts side by side with the reason they differ, the model check explained.
+    assert "None." not in page and "None." not in captured.out
+    assert "<th>start_s</th>" in page and "<th>settle_s</th>" in page and "<th>start_ms</th>" not in page
+    assert "max_convergence_s" in captured.out
+    assert "events (created or delivered)" in captured.out and "no created record" in captured.out
+    assert "Compares the width this run measured" in captured.out and "expected" in captured.out
 
 
 @pytest.mark.parametrize(
@@ -599,6 +606,18 @@ def test_cli_bounds_are_the_models():
     from analytics import model
 
     assert (cli.MIN_D, cli.MAX_D, cli.MAX_K) == (model.MIN_CONVERGENT_PARENTS, model.MAX_PARENTS, model.MAX_REPLICAS)
+
+
+@pytest.mark.spark
+def test_report_times_are_seconds_after_the_run_start_and_empty_tables_say_none(spark):
+    from analytics import report
+
+    df = spark.createDataFrame([(1_700_000_001_500, 2_500, 7)], ["peak_ms", "convergence_ms", "max_lag_ms"])
+    table = report.table_from(df, "t", start_ms=1_700_000_000_000)
+    assert table.columns == ("peak_s", "convergence_s", "max_lag_ms") and table.rows == ((1.5, 2.5, 7),)
+    empty = report.Table("Empty", ("a", "b"), ())
+    assert report.format_table(empty).splitlines()[-1] == "none"
+    assert '<td colspan="2">none</td>' in report._html_table(empty)
 
 
 def test_analyze_reports_a_missing_log_directory(tmp_path, capsys):
