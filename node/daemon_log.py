@@ -18,9 +18,10 @@ Verbosity (`-v` counted), the same scale for every logger:
 
 The scale is applied by the handler (VerbosityFilter), not by the loggers'
 own levels: a library that sets its logger's level in code (py-libp2p's
-auto-connector forces INFO) or is imported later cannot bypass it. So
-LIBP2P_DEBUG no longer sets levels or files of its own: `-vvv` is the way to
-py-libp2p's debug lines, and they go to the node's log like everything else.
+auto-connector forces INFO) or is imported later cannot bypass it. LIBP2P_DEBUG
+is not needed (`-vvv` shows py-libp2p's debug lines): if set, py-libp2p still
+creates its temp file on import, but its handlers and queue listener are
+removed here, so its lines go to the node's log at the `-v` levels.
 """
 
 from __future__ import annotations
