@@ -51,7 +51,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from node.config import FAST_PATHS, ConfigError, load_config
+from node.config import FAST_PATHS, RUN_DEFAULTS, ConfigError, load_config
 from node.control_client import CONTROL_SOCKET, ControlError, control_call, control_lines
 from node.core.identity import Identity
 from node.core.store import StoreError
@@ -132,7 +132,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     # its user only, whatever umask it was started with (docs/store.md).
     os.umask(DAEMON_UMASK)
     try:
-        config = load_config(args.config).with_overrides(
+        config = load_config(args.config, RUN_DEFAULTS).with_overrides(
             listen=args.listen or None, bootstrap=args.bootstrap or None,
             fast_path=args.fast_path, log_dir=args.log_dir)
     except ConfigError as exc:
@@ -386,7 +386,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = with_data_dir(commands.add_parser("run", help="run the daemon"))
     p.add_argument("--config", help="a TOML config file (see deploy/examples/node.toml)")
-    p.add_argument("--listen", action="append", help="multiaddr to listen on (repeatable)")
+    p.add_argument("--listen", action="append",
+                   help="multiaddr to listen on (repeatable; default /ip4/0.0.0.0/tcp/4001, "
+                        "every interface; /ip4/127.0.0.1/tcp/0 for this machine only)")
     p.add_argument("--bootstrap", action="append", help="peer /p2p/ address to dial (repeatable)")
     p.add_argument("--fast-path", choices=FAST_PATHS, help="how new events spread quickly")
     p.add_argument("--log-dir", help="dissemination log dir, relative to the data dir")

@@ -27,6 +27,7 @@ from typing import Any
 
 from transport.defaults import (
     DEFAULT_LISTEN,
+    DEFAULT_RUN_LISTEN,
     DEFAULT_SYNC_INTERVAL_MS,
     DEFAULT_SYNC_JITTER_MS,
     MISBEHAVIOUR_THRESHOLD,
@@ -151,10 +152,15 @@ def _check_multiaddr(name: str, address: str, peer: bool) -> None:
                           "(`megnode status` on that node prints its full addresses)")
 
 
-def load_config(path: str | Path | None) -> NodeConfig:
-    """Defaults, overridden by the TOML file at `path` if given."""
+# `megnode run`'s defaults: the library's, but listening on every interface on a
+# fixed port (transport.defaults.DEFAULT_RUN_LISTEN), so a device is reachable from the LAN.
+RUN_DEFAULTS = NodeConfig(listen=(DEFAULT_RUN_LISTEN,))
+
+
+def load_config(path: str | Path | None, defaults: NodeConfig = NodeConfig()) -> NodeConfig:
+    """`defaults`, overridden by the TOML file at `path` if given."""
     if path is None:
-        return NodeConfig()
+        return defaults
     path = Path(path)
     try:
         data = path.read_bytes()
@@ -174,6 +180,6 @@ def load_config(path: str | Path | None) -> NodeConfig:
         raise ConfigError(f"config file {path}: unknown setting(s) {', '.join(unknown)}; "
                           f"known: {', '.join(sorted(known))}")
     try:
-        return validate(replace(NodeConfig(), **_coerce(values)))
+        return validate(replace(defaults, **_coerce(values)))
     except TypeError as exc:
         raise ConfigError(f"config file {path}: {exc}") from None

@@ -667,6 +667,7 @@ class Node:
             "peer_id": self.host.peer_id,
             "addresses": list(self.addresses),
             "peers": sorted(self.host.peers()),
+            "bootstrap": self._dialer.bootstrap_status(),
             "fast_path": self.config.fast_path,
             "banned_peers": self._banned_peers(now_ms()),
             "rejected": most_common(dict(rejected), MAX_REJECT_REASONS_SHOWN),
