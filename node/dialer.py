@@ -127,6 +127,22 @@ class Dialer:
                         "retry_in_ms": entry.retry_in_ms})
         return out
 
+    async def dial_known(self, peer_id: str, addresses: tuple[str, ...]) -> bool:
+        """Dial a peer the book (or peer exchange) knows at `addresses`, each once; True
+        once one answered. Its addresses go to the redialer either way: a peer that
+        is down now is redialled when the policy says."""
+        self._redialer.remember(peer_id, list(reversed(addresses)))  # keep their order
+        if peer_id in self._host.peers():
+            return True
+        for address in addresses:
+            try:
+                await self.connect(address)
+            except NodeError as exc:
+                logger.info("known peer %s at %s: %s", peer_id, address, exc)
+                continue
+            return True
+        return False
+
     async def discover_on_lan(self) -> None:
         """Dial the megnode peers mDNS finds on the LAN (config `mdns`); see node.mdns."""
         from node import mdns  # imported only when enabled: zeroconf is a heavy import

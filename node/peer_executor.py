@@ -6,8 +6,10 @@ effects). This module is its I/O half: it turns libp2p's peer up/down events
 and the transport's misbehaviour reports into policy calls, and carries out
 what comes back — aborting a banned peer's connections, counting, logging,
 scheduling and making redials (transport.libp2p_redial knows the addresses).
-It also tells the dissemination engine which replicas are connected, and
-keeps relayed devices (node.relay) out of all of it: they are not replicas.
+It also tells the dissemination engine which replicas are connected, keeps
+the peer book (node.core.peer_book) up to date with each connection and
+failed redial, and keeps relayed devices (node.relay) out of all of it: they
+are not replicas.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from collections.abc import Callable, Sequence
 
 import trio
 
+from node.core.peer_book import PeerBook
 from node.core.peer_policy import Abort, Count, Dial, Note, PeerPolicy, Redial
 from node.peer_ids import node_id_of, now_ms, peer_id_of
 from transport.dissemination import Disseminator
@@ -33,8 +36,9 @@ class PeerExecutor:
 
     def __init__(self, policy: PeerPolicy, host: P2PHost, redialer: Redialer,
                  disseminator: Disseminator, nursery: trio.Nursery, stats: dict[str, int],
-                 carry_out: Callable[[Sequence[object]], None]) -> None:
+                 carry_out: Callable[[Sequence[object]], None], book: PeerBook) -> None:
         self.policy = policy
+        self.book = book
         self._host = host
         self._redialer = redialer
         self._disseminator = disseminator
@@ -74,10 +78,15 @@ class PeerExecutor:
                     self.run(verdict)
                     continue
                 self._redialer.peer_up(event.peer_id)
+                self.book.connected(event.peer_id, self._redialer.addresses(event.peer_id),
+                                    now_ms())
                 self._carry_out(self._disseminator.on_peer_up(node_id, now_ms()))
             else:
                 if node_id not in self._relay_clients:
                     self._redialer.peer_down(event.peer_id)  # identify may have added addresses
+                    if event.peer_id in self.book:  # identify's addresses, for the next start
+                        self.book.connected(event.peer_id,
+                                            self._redialer.addresses(event.peer_id), now_ms())
                     self.run(self.policy.peer_down(
                         node_id, now_ms(), dialable=bool(self._redialer.addresses(event.peer_id))))
                 self._relay_clients.discard(node_id)
@@ -153,7 +162,9 @@ class PeerExecutor:
 
     async def _redial(self, node_id: str) -> None:
         """One redial attempt (every known address once); the policy decides what next."""
-        if await self._redialer.dial(peer_id_of(node_id)):
+        peer_id = peer_id_of(node_id)
+        if await self._redialer.dial(peer_id):
             self.run(self.policy.dial_succeeded(node_id))
         else:
+            self.book.failed(peer_id, now_ms())
             self.run(self.policy.dial_failed(node_id, now_ms()))

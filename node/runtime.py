@@ -62,7 +62,9 @@ from node.core.peer_policy import TRANSPORT_FAULTS_BEFORE_BAN, PeerPolicy
 from node.backup import BackupError, finish_backup, prepare_target
 from node.check import quick_check_topic
 from node.core.store import DamagedTopicError, Op, StoreError, damaged_topic_message
+from node.core.peer_book import PeerBook
 from node.dialer import Dialer
+from node.fleet import BookKeeper
 from node.effects import (GOSSIP_TOPIC_PREFIX, PROTOCOL_DISSEMINATION, EffectRunner,
                           gossip_message_topic, gossip_topic)
 from node.errors import JoinRefusedError, NodeError, sole_exception
@@ -178,8 +180,10 @@ class Node:
         # peer policy (node.core.peer_policy); the executor feeds it events and
         # carries out its effects (node.peer_executor).
         self.peer_policy = PeerPolicy(rng)
+        # Every peer met, kept across restarts (node.core.peer_book; node.fleet writes it).
+        self.peer_book = PeerBook.load(store)
         self._peers = PeerExecutor(self.peer_policy, host, redialer, self.disseminator,
-                                   nursery, self.stats, self._run)
+                                   nursery, self.stats, self._run, self.peer_book)
         self._effects = EffectRunner(host, nursery, self._topics, self.stats, log_writer,
                                      on_misbehaving=self._peers.misbehaved)
         self._dialer = Dialer(host, redialer, nursery)
@@ -195,6 +199,8 @@ class Node:
                                          self._writes.acknowledge, rng,
                                          lambda peer: remote_ip(host.libp2p, peer))
         self.relay = self._relay_intake.server
+        self._book_keeper = BookKeeper(self.peer_book, self.committer, host, self._dialer,
+                                       nursery)
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -329,6 +335,7 @@ class Node:
             self._nursery.start_soon(self.metrics.serve)
         for address in self.config.bootstrap:
             self._nursery.start_soon(self._dialer.dial_with_retry, address)
+        self._book_keeper.start()  # dials the peer book too (node.fleet)
         if self.config.mdns:
             self._nursery.start_soon(self._dialer.discover_on_lan)
 
@@ -668,6 +675,7 @@ class Node:
             "addresses": list(self.addresses),
             "peers": sorted(self.host.peers()),
             "bootstrap": self._dialer.bootstrap_status(),
+            "peer_book": self._book_keeper.status(),
             "fast_path": self.config.fast_path,
             "banned_peers": self._banned_peers(now_ms()),
             "rejected": most_common(dict(rejected), MAX_REJECT_REASONS_SHOWN),
