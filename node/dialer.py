@@ -61,6 +61,11 @@ class Dialer:
         self._redialer = redialer
         self._nursery = nursery
         self._bootstraps: dict[str, Bootstrap] = {}
+        # Dials to peers we only heard of (mDNS announcements, peer exchange answers) are
+        # untrusted input: one budget for all of them, a bound on dials per minute in total.
+        from node.mdns import DiscoveryBudget  # node.mdns imports zeroconf only when run
+
+        self.discovery_budget = DiscoveryBudget()
 
     async def connect(self, address: str) -> str:
         """Dial a peer by its /p2p/ multiaddr (a DNS name is resolved); returns its peer id.
@@ -127,6 +132,11 @@ class Dialer:
                         "retry_in_ms": entry.retry_in_ms})
         return out
 
+    def addresses_of(self, peer_id: str) -> tuple[str, ...]:
+        """Where `peer_id` can be dialled: what its identify said, and what we dialled."""
+        self._redialer.remember(peer_id, self._host.peer_addresses(peer_id))
+        return self._redialer.addresses(peer_id)
+
     async def dial_known(self, peer_id: str, addresses: tuple[str, ...]) -> bool:
         """Dial a peer the book (or peer exchange) knows at `addresses`, each once; True
         once one answered. Its addresses go to the redialer either way: a peer that
@@ -147,8 +157,9 @@ class Dialer:
         """Dial the megnode peers mDNS finds on the LAN (config `mdns`); see node.mdns."""
         from node import mdns  # imported only when enabled: zeroconf is a heavy import
 
-        # Announcements are untrusted: bounded peers and dials per minute (node.mdns).
-        budget = mdns.DiscoveryBudget()
+        # Announcements are untrusted: bounded peers and dials per minute (node.mdns),
+        # shared with peer exchange.
+        budget = self.discovery_budget
         try:
             async with mdns.mdns_discovery(self._host.libp2p, self._host.listen_addrs()) as found:
                 async for peer in found:

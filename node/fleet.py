@@ -14,13 +14,17 @@ sans-IO module and this one carries it out with trio and libp2p:
 from __future__ import annotations
 
 import logging
+import random
+from collections.abc import Callable, Iterable
 
 import trio
 
 from node.committer import CommitError, Committer, Records
 from node.core.peer_book import PeerBook
+from node.core.peer_exchange import (MAX_PX_TOPICS, decode_answer, decode_request,
+                                     encode_answer, encode_request, select)
 from node.dialer import Dialer
-from node.peer_ids import now_ms
+from node.peer_ids import node_id_of, now_ms
 from transport.libp2p_host import P2PHost
 
 logger = logging.getLogger("megnode")
@@ -68,3 +72,143 @@ class BookKeeper:
             await self._committer.submit(Records(tuple(self.book.ops())))
         except CommitError as exc:  # the next change writes the entries again
             logger.warning("peer book not stored: %s", exc)
+
+
+PROTOCOL_PX = "/megnode/px/1"
+PX_FIRST_DELAY_S = 0.5  # after a peer comes up (identify has told us its addresses by then)
+PX_INTERVAL_MIN_S = 2.0  # a connected peer is asked again this soon while answers bring news,
+PX_INTERVAL_MAX_S = 60.0  # doubling to this while they bring nothing new
+PX_TIMEOUT_S = 5.0
+
+
+class PeerExchange:
+    """Asks connected peers for the peers of shared topics, answers their asks (node.core.peer_exchange).
+
+    `topics()` gives the node's topics as (id, private, may_read(key)); `wanted()`
+    says whether another connection is welcome (the connection manager's high
+    water mark); `is_banned(peer_id)` keeps banned peers out of answers and dials.
+    Dials from answers share one DiscoveryBudget with mDNS (node.mdns): a bound
+    on dials per minute from unverified sources, in total.
+    """
+
+    def __init__(self, book: PeerBook, host: P2PHost, dialer: Dialer, nursery: trio.Nursery,
+                 topics: Callable[[], Iterable[tuple[bytes, Callable[[bytes], bool]]]],
+                 wanted: Callable[[], bool], is_banned: Callable[[str], bool],
+                 reset_redial: Callable[[str], None], stats: dict[str, int]) -> None:
+        self._book = book
+        self._host = host
+        self._dialer = dialer
+        self._nursery = nursery
+        self._topics = topics
+        self._wanted = wanted
+        self._is_banned = is_banned
+        self._reset_redial = reset_redial
+        self._stats = stats
+        self._interval_s = PX_INTERVAL_MIN_S
+        self._news = trio.Event()  # a peer came up: ask it soon
+        for name in ("px_asked", "px_answered", "px_heard", "px_dialled", "px_bad"):
+            stats.setdefault(name, 0)
+
+    def start(self) -> None:
+        self._host.set_request_handler(PROTOCOL_PX, self._on_request)
+        self._nursery.start_soon(self._ask_loop)
+
+    def peer_up(self, peer_id: str) -> None:
+        self._nursery.start_soon(self._ask_soon, peer_id)
+
+    def topics_for(self, peer_id: str) -> list[bytes]:
+        """Our topics `peer_id` may hear of: open ones, and private ones it may read."""
+        key = _key_of(peer_id)
+        return [topic_id for topic_id, may_read in self._topics()
+                if key is not None and may_read(key)][:MAX_PX_TOPICS]
+
+    # ------------------------------------------------------------------ asking
+
+    async def _ask_soon(self, peer_id: str) -> None:
+        await trio.sleep(PX_FIRST_DELAY_S)
+        if peer_id in self._host.peers():
+            await self.ask(peer_id)
+
+    async def _ask_loop(self) -> None:
+        rng = random.Random()
+        while True:
+            await trio.sleep(self._interval_s * (0.5 + rng.random()))  # spread the fleet's asks
+            peers = sorted(self._host.peers())
+            if not peers:
+                continue
+            news = await self.ask(rng.choice(peers))
+            self._interval_s = PX_INTERVAL_MIN_S if news else min(
+                self._interval_s * 2, PX_INTERVAL_MAX_S)
+
+    async def ask(self, peer_id: str) -> bool:
+        """Ask `peer_id` for peers of our shared topics; True if its answer told us news."""
+        # identify has told us the peer's listen addresses by now: keep them in the book
+        self._book.connected(peer_id, self._dialer.addresses_of(peer_id), now_ms())
+        topics = self.topics_for(peer_id)
+        if not topics:
+            return False
+        self._stats["px_asked"] += 1
+        try:
+            data = await self._host.request(peer_id, PROTOCOL_PX, encode_request(topics),
+                                             PX_TIMEOUT_S)
+        except Exception as exc:  # RequestError, a connection gone: ask another later
+            logger.info("peer exchange with %s: %s", peer_id, exc)
+            return False
+        answer = decode_answer(data, [t.hex() for t in topics])
+        if answer is None:
+            self._stats["px_bad"] += 1
+            logger.info("peer exchange: %s sent an answer that does not parse", peer_id)
+            return False
+        self._stats["px_bad"] += answer.dropped
+        # What it serves: the topics we named that it lists itself for, if any; we learn
+        # its topics surely when it asks us.
+        news = False
+        for peer in answer.peers:
+            if peer.peer_id in (self._host.peer_id, peer_id) or self._is_banned(peer.peer_id):
+                continue
+            self._stats["px_heard"] += 1
+            known = self._book.get(peer.peer_id)
+            self._book.heard(peer.peer_id, peer.addresses, now_ms(), peer.topics)
+            if peer.peer_id in self._host.peers():
+                continue
+            news = news or known is None
+            self._reset_redial(peer.peer_id)
+            if self._wanted():
+                self._nursery.start_soon(self._dial, peer.peer_id)
+        return news
+
+    async def _dial(self, peer_id: str) -> None:
+        budget = self._dialer.discovery_budget
+        if not budget.admit(peer_id):
+            return
+        try:
+            while (wait_ms := budget.dial_delay_ms(now_ms())):
+                await trio.sleep(wait_ms / 1_000)
+            entry = self._book.get(peer_id)
+            if entry is None or peer_id in self._host.peers() or not self._wanted():
+                return
+            self._stats["px_dialled"] += 1
+            if not await self._dialer.dial_known(peer_id, entry.addresses):
+                self._book.failed(peer_id, now_ms())
+        finally:
+            budget.release(peer_id)
+
+    # ------------------------------------------------------------------ answering
+
+    async def _on_request(self, peer_id: str, data: bytes) -> bytes:
+        named = decode_request(data)
+        if named is None:
+            self._stats["px_bad"] += 1
+            return encode_answer([])
+        self._stats["px_answered"] += 1
+        ours = set(self.topics_for(peer_id))  # and it may read them here
+        shared = [t.hex() for t in named if t in ours]
+        self._book.served(peer_id, shared, now_ms())  # what it serves, for others' asks
+        peers = select(self._book, peer_id, shared, self._host.peers(), now_ms(),
+                       may_list=lambda p: not self._is_banned(p))
+        return encode_answer(peers)
+
+
+def _key_of(peer_id: str) -> bytes | None:
+    node_id = node_id_of(peer_id)
+    return None if node_id is None else bytes.fromhex(node_id)

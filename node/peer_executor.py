@@ -47,6 +47,7 @@ class PeerExecutor:
         self._carry_out = carry_out  # the dissemination engine's effects (node.effects)
         self._dropping: set[str] = set()  # banned node ids whose connections are being aborted
         self._relay_clients: set[str] = set()  # node ids of connected relay clients
+        self.on_replica_up: Callable[[str], None] | None = None  # peer exchange asks it (node.fleet)
 
     # ------------------------------------------------------------------ relayed devices
 
@@ -81,6 +82,8 @@ class PeerExecutor:
                 self.book.connected(event.peer_id, self._redialer.addresses(event.peer_id),
                                     now_ms())
                 self._carry_out(self._disseminator.on_peer_up(node_id, now_ms()))
+                if self.on_replica_up is not None:
+                    self.on_replica_up(event.peer_id)
             else:
                 if node_id not in self._relay_clients:
                     self._redialer.peer_down(event.peer_id)  # identify may have added addresses
@@ -108,6 +111,16 @@ class PeerExecutor:
                     node_id, report.reason, now_ms(), report.detail))
             else:
                 self.run(self.policy.breakage(node_id, report.reason, report.detail))
+
+    def reset_redial(self, peer_id: str) -> None:
+        """News that `peer_id` is reachable (peer exchange): a running redial dials now."""
+        node_id = node_id_of(peer_id)
+        if node_id is not None:
+            self.run(self.policy.reset(node_id, now_ms()))
+
+    def is_banned(self, peer_id: str) -> bool:
+        node_id = node_id_of(peer_id)
+        return node_id is not None and self.policy.is_banned(node_id, now_ms())
 
     def misbehaved(self, node_id: str, reason: str) -> None:
         """The dissemination engine caught a peer breaking the protocol (`Disconnect`)."""

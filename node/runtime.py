@@ -64,7 +64,7 @@ from node.check import quick_check_topic
 from node.core.store import DamagedTopicError, Op, StoreError, damaged_topic_message
 from node.core.peer_book import PeerBook
 from node.dialer import Dialer
-from node.fleet import BookKeeper
+from node.fleet import BookKeeper, PeerExchange
 from node.effects import (GOSSIP_TOPIC_PREFIX, PROTOCOL_DISSEMINATION, EffectRunner,
                           gossip_message_topic, gossip_topic)
 from node.errors import JoinRefusedError, NodeError, sole_exception
@@ -201,6 +201,14 @@ class Node:
         self.relay = self._relay_intake.server
         self._book_keeper = BookKeeper(self.peer_book, self.committer, host, self._dialer,
                                        nursery)
+        # Peers tell each other where the peers of shared topics are (node.fleet).
+        self._peer_exchange = PeerExchange(
+            self.peer_book, host, self._dialer, nursery,
+            topics=lambda: [(t, topic.replica.may_read) for t, topic in self._topics.items()
+                            if topic.ready],
+            wanted=lambda: True, is_banned=self._peers.is_banned,
+            reset_redial=self._peers.reset_redial, stats=self.stats)
+        self._peers.on_replica_up = self._peer_exchange.peer_up
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -336,6 +344,7 @@ class Node:
         for address in self.config.bootstrap:
             self._nursery.start_soon(self._dialer.dial_with_retry, address)
         self._book_keeper.start()  # dials the peer book too (node.fleet)
+        self._peer_exchange.start()
         if self.config.mdns:
             self._nursery.start_soon(self._dialer.discover_on_lan)
 

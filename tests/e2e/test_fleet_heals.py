@@ -36,3 +36,33 @@ def test_a_restarted_node_is_back_with_its_peers_within_seconds(tmp_path) -> Non
         me = cluster.nodes[2].info["peer_id"]
         wait_for(lambda: all(me in cluster.status(i)["peers"] for i in (0, 1)), RECONNECT_BOUND_S)
         print(f"reconnected in {took:.2f} s after the restarted node said it started")
+
+
+def test_killing_the_bootstrap_node_leaves_the_others_connected(tmp_path) -> None:
+    """Four daemons, three bootstrapped only from node 0, one open topic: peer exchange
+    connects them to each other, so killing node 0 leaves them connected and delivering."""
+    cluster = LocalCluster(tmp_path / "c", 4)
+    try:
+        cluster.start_node(0, bootstrap=[])
+        for i in (1, 2, 3):
+            cluster.start_node(i, bootstrap=[cluster.nodes[0].address])
+        topic = cluster.cli(0, "topic", "create", "fleet")["topic"]
+        for i in (1, 2, 3):
+            cluster.cli(i, "topic", "join", topic)
+        ids = {i: cluster.nodes[i].info["peer_id"] for i in range(4)}
+        rest = (1, 2, 3)
+
+        def meshed() -> bool:
+            return all({ids[j] for j in rest if j != i} <= set(cluster.status(i)["peers"])
+                       for i in rest)
+
+        took = wait_for(meshed, WAIT_S)
+        print(f"full mesh among the bootstrapped nodes {took:.2f} s after they joined")
+        before = max(cluster.topic_status(i, topic)["delivered"]
+                     - cluster.topic_status(i, topic).get("acks", 0) for i in rest)
+        cluster.kill(0)
+        cluster.cli(1, "publish", topic, "after the kill")
+        cluster.wait_delivered(topic, before + 1, WAIT_S, indices=list(rest))
+        assert meshed()  # still connected to each other, not only through node 0
+    finally:
+        cluster.close()
