@@ -15,6 +15,10 @@ Example (deploy/examples/node.toml)::
     ack_interval_ms = 250     # an indexer's empty acknowledgements, at most one per interval
     log_dir = "logs"
     metrics_port = 0          # 0 = Prometheus exporter off
+    connections_low = 16      # the connection manager's water marks and limits
+    connections_high = 48
+    max_connections = 128
+    max_connections_per_ip = 8
 """
 
 from __future__ import annotations
@@ -41,6 +45,12 @@ DEFAULT_WIDTH_SAMPLE_INTERVAL_MS = 1_000
 DEFAULT_PEER_MISBEHAVIOUR_LIMIT = MISBEHAVIOUR_THRESHOLD  # invalid messages before a disconnect
 DEFAULT_TRANSPORT_TIMEOUT_MS = 10_000  # transport.libp2p_streams / libp2p_patches defaults
 MAX_CONFIG_BYTES = 256 * 1024
+# The connection manager's defaults (node.core.connection_manager's LOW_WATER,
+# HIGH_WATER, MAX_CONNECTIONS, MAX_CONNECTIONS_PER_IP; a test checks they agree).
+DEFAULT_CONNECTIONS_LOW = 16
+DEFAULT_CONNECTIONS_HIGH = 48
+DEFAULT_MAX_CONNECTIONS = 128
+DEFAULT_MAX_CONNECTIONS_PER_IP = 8
 
 
 class FastPath(StrEnum):
@@ -84,6 +94,21 @@ class NodeConfig:
     ack_interval_ms: int | None = None
     log_dir: str | None = "logs"  # relative to the data dir; None = no dissemination log
     metrics_port: int = 0
+    # The connection manager (node.core.connection_manager): below `connections_low` the
+    # node dials more peers from its peer book; above `connections_high` it closes the
+    # least wanted down to `connections_low`; past `max_connections` (node-wide) or
+    # `max_connections_per_ip` (one IP address, loopback exempt) a new connection is closed.
+    connections_low: int = DEFAULT_CONNECTIONS_LOW
+    connections_high: int = DEFAULT_CONNECTIONS_HIGH
+    max_connections: int = DEFAULT_MAX_CONNECTIONS
+    max_connections_per_ip: int = DEFAULT_MAX_CONNECTIONS_PER_IP
+
+    def connection_limits(self) -> Any:
+        """The connection manager's limits (node.core.connection_manager.Limits)."""
+        from node.core.connection_manager import Limits
+
+        return Limits(self.connections_low, self.connections_high, self.max_connections,
+                      self.max_connections_per_ip)
 
     def with_overrides(self, **overrides: Any) -> "NodeConfig":
         """A copy with the non-None overrides applied and validated."""
@@ -100,16 +125,23 @@ def _coerce(values: dict[str, Any]) -> dict[str, Any]:
 
 
 def validate(config: NodeConfig) -> NodeConfig:
-    def positive(name: str) -> None:
+    def positive(name: str, unit: str = "milliseconds") -> None:
         value = getattr(config, name)
         if type(value) is not int or value <= 0:
-            raise ConfigError(f"{name} must be a positive integer (milliseconds), got {value!r}")
+            raise ConfigError(f"{name} must be a positive integer ({unit}), got {value!r}")
 
     for name in ("anti_entropy_interval_ms", "commit_interval_ms", "width_sample_interval_ms",
                  "peer_misbehaviour_limit", "transport_timeout_ms"):
         positive(name)
     if config.ack_interval_ms is not None:
         positive("ack_interval_ms")
+    for name in ("connections_high", "max_connections", "max_connections_per_ip"):
+        positive(name, "connections")
+    if type(config.connections_low) is not int or config.connections_low < 0:
+        raise ConfigError("connections_low must be a non-negative integer")
+    if not config.connections_low <= config.connections_high <= config.max_connections:
+        raise ConfigError("connection limits must satisfy connections_low <= connections_high "
+                          "<= max_connections")
     if type(config.anti_entropy_jitter_ms) is not int or config.anti_entropy_jitter_ms < 0:
         raise ConfigError("anti_entropy_jitter_ms must be a non-negative integer")
     for name in ("listen", "bootstrap"):

@@ -8,7 +8,9 @@ sans-IO module and this one carries it out with trio and libp2p:
   start the most useful START_DIALS peers in it are dialled, as well as the
   bootstrap list, so a node restarted with no bootstrap list rejoins;
 * peer exchange (node.core.peer_exchange): see `PeerExchange`;
-* the connection manager (node.core.connection_manager): see `ConnectionKeeper`.
+* the connection manager (node.core.connection_manager): see `ConnectionKeeper`:
+  limits checked as each connection comes up, trimming and filling every
+  KEEP_INTERVAL_S.
 """
 
 from __future__ import annotations
@@ -20,7 +22,9 @@ from collections.abc import Callable, Iterable
 import trio
 
 from node.committer import CommitError, Committer, Records
-from node.core.peer_book import PeerBook
+from node.core.connection_manager import (Connection, Limits, admit, needs_more, to_trim,
+                                          wants_more)
+from node.core.peer_book import FAILURES_BEFORE_STALE, PeerBook
 from node.core.peer_exchange import (MAX_PX_TOPICS, decode_answer, decode_request,
                                      encode_answer, encode_request, select)
 from node.dialer import Dialer
@@ -212,3 +216,110 @@ class PeerExchange:
 def _key_of(peer_id: str) -> bytes | None:
     node_id = node_id_of(peer_id)
     return None if node_id is None else bytes.fromhex(node_id)
+
+
+KEEP_INTERVAL_S = 5.0  # how often the connection manager trims or fills
+FILL_REDIAL_S = 60.0  # a book entry dialled to fill up is not dialled again sooner
+
+
+class ConnectionKeeper:
+    """Carries out the connection manager's rules (node.core.connection_manager)."""
+
+    def __init__(self, limits: Limits, book: PeerBook, host: P2PHost, dialer: Dialer,
+                 nursery: trio.Nursery, our_topics: Callable[[], set[str]],
+                 remote_ip: Callable[[str], str | None], stats: dict[str, int]) -> None:
+        self.limits = limits
+        self._book = book
+        self._host = host
+        self._dialer = dialer
+        self._nursery = nursery
+        self._our_topics = our_topics
+        self._remote_ip = remote_ip
+        self._stats = stats
+        self._since: dict[str, tuple[int, str | None]] = {}  # peer -> (up at, its IP)
+        self._closing: set[str] = set()
+        self._filled: dict[str, float] = {}  # peer -> when it was last dialled to fill up
+        for name in ("connections_refused", "connections_trimmed"):
+            stats.setdefault(name, 0)
+
+    def start(self) -> None:
+        self._nursery.start_soon(self._keep_loop)
+
+    def wants_more(self) -> bool:
+        return wants_more(len(self._host.peers()), self.limits)
+
+    def peer_up(self, peer_id: str) -> bool:
+        """A connection came up: False if it must be closed now (a limit; logged, counted)."""
+        ip = self._remote_ip(peer_id)
+        others = [c for c in self._connections() if c.peer != peer_id]
+        refusal = admit(Connection(peer_id, ip, now_ms()), others, self.limits)
+        if refusal is not None:
+            self._stats["connections_refused"] += 1
+            logger.info("closing the connection of %s from %s: %s", peer_id, ip, refusal.value)
+            self._close(peer_id)
+            return False
+        self._since[peer_id] = (now_ms(), ip)
+        return True
+
+    def peer_down(self, peer_id: str) -> None:
+        self._since.pop(peer_id, None)
+
+    def _connections(self) -> list[Connection]:
+        ours = self._our_topics()
+        out = []
+        for peer in self._host.peers():
+            since, ip = self._since.get(peer, (now_ms(), None))
+            entry = self._book.get(peer)
+            shares = entry is not None and any(t in ours for t in entry.topics)
+            out.append(Connection(peer, ip, since, shares))
+        return out
+
+    def _close(self, peer_id: str) -> None:
+        if peer_id in self._closing:
+            return
+        self._closing.add(peer_id)
+        self._nursery.start_soon(self._disconnect, peer_id)
+
+    async def _disconnect(self, peer_id: str) -> None:
+        try:
+            await self._host.abort(peer_id)
+        except Exception as exc:
+            logger.debug("closing %s failed: %s", peer_id, exc)
+        finally:
+            self._closing.discard(peer_id)
+
+    async def _keep_loop(self) -> None:
+        while True:
+            await trio.sleep(KEEP_INTERVAL_S)
+            self.keep()
+
+    def keep(self) -> None:
+        """One round: trim above the high water mark, dial from the book below the low one."""
+        connections = self._connections()
+        for peer in to_trim(connections, now_ms(), self.limits):
+            self._stats["connections_trimmed"] += 1
+            logger.info("closing the connection of %s: above the high water mark (%d)",
+                        peer, self.limits.high_water)
+            self._close(peer)
+        count = len(connections)
+        now = trio.current_time()
+        self._filled = {p: t for p, t in self._filled.items() if now - t < FILL_REDIAL_S}
+        if needs_more(count, self.limits):
+            recent = set(self._filled) | self._host.peers()
+            for entry in self._book.most_useful(now_ms(), self.limits.low_water - count,
+                                                exclude=recent):
+                # Hearsay is peer exchange's to dial (budgeted); a peer failing again and
+                # again is left to its redial backoff.
+                if entry.last_success_ms and entry.failures < FAILURES_BEFORE_STALE:
+                    self._filled[entry.peer_id] = now
+                    self._nursery.start_soon(self._dial, entry.peer_id, entry.addresses)
+
+    async def _dial(self, peer_id: str, addresses: tuple[str, ...]) -> None:
+        if not await self._dialer.dial_known(peer_id, addresses):
+            self._book.failed(peer_id, now_ms())
+
+    def status(self) -> dict[str, object]:
+        limits = self.limits
+        return {"connections": len(self._host.peers()), "low_water": limits.low_water,
+                "high_water": limits.high_water, "max": limits.max_connections,
+                "max_per_ip": limits.max_per_ip}

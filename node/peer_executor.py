@@ -48,6 +48,9 @@ class PeerExecutor:
         self._dropping: set[str] = set()  # banned node ids whose connections are being aborted
         self._relay_clients: set[str] = set()  # node ids of connected relay clients
         self.on_replica_up: Callable[[str], None] | None = None  # peer exchange asks it (node.fleet)
+        # The connection manager's say on each connection (node.fleet.ConnectionKeeper).
+        self.admit: Callable[[str], bool] | None = None
+        self.on_down: Callable[[str], None] | None = None
 
     # ------------------------------------------------------------------ relayed devices
 
@@ -72,6 +75,8 @@ class PeerExecutor:
             # Connection churn, refreshed on every peer event (status reads the stats).
             self._stats["connections_aborted"] = self._host.connections_aborted
             if event.up:
+                if self.admit is not None and not self.admit(event.peer_id):
+                    continue  # over a connection limit: being closed (node.fleet)
                 if node_id in self._relay_clients:
                     continue  # a relayed device: no replica to gossip or sync with
                 verdict = self.policy.peer_up(node_id, now_ms())
@@ -85,6 +90,8 @@ class PeerExecutor:
                 if self.on_replica_up is not None:
                     self.on_replica_up(event.peer_id)
             else:
+                if self.on_down is not None:
+                    self.on_down(event.peer_id)
                 if node_id not in self._relay_clients:
                     self._redialer.peer_down(event.peer_id)  # identify may have added addresses
                     if event.peer_id in self.book:  # identify's addresses, for the next start

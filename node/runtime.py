@@ -64,7 +64,7 @@ from node.check import quick_check_topic
 from node.core.store import DamagedTopicError, Op, StoreError, damaged_topic_message
 from node.core.peer_book import PeerBook
 from node.dialer import Dialer
-from node.fleet import BookKeeper, PeerExchange
+from node.fleet import BookKeeper, ConnectionKeeper, PeerExchange
 from node.effects import (GOSSIP_TOPIC_PREFIX, PROTOCOL_DISSEMINATION, EffectRunner,
                           gossip_message_topic, gossip_topic)
 from node.errors import JoinRefusedError, NodeError, sole_exception
@@ -206,9 +206,16 @@ class Node:
             self.peer_book, host, self._dialer, nursery,
             topics=lambda: [(t, topic.replica.may_read) for t, topic in self._topics.items()
                             if topic.ready],
-            wanted=lambda: True, is_banned=self._peers.is_banned,
+            wanted=lambda: self._connections.wants_more(), is_banned=self._peers.is_banned,
             reset_redial=self._peers.reset_redial, stats=self.stats)
+        # How many connections, and which (node.core.connection_manager; node.fleet).
+        self._connections = ConnectionKeeper(
+            config.connection_limits(), self.peer_book, host, self._dialer, nursery,
+            our_topics=lambda: {t.hex() for t in self._topics},
+            remote_ip=lambda peer: remote_ip(host.libp2p, peer), stats=self.stats)
         self._peers.on_replica_up = self._peer_exchange.peer_up
+        self._peers.admit = self._connections.peer_up
+        self._peers.on_down = self._connections.peer_down
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -345,6 +352,7 @@ class Node:
             self._nursery.start_soon(self._dialer.dial_with_retry, address)
         self._book_keeper.start()  # dials the peer book too (node.fleet)
         self._peer_exchange.start()
+        self._connections.start()
         if self.config.mdns:
             self._nursery.start_soon(self._dialer.discover_on_lan)
 
@@ -685,6 +693,7 @@ class Node:
             "peers": sorted(self.host.peers()),
             "bootstrap": self._dialer.bootstrap_status(),
             "peer_book": self._book_keeper.status(),
+            "connections": self._connections.status(),
             "fast_path": self.config.fast_path,
             "banned_peers": self._banned_peers(now_ms()),
             "rejected": most_common(dict(rejected), MAX_REJECT_REASONS_SHOWN),
