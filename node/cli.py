@@ -279,6 +279,12 @@ def cmd_status(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_peers(args: argparse.Namespace) -> int:
+    reply = _control(args, {"op": "peers"})
+    print(json.dumps(reply["peers"], indent=2))
+    return EXIT_OK
+
+
 def cmd_connect(args: argparse.Namespace) -> int:
     reply = _control(args, {"op": "connect", "address": args.address})
     _print_json({"peer": reply["peer"]})
@@ -465,6 +471,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = with_data_dir(commands.add_parser("status", help="the daemon's state as JSON"))
     p.set_defaults(func=cmd_status)
+
+    p = with_data_dir(commands.add_parser(
+        "peers", help="connected and known peers: addresses, topics, last seen, backoff (JSON)"))
+    p.set_defaults(func=cmd_peers)
 
     p = with_data_dir(commands.add_parser("connect", help="dial a peer"))
     p.add_argument("address")

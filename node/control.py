@@ -21,6 +21,7 @@ Requests:
         (tentative: a line {"rewind": n} means drop the entries from position
         n on; the event lines after it replay from n; `count` counts events)
     {"op": "connect", "address": "/ip4/.../p2p/..."}
+    {"op": "peers"}   (connected and known peers: node.fleet.peers_report)
     {"op": "state", "topic": ...}
     {"op": "set_state", "topic": ..., "type": "app.config", "state_key": "", "content": {...}}
     {"op": "invite" | "add_writer" | "ban", "topic": ..., "member": "<node id hex>"}
@@ -363,6 +364,8 @@ async def _handle(node: Node, request: dict[str, Any], client: _Client) -> None:
     elif op == "connect":
         peer = await node.connect(str(request.get("address", "")))
         await client.send({"ok": True, "peer": peer})
+    elif op == "peers":
+        await client.send({"ok": True, "peers": node.peers_report()})
     else:
         raise NodeError(f"unknown op {op!r}")
 

@@ -25,6 +25,7 @@ from node.committer import CommitError, Committer, Records
 from node.core.connection_manager import (Connection, Limits, admit, needs_more, to_trim,
                                           wants_more)
 from node.core.peer_book import FAILURES_BEFORE_STALE, PeerBook
+from node.core.peer_policy import PeerPolicy
 from node.core.peer_exchange import (MAX_PX_TOPICS, decode_answer, decode_request,
                                      encode_answer, encode_request, select)
 from node.dialer import Dialer
@@ -323,3 +324,37 @@ class ConnectionKeeper:
         return {"connections": len(self._host.peers()), "low_water": limits.low_water,
                 "high_water": limits.high_water, "max": limits.max_connections,
                 "max_per_ip": limits.max_per_ip}
+
+
+MAX_PEERS_SHOWN = 256  # `megnode peers` lists at most this many (connected first)
+
+
+def peers_report(book: PeerBook, connected: Iterable[str], policy: PeerPolicy,
+                 now: int, limit: int = MAX_PEERS_SHOWN) -> dict[str, object]:
+    """What `megnode peers` prints: each connected or known peer's addresses, topics,
+    last seen, failures and redial backoff; connected peers first, bounded."""
+    live = set(connected)
+    known = {e.peer_id: e for e in book.entries()}
+    order = sorted(live) + sorted((p for p in known if p not in live),
+                                  key=lambda p: -known[p].last_seen_ms)
+    rows = []
+    for peer_id in order[:limit]:
+        entry = known.get(peer_id)
+        node_id = node_id_of(peer_id)
+        redial = policy.redial_state(node_id) if node_id is not None else None
+        banned_until = policy.bans().get(node_id or "", 0)
+        rows.append({
+            "peer_id": peer_id,
+            "node": node_id,
+            "connected": peer_id in live,
+            "addresses": list(entry.addresses) if entry else [],
+            "topics": list(entry.topics) if entry else [],
+            "last_connected_ms": entry.last_success_ms if entry else 0,
+            "last_seen_ms": entry.last_seen_ms if entry else 0,
+            "failures": entry.failures if entry else 0,
+            "redial": None if redial is None else {
+                "down_since_ms": redial[0], "backoff_ms": redial[1],
+                "next_dial_in_ms": max(0, redial[2] - now)},
+            "banned_for_s": round((banned_until - now) / 1000, 1) if banned_until > now else 0,
+        })
+    return {"connected": len(live), "known": len(known), "shown": len(rows), "peers": rows}

@@ -64,7 +64,7 @@ from node.check import quick_check_topic
 from node.core.store import DamagedTopicError, Op, StoreError, damaged_topic_message
 from node.core.peer_book import PeerBook
 from node.dialer import Dialer
-from node.fleet import BookKeeper, ConnectionKeeper, PeerExchange
+from node.fleet import BookKeeper, ConnectionKeeper, PeerExchange, peers_report
 from node.effects import (GOSSIP_TOPIC_PREFIX, PROTOCOL_DISSEMINATION, EffectRunner,
                           gossip_message_topic, gossip_topic)
 from node.errors import JoinRefusedError, NodeError, sole_exception
@@ -702,6 +702,10 @@ class Node:
             "stats": dict(self.stats) | {k: v for k, v in self.disseminator.stats.items()}
             | {f"relay.{k}": v for k, v in self.relay.stats.items()},
         }
+
+    def peers_report(self) -> dict[str, Any]:
+        """What `megnode peers` prints (node.fleet.peers_report)."""
+        return peers_report(self.peer_book, self.host.peers(), self.peer_policy, now_ms())
 
     def _banned_peers(self, now: int) -> dict[str, Any]:
         """The peers banned now, the longest remaining first (at most MAX_BANS_SHOWN listed)."""

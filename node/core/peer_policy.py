@@ -228,6 +228,11 @@ class PeerPolicy:
     def redialling(self) -> tuple[str, ...]:
         return tuple(self._redials)
 
+    def redial_state(self, peer: str) -> tuple[int, int, int] | None:
+        """(down since, current backoff delay, next dial due), all ms; None if not redialled."""
+        state = self._redials.get(peer)
+        return None if state is None else (state.down_ms, state.delay_ms, state.due_ms)
+
     def faults(self, peer: str) -> int:
         """Protocol faults of `peer` still inside the window (as of its last fault)."""
         return len(self._faults.get(peer, ()))

@@ -31,11 +31,23 @@ def test_a_restarted_node_is_back_with_its_peers_within_seconds(tmp_path) -> Non
         wait_for(lambda: not cluster.status(2)["peer_book"]["unsaved"]
                  and cluster.status(2)["peer_book"]["peers"] >= 2)
         cluster.stop(2)
+        gone = cluster.nodes[2].info["peer_id"]
+
+        def redialled_by_node_0() -> bool:
+            rows = {r["peer_id"]: r for r in cluster.cli(0, "peers")["peers"]}
+            return not rows[gone]["connected"] and rows[gone]["redial"] is not None
+
+        wait_for(redialled_by_node_0)  # `megnode peers` shows the backoff
         cluster.start_node(2, bootstrap=[])  # a new port, no bootstrap list
         took = wait_for(lambda: others <= set(cluster.status(2)["peers"]), RECONNECT_BOUND_S)
         me = cluster.nodes[2].info["peer_id"]
         wait_for(lambda: all(me in cluster.status(i)["peers"] for i in (0, 1)), RECONNECT_BOUND_S)
         print(f"reconnected in {took:.2f} s after the restarted node said it started")
+        report = cluster.cli(2, "peers")
+        assert report["connected"] == 2
+        rows = [r for r in report["peers"] if r["connected"]]
+        assert {r["peer_id"] for r in rows} == others
+        assert all(r["addresses"] and r["redial"] is None for r in rows)
 
 
 def test_killing_the_bootstrap_node_leaves_the_others_connected(tmp_path) -> None:
