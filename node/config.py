@@ -98,6 +98,10 @@ class NodeConfig:
     # node dials more peers from its peer book; above `connections_high` it closes the
     # least wanted down to `connections_low`; past `max_connections` (node-wide) or
     # `max_connections_per_ip` (one IP address, loopback exempt) a new connection is closed.
+    # Dial the peers this node met before (its peer book, node.core.peer_book) at start
+    # and whenever it holds fewer than `connections_low` connections. Off: only the
+    # bootstrap list, mDNS and peer exchange bring peers (e.g. to look at a store alone).
+    dial_known_peers: bool = True
     connections_low: int = DEFAULT_CONNECTIONS_LOW
     connections_high: int = DEFAULT_CONNECTIONS_HIGH
     max_connections: int = DEFAULT_MAX_CONNECTIONS
@@ -161,6 +165,8 @@ def validate(config: NodeConfig) -> NodeConfig:
         raise ConfigError(f"fast_path must be one of {', '.join(FAST_PATHS)}, got {config.fast_path!r}")
     if type(config.mdns) is not bool:
         raise ConfigError("mdns must be true or false")
+    if type(config.dial_known_peers) is not bool:
+        raise ConfigError("dial_known_peers must be true or false")
     if type(config.metrics_port) is not int or not 0 <= config.metrics_port <= 65535:
         raise ConfigError("metrics_port must be a port number (0 turns the exporter off)")
     if config.log_dir is not None and not isinstance(config.log_dir, str):

@@ -42,8 +42,9 @@ class BookKeeper:
     """Writes the peer book's changes through the committer; dials from it at start."""
 
     def __init__(self, book: PeerBook, committer: Committer, host: P2PHost,
-                 dialer: Dialer, nursery: trio.Nursery) -> None:
+                 dialer: Dialer, nursery: trio.Nursery, dial: bool = True) -> None:
         self.book = book
+        self.dial = dial  # config `dial_known_peers`
         self._committer = committer
         self._host = host
         self._dialer = dialer
@@ -51,6 +52,8 @@ class BookKeeper:
 
     def start(self) -> None:
         self._nursery.start_soon(self._flush_loop)
+        if not self.dial:
+            return
         for entry in self.book.most_useful(now_ms(), START_DIALS,
                                            exclude=self._host.peers()):
             self._nursery.start_soon(self._dial, entry.peer_id, entry.addresses)
@@ -111,7 +114,8 @@ class PeerExchange:
         self._stats = stats
         self._interval_s = PX_INTERVAL_MIN_S
         self._news = trio.Event()  # a peer came up: ask it soon
-        for name in ("px_asked", "px_answered", "px_heard", "px_dialled", "px_bad"):
+        for name in ("px_asked", "px_answered", "px_heard", "px_dialled", "px_bad",
+                     "px_bytes_sent", "px_bytes_received"):
             stats.setdefault(name, 0)
 
     def start(self) -> None:
@@ -153,12 +157,14 @@ class PeerExchange:
         if not topics:
             return False
         self._stats["px_asked"] += 1
+        request = encode_request(topics)
+        self._stats["px_bytes_sent"] += len(request)
         try:
-            data = await self._host.request(peer_id, PROTOCOL_PX, encode_request(topics),
-                                             PX_TIMEOUT_S)
+            data = await self._host.request(peer_id, PROTOCOL_PX, request, PX_TIMEOUT_S)
         except Exception as exc:  # RequestError, a connection gone: ask another later
             logger.info("peer exchange with %s: %s", peer_id, exc)
             return False
+        self._stats["px_bytes_received"] += len(data)
         answer = decode_answer(data, [t.hex() for t in topics])
         if answer is None:
             self._stats["px_bad"] += 1
@@ -201,6 +207,12 @@ class PeerExchange:
     # ------------------------------------------------------------------ answering
 
     async def _on_request(self, peer_id: str, data: bytes) -> bytes:
+        self._stats["px_bytes_received"] += len(data)
+        answer = self._answer(peer_id, data)
+        self._stats["px_bytes_sent"] += len(answer)
+        return answer
+
+    def _answer(self, peer_id: str, data: bytes) -> bytes:
         named = decode_request(data)
         if named is None:
             self._stats["px_bad"] += 1
@@ -228,8 +240,10 @@ class ConnectionKeeper:
 
     def __init__(self, limits: Limits, book: PeerBook, host: P2PHost, dialer: Dialer,
                  nursery: trio.Nursery, our_topics: Callable[[], set[str]],
-                 remote_ip: Callable[[str], str | None], stats: dict[str, int]) -> None:
+                 remote_ip: Callable[[str], str | None], stats: dict[str, int],
+                 fill: bool = True) -> None:
         self.limits = limits
+        self._fill = fill  # config `dial_known_peers`
         self._book = book
         self._host = host
         self._dialer = dialer
@@ -305,7 +319,7 @@ class ConnectionKeeper:
         count = len(connections)
         now = trio.current_time()
         self._filled = {p: t for p, t in self._filled.items() if now - t < FILL_REDIAL_S}
-        if needs_more(count, self.limits):
+        if self._fill and needs_more(count, self.limits):
             recent = set(self._filled) | self._host.peers()
             for entry in self._book.most_useful(now_ms(), self.limits.low_water - count,
                                                 exclude=recent):

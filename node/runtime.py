@@ -200,7 +200,7 @@ class Node:
                                          lambda peer: remote_ip(host.libp2p, peer))
         self.relay = self._relay_intake.server
         self._book_keeper = BookKeeper(self.peer_book, self.committer, host, self._dialer,
-                                       nursery)
+                                       nursery, dial=config.dial_known_peers)
         # Peers tell each other where the peers of shared topics are (node.fleet).
         self._peer_exchange = PeerExchange(
             self.peer_book, host, self._dialer, nursery,
@@ -212,7 +212,8 @@ class Node:
         self._connections = ConnectionKeeper(
             config.connection_limits(), self.peer_book, host, self._dialer, nursery,
             our_topics=lambda: {t.hex() for t in self._topics},
-            remote_ip=lambda peer: remote_ip(host.libp2p, peer), stats=self.stats)
+            remote_ip=lambda peer: remote_ip(host.libp2p, peer), stats=self.stats,
+            fill=config.dial_known_peers)
         self._peers.on_replica_up = self._peer_exchange.peer_up
         self._peers.admit = self._connections.peer_up
         self._peers.on_down = self._connections.peer_down
