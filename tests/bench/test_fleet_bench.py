@@ -6,8 +6,9 @@ bench-results/fleet.json:
   from its start until its peer is connected again. "after" is the node as it
   is (py-libp2p's negative dial cache lifted before each dial, the restarted
   node dials its peer book); "before" reproduces the old behaviour in the same
-  run (the cache left alone, no dials from the book): its peer's redials are
-  refused by the library for 60 s. In-process nodes on 127.0.0.1.
+  run (the cache left alone, `dial_known_peers = false`): its peer's redials
+  are refused by the library for 60 s after the first failed one. In-process
+  nodes on 127.0.0.1.
 * mesh_10_s: ten real daemons, nine bootstrapped only from node 0, one open
   topic they all join; seconds from the last join until each has the other
   nine as peers (peer exchange).
@@ -24,7 +25,7 @@ import pytest
 import trio
 
 from deploy.cluster import LocalCluster
-from node import fleet
+from node.config import NodeConfig
 from node.runtime import Node
 from transport import libp2p_host
 
@@ -43,7 +44,7 @@ def free_port() -> int:
 async def restart_reconnect_s(tmp_path, legacy: bool, monkeypatch) -> float:
     if legacy:
         monkeypatch.setattr(libp2p_host, "forget_failed_dials", lambda host, peer: None)
-        monkeypatch.setattr(fleet, "START_DIALS", 0)
+    config = NodeConfig(dial_known_peers=not legacy)
     listen = [f"/ip4/127.0.0.1/tcp/{free_port()}"]
     async with Node.open(tmp_path / "a", seed=1) as a:
         async with Node.open(tmp_path / "b", listen=listen, seed=2) as b:
@@ -53,7 +54,7 @@ async def restart_reconnect_s(tmp_path, legacy: bool, monkeypatch) -> float:
                     await trio.sleep(POLL_S)
         await trio.sleep(3.0)  # down long enough for a's first redials to fail
         start = trio.current_time()
-        async with Node.open(tmp_path / "b", listen=listen, seed=2) as b:
+        async with Node.open(tmp_path / "b", listen=listen, seed=2, config=config) as b:
             with trio.fail_after(WAIT_S):
                 while a.host.peer_id not in b.host.peers():
                     await trio.sleep(POLL_S)
