@@ -253,6 +253,9 @@ class ConnectionKeeper:
         self._stats = stats
         self._since: dict[str, tuple[int, str | None]] = {}  # peer -> (up at, its IP)
         self._closing: set[str] = set()
+        # Peers this manager disconnected (refused or trimmed): not redialled when they
+        # go down. Emptied as each goes down.
+        self._dropped: set[str] = set()
         self._filled: dict[str, float] = {}  # peer -> when it was last dialled to fill up
         for name in ("connections_refused", "connections_trimmed"):
             stats.setdefault(name, 0)
@@ -273,11 +276,17 @@ class ConnectionKeeper:
             logger.info("closing the connection of %s from %s: %s", peer_id, ip, refusal.value)
             self._close(peer_id)
             return False
+        self._dropped.discard(peer_id)
         self._since[peer_id] = (now_ms(), ip)
         return True
 
-    def peer_down(self, peer_id: str) -> None:
+    def peer_down(self, peer_id: str) -> bool:
+        """A peer's last connection closed; True if this manager closed it (no redial)."""
         self._since.pop(peer_id, None)
+        if peer_id in self._dropped:
+            self._dropped.discard(peer_id)
+            return True
+        return False
 
     def _connections(self) -> list[Connection]:
         ours = self._our_topics()
@@ -290,6 +299,7 @@ class ConnectionKeeper:
         return out
 
     def _close(self, peer_id: str) -> None:
+        self._dropped.add(peer_id)
         if peer_id in self._closing:
             return
         self._closing.add(peer_id)

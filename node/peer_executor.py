@@ -50,7 +50,7 @@ class PeerExecutor:
         self.on_replica_up: Callable[[str], None] | None = None  # peer exchange asks it (node.fleet)
         # The connection manager's say on each connection (node.fleet.ConnectionKeeper).
         self.admit: Callable[[str], bool] | None = None
-        self.on_down: Callable[[str], None] | None = None
+        self.on_down: Callable[[str], bool] | None = None  # True: it closed the connection
 
     # ------------------------------------------------------------------ relayed devices
 
@@ -90,9 +90,10 @@ class PeerExecutor:
                 if self.on_replica_up is not None:
                     self.on_replica_up(event.peer_id)
             else:
-                if self.on_down is not None:
-                    self.on_down(event.peer_id)
-                if node_id not in self._relay_clients:
+                # A connection the connection manager closed (a limit, trimming) is not
+                # redialled: that would undo it.
+                dropped = self.on_down is not None and self.on_down(event.peer_id)
+                if node_id not in self._relay_clients and not dropped:
                     self._redialer.peer_down(event.peer_id)  # identify may have added addresses
                     if event.peer_id in self.book:  # identify's addresses, for the next start
                         self.book.connected(event.peer_id,

@@ -75,3 +75,4 @@ async def test_a_connection_past_the_node_limit_is_closed(tmp_path) -> None:
                 await trio.sleep(POLL_S)
         assert a.host.peer_id in hub.host.peers()
         assert hub.status()["connections"]["max"] == 1
+        assert b.node_id not in hub.peer_policy.redialling()  # refused: never redialled
