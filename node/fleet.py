@@ -26,8 +26,8 @@ from node.core.connection_manager import (Connection, Limits, admit, needs_more,
                                           wants_more)
 from node.core.peer_book import FAILURES_BEFORE_STALE, PeerBook
 from node.core.peer_policy import PeerPolicy
-from node.core.peer_exchange import (MAX_PX_TOPICS, decode_answer, decode_request,
-                                     encode_answer, encode_request, select)
+from node.core.peer_exchange import (MAX_PX_TOPICS, PROTOCOL_PX, decode_answer,
+                                     decode_request, encode_answer, encode_request, select)
 from node.dialer import Dialer
 from node.peer_ids import node_id_of, now_ms
 from transport.libp2p_host import P2PHost
@@ -81,8 +81,6 @@ class BookKeeper:
         except CommitError as exc:  # the next change writes the entries again
             logger.warning("peer book not stored: %s", exc)
 
-
-PROTOCOL_PX = "/megnode/px/1"
 PX_FIRST_DELAY_S = 0.5  # after a peer comes up (identify has told us its addresses by then)
 PX_INTERVAL_MIN_S = 2.0  # a connected peer is asked again this soon while answers bring news,
 PX_INTERVAL_MAX_S = 60.0  # doubling to this while they bring nothing new
@@ -92,7 +90,7 @@ PX_TIMEOUT_S = 5.0
 class PeerExchange:
     """Asks connected peers for the peers of shared topics, answers their asks (node.core.peer_exchange).
 
-    `topics()` gives the node's topics as (id, private, may_read(key)); `wanted()`
+    `topics()` gives the node's topics as (id, may_read(key)); `wanted()`
     says whether another connection is welcome (the connection manager's high
     water mark); `is_banned(peer_id)` keeps banned peers out of answers and dials.
     Dials from answers share one DiscoveryBudget with mDNS (node.mdns): a bound
@@ -113,7 +111,6 @@ class PeerExchange:
         self._reset_redial = reset_redial
         self._stats = stats
         self._interval_s = PX_INTERVAL_MIN_S
-        self._news = trio.Event()  # a peer came up: ask it soon
         for name in ("px_asked", "px_answered", "px_heard", "px_dialled", "px_bad",
                      "px_bytes_sent", "px_bytes_received"):
             stats.setdefault(name, 0)
@@ -171,8 +168,7 @@ class PeerExchange:
             logger.info("peer exchange: %s sent an answer that does not parse", peer_id)
             return False
         self._stats["px_bad"] += answer.dropped
-        # What it serves: the topics we named that it lists itself for, if any; we learn
-        # its topics surely when it asks us.
+        # (What the answerer itself serves we learn when it asks us.)
         news = False
         for peer in answer.peers:
             if peer.peer_id in (self._host.peer_id, peer_id) or self._is_banned(peer.peer_id):

@@ -20,13 +20,14 @@ from collections.abc import Callable, Sequence
 import trio
 
 from node.core.peer_book import PeerBook
+from node.core.peer_exchange import PROTOCOL_PX
 from node.core.peer_policy import Abort, Count, Dial, Note, PeerPolicy, Redial
 from node.peer_ids import node_id_of, now_ms, peer_id_of
 from transport.dissemination import Disseminator
 from transport.libp2p_host import P2PHost
 from transport.libp2p_liveness import PeerEvent
 from transport.libp2p_redial import Redialer
-from transport.libp2p_streams import Misbehaviour
+from transport.libp2p_streams import REQUEST_READ_TIMEOUT, Misbehaviour
 
 logger = logging.getLogger("megnode")
 
@@ -114,11 +115,22 @@ class PeerExecutor:
             node_id = node_id_of(report.peer_id)
             if node_id is None:
                 continue
-            if report.is_protocol_fault:
+            if report.is_protocol_fault and not self._spurious(report):
                 self.run(self.policy.protocol_fault(
                     node_id, report.reason, now_ms(), report.detail))
             else:
                 self.run(self.policy.breakage(node_id, report.reason, report.detail))
+
+    @staticmethod
+    def _spurious(report: Misbehaviour) -> bool:
+        """A peer-exchange request that did not arrive in time is not held against the peer.
+
+        Its handler's read deadline runs on our clock: a node stopped (SIGSTOP, a
+        suspended laptop) just after a peer opened the stream finds the deadline past
+        when it resumes, with the request waiting in its buffer. Discovery chatter is
+        no evidence worth a ban; it is counted as a breakage.
+        """
+        return report.protocol_id == PROTOCOL_PX and report.reason == REQUEST_READ_TIMEOUT
 
     def reset_redial(self, peer_id: str) -> None:
         """News that `peer_id` is reachable (peer exchange): a running redial dials now."""

@@ -35,6 +35,7 @@ import msgpack
 from node.core.peer_book import (FAILURES_BEFORE_STALE, MAX_BOOK_ADDRESSES, MAX_PEER_ID_CHARS,
                                  PeerBook, valid_address)
 
+PROTOCOL_PX = "/megnode/px/1"  # the libp2p protocol: one request, one answer
 PX_VERSION = 1
 MAX_PX_TOPICS = 64  # topics named in one request (the first ones)
 MAX_PX_PEERS = 32  # peers listed in one answer

@@ -9,7 +9,7 @@ from node.core.peer_book import MAX_BOOK_ADDRESSES, PeerBook
 from node.core.peer_exchange import (MAX_PX_PEERS, MAX_PX_TOPICS, PX_RECENT_MS, PxPeer,
                                      decode_answer, decode_request, encode_answer,
                                      encode_request, select)
-from node.fleet import PROTOCOL_PX
+from node.core.peer_exchange import PROTOCOL_PX
 from node.runtime import Node
 
 T1, T2 = bytes([1]) * 32, bytes([2]) * 32
@@ -88,3 +88,12 @@ async def test_a_non_member_learns_nothing_of_an_invite_topic(tmp_path) -> None:
         answer = await c.host.request(a.host.peer_id, PROTOCOL_PX,
                                       encode_request([topic.topic_id]))
         assert decode_answer(answer, [topic.topic_id.hex()]).peers == ()
+
+
+def test_a_late_peer_exchange_request_is_not_a_fault() -> None:
+    from node.peer_executor import PeerExecutor
+    from transport.libp2p_streams import REQUEST_READ_TIMEOUT, Misbehaviour
+
+    assert PeerExecutor._spurious(Misbehaviour("p", PROTOCOL_PX, REQUEST_READ_TIMEOUT))
+    assert not PeerExecutor._spurious(Misbehaviour("p", "/megnode/relay/1", REQUEST_READ_TIMEOUT))
+    assert not PeerExecutor._spurious(Misbehaviour("p", PROTOCOL_PX, "malformed_frame"))
