@@ -204,6 +204,8 @@ class Replica(StateOperations, Authoring, ReadAccess, Joining):
         assert result.status is AddStatus.APPLIED, result
         if authorization:
             replica.tracker.apply(result.applied)
+            if config.soft_fail:
+                replica.soft_fails.note_applied(create, {})
             # One extremity at each step: the parent choice draws nothing from this rng.
             rng = random.Random(0)
             for spec in (
@@ -356,6 +358,8 @@ class Replica(StateOperations, Authoring, ReadAccess, Joining):
     def _soft_fail(self, received: Received) -> Received:
         """Judge the applied, authorized events of a received batch against the current
         state (node.state.soft_fail); the soft-failed ones are reported and counted."""
+        if not self.soft_fails.restricted:
+            return received  # nobody can have lost its standing here (the guard)
         unauthorized = {event_id for event_id, _ in received.unauthorized}
         judged = [e for e in received.applied if e.id not in unauthorized]
         if not judged:
@@ -399,6 +403,8 @@ class Replica(StateOperations, Authoring, ReadAccess, Joining):
                     self._access_epochs = (self._access_epochs[0] + 1, self._access_epochs[1])
                 elif kind == TYPE_MEMBER:
                     self._access_epochs = (self._access_epochs[0], self._access_epochs[1] + 1)
+            if self.config.soft_fail and self.soft_fails.watching:
+                self._note_state_changes(result.applied, unauthorized)
             for _, reason in unauthorized:
                 self.counters[f"rejected.{reason}"] += 1
             self.counters["unauthorized"] += len(unauthorized)
@@ -410,6 +416,18 @@ class Replica(StateOperations, Authoring, ReadAccess, Joining):
             tuple((r.event_id, r.reason) for r in result.rejected) if result.rejected else (),
             unauthorized, order,
         )
+
+    def _note_state_changes(self, applied: tuple[Event, ...],
+                            unauthorized: tuple[tuple[bytes, str], ...]) -> None:
+        """Show soft fail's guard the authorized state events just applied."""
+        refused = {event_id for event_id, _ in unauthorized}
+        tracker, soft_fails = self.tracker, self.soft_fails
+        for event in applied:
+            if event.state_key is None or event.id in refused:
+                continue
+            record = tracker.event_state(event.id)
+            if record is not None:
+                soft_fails.note_applied(event, tracker.state(record.before))
 
     def commit(self) -> int:
         """Commit the pending writes (standalone use; a running node's committer commits)."""
