@@ -26,7 +26,8 @@ reads the engine's state listed in its class body.
 
 from __future__ import annotations
 
-from collections import Counter
+from collections import Counter, deque
+from dataclasses import dataclass
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -52,8 +53,30 @@ _DUPLICATE = AddStatus.DUPLICATE
 _BUFFERED = AddStatus.BUFFERED
 
 
+MAX_REJECTIONS_KEPT = 1_024  # newest refusals by the auth rules kept for diagnostics
+
+
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    """One event the auth rules refused here, for diagnostics (never its payload)."""
+
+    topic: bytes
+    event_id: bytes
+    reason: str
+    peer: PeerId  # who handed it over
+
+
 class Intake:
     """Received events and peer faults; a mixin of `Disseminator` (module docstring)."""
+
+    @property
+    def refusals(self) -> deque[Refusal]:
+        """The newest MAX_REJECTIONS_KEPT events the auth rules refused here (id, reason,
+        peer). The event itself is not kept: it never entered the graph."""
+        kept = self.__dict__.get("_refusals")
+        if kept is None:
+            kept = self.__dict__["_refusals"] = deque(maxlen=MAX_REJECTIONS_KEPT)
+        return kept
 
     # The engine's state this part reads (set by `Disseminator.__init__`).
     config: DisseminationConfig
@@ -160,6 +183,7 @@ class Intake:
         its own past (transport.misbehaviour says why): a relay is never blamed.
         """
         self.stats["unauthorized"] += 1
+        self.refusals.append(Refusal(topic, event_id, reason, peer))
         out: list[Effect] = []
         log = self._log("rejected", now_ms, topic, event_id=event_id, reason=reason)
         if log is not None:

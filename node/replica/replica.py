@@ -30,11 +30,12 @@ Topic state and authorization
 -----------------------------
 A topic created with `authorization=True` is a Matrix-style room: every
 applied event gets a state before and after it and is checked against the
-auth rules (`node.state.tracker`). An event that fails stays a vertex of the
-graph (its children are not blocked, and it is still gossiped), but it is
-*rejected*: listed in `Received.unauthorized`, counted as
-`counters["rejected.<reason>"]`, never in state, and skipped by
-`deliveries()`. Whether a topic is authorized is fixed by its create event
+auth rules (`node.state.tracker`), before it becomes a vertex (`_gate`). An
+event that fails is *rejected* and never enters the graph (nor do events
+built on it): listed in `Received.unauthorized`, counted as
+`counters["rejected.<reason>"]`, remembered by the graph (bounded). A
+rejected vertex from a store older than the gate stays, never in state and
+skipped by `deliveries()`. Whether a topic is authorized is fixed by its create event
 (`TopicParams.authorization`; absent means authorized, as in Matrix), so every
 replica of a topic agrees; `ReplicaConfig.authorization=False` turns state
 tracking off in one replica (pure MEG: the dissemination simulator's and the CRDT
