@@ -31,7 +31,7 @@ resolution): at this point of the order every earlier state change is
 already placed, and the last one placed for a key is the one in force.
 
 The tentative tail is filtered the same way, starting from the order state
-of the confirmed prefix, on a throw-away overlay.
+of the confirmed prefix, on a throw-away copy.
 
 Cost, and the two shortcuts. A verdict at a position depends only on the
 sequence up to it (confirmed prefix, then tail), so `advance` keeps the
@@ -55,7 +55,6 @@ joins by a lookup.
 
 from __future__ import annotations
 
-from collections import ChainMap
 from collections.abc import Callable, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass
 
@@ -127,13 +126,12 @@ class OrderBans:
         reasons: list[AuthReason | None] = []
         survivors: list[bytes] = []
         verdicts_out: list[Verdict] = []
-        overlay: dict[StateKey, bytes] = {}
         state: MutableMapping[StateKey, bytes] = self._state
         verdicts: Verdicts = self._verdicts
         restricted = self._restricted
         for position, event_id in enumerate(sequence):
-            if position == confirmed:  # the tail: judged on a throw-away overlay
-                state = ChainMap(overlay, self._state)
+            if position == confirmed:  # the tail: judged on a throw-away copy (plain dict
+                state = dict(self._state)  # reads: the memo keys read several per event)
             if position < shared:
                 verdict = old_verdicts[position]
             else:
