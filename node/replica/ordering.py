@@ -17,9 +17,9 @@ the two siblings of a fork that arrive together are decided together):
 
     event e, judged by the auth rules          node given to the linearizer
     ----------------------------------------   ---------------------------------
-    rejected (unauthorized)                     none: e is a *proxy* for its
-                                                parents; children that name e
-                                                depend on e's parents instead
+    rejected (unauthorized; only a vertex in     none: e is a *proxy* for its
+    a store from before the replica's gate,     parents; children that name e
+    docs/state.md "Rejected events")            depend on e's parents instead
     author RELAYED in the state before e        OrderNode, kept aside (relayed)
     anything else                               OrderNode(e.id, e.author, n, deps)
 
