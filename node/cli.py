@@ -4,16 +4,20 @@
     megnode run --data-dir D [...]           run the daemon (Ctrl-C stops it cleanly;
                                              --reinit: accept a lost store, docs/store.md)
     megnode topic create NAME --data-dir D   create a topic; prints its id
-    megnode topic join TOPIC --data-dir D    join a topic by id; returns once a member (exit 2
-                                             and one line if no peer lets this node in)
+    megnode topic join TOPIC --data-dir D    join a topic by id; returns once a member (exit 6
+                                             and one line if no peer lets this node in);
+                                             --wait [--timeout S]: also a topic held here
     megnode topic leave TOPIC --data-dir D
+    megnode topic list | members TOPIC | info TOPIC --data-dir D
     megnode topic state TOPIC --data-dir D   the resolved topic state
     megnode topic set-state TOPIC TYPE KEY JSON --data-dir D
     megnode topic invite|add-writer|ban TOPIC MEMBER --data-dir D
     megnode topic set-role TOPIC MEMBER indexer|writer|relayed|none --data-dir D
-    megnode publish TOPIC MESSAGE --data-dir D      (MESSAGE "-" reads stdin;
-                                                      --lines: one event per line)
-    megnode subscribe TOPIC --data-dir D [--since N] [--count N] [--order causal|confirmed|tentative]
+    megnode publish TOPIC MESSAGE --data-dir D      (MESSAGE "-" reads stdin, --file F a file;
+                                                      --lines: one event per line, streamed
+                                                      in atomic batches; --binary, --base64)
+    megnode subscribe TOPIC --data-dir D [--kinds message,state,ack] [--since CURSOR|ID]
+                      [--count N] [--causal|--confirmed|--tentative] [--base64]
     megnode relay-publish TOPIC MESSAGE --key K --relay ADDR [--join] [--lines]
                                              a keys-only device publishes via a relay
     megnode status --data-dir D              peers, bans, topics, delivered, rejections (docs/control.md)
@@ -32,10 +36,12 @@ Every command but `run`, `keygen`, `relay-publish`, `export-logs`, `check`, `rep
 (`backup` does when a daemon runs, else it copies the stopped node's store itself) (`relay-publish` needs
 no daemon: it dials the relay itself, node.relay_client). User mistakes (bad address,
 bad topic id, unreadable key, data dir in use, no daemon running) give one
-clear line on stderr and exit status 2; nothing prints a traceback for them. So does
-a refused join: `topic join` of a topic no connected peer lets this node into (unknown
-to them, or not invited) prints "topic <id> not found or you are not invited (asked N
-peers)" and exits 2 within the handshake timeout (node.runtime.JOIN_HANDSHAKE_TIMEOUT_S).
+clear line on stderr and exit status 2; nothing prints a traceback for them. The
+daemon's refusals map to exit statuses by kind (EXIT_CODES below; docs/control.md):
+a refused join (`topic join` of a topic no connected peer lets this node into:
+unknown to them, or not invited) prints "topic <id> not found or you are not
+invited (asked N peers)" and exits 6 within the handshake timeout
+(node.runtime.JOIN_HANDSHAKE_TIMEOUT_S).
 """
 
 from __future__ import annotations
@@ -51,37 +57,21 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from node.cli_surface import (  # the user surface: errors, exit statuses, publish, subscribe
+    DEFAULT_DATA_DIR, EXIT_FAILURE, Parser, EXIT_OK, EXIT_USAGE, JOIN_WAIT_S, CONTROL_SLACK_S,
+    TOPIC_VIEW_COMMANDS, UserError, _control, _data_dir, _positive_seconds, _print_json,
+    add_publish_arguments, add_subscribe_arguments, add_topic_view_parsers, cmd_topic_view,
+    finish_help, publish_command, subscribe_command)
 from node.config import FAST_PATHS, ConfigError, load_config
-from node.control_client import CONTROL_SOCKET, ControlError, control_call, control_lines
+from node.control_client import CONTROL_SOCKET
 from node.core.identity import Identity
 from node.core.store import StoreError
 from node.keyfile import KeyFileError, save_identity
 
-EXIT_OK = 0
-EXIT_USAGE = 2
-EXIT_FAILURE = 1
-DEFAULT_DATA_DIR = "megnode-data"
 KEY_FILE = "node.key"  # the same name node.runtime uses
-PUBLISH_BATCH = 1_000  # events per control request with --lines
 DAEMON_LOG_MAX_BYTES = 10 * 1024 * 1024  # `run --log-file`: rotated at this size
 DAEMON_LOG_BACKUPS = 5  # rotated files kept beside the current one
 DAEMON_UMASK = 0o077  # `run`: files for the node's user only
-
-
-class UserError(Exception):
-    """A mistake the user can fix; printed as one line."""
-
-
-def _data_dir(args: argparse.Namespace) -> Path:
-    return Path(args.data_dir)
-
-
-def _socket(args: argparse.Namespace) -> Path:
-    return _data_dir(args) / CONTROL_SOCKET
-
-
-def _print_json(obj: Any) -> None:
-    print(json.dumps(obj, indent=None, separators=(",", ":")), flush=True)
 
 
 # ---------------------------------------------------------------------- commands
@@ -171,17 +161,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _control(args: argparse.Namespace, request: dict[str, Any]) -> dict[str, Any]:
-    try:
-        return control_call(_socket(args), request)
-    except ControlError as exc:
-        raise UserError(str(exc)) from None
-
-
 def cmd_topic(args: argparse.Namespace) -> int:
     if args.topic_command == "create":
         reply = _control(args, {"op": "topic_create", "name": args.name, "d_max": args.d_max,
-                                "access": args.access})
+                                "access": args.access, "history": args.history})
         _print_json({"topic": reply["topic"]})
     elif args.topic_command == "state":
         print(json.dumps(_control(args, {"op": "state", "topic": args.topic})["state"], indent=2))
@@ -200,8 +183,14 @@ def cmd_topic(args: argparse.Namespace) -> int:
             request["role"] = args.role
         _print_json({"id": _control(args, request)["id"]})
     elif args.topic_command == "join":
-        reply = _control(args, {"op": "topic_join", "topic": args.topic})
-        _print_json({"topic": reply["topic"], "ready": reply["ready"]})
+        request = {"op": "topic_join", "topic": args.topic, "wait": args.wait}
+        if args.wait:
+            request["timeout"] = args.timeout
+        reply = _control(args, request, timeout_s=args.timeout + CONTROL_SLACK_S)
+        _print_json({"topic": reply["topic"], "ready": reply["ready"],
+                     "membership": reply.get("membership")})
+    elif args.topic_command in TOPIC_VIEW_COMMANDS:
+        return cmd_topic_view(args)
     else:
         _control(args, {"op": "topic_leave", "topic": args.topic})
         _print_json({"left": args.topic})
@@ -209,21 +198,7 @@ def cmd_topic(args: argparse.Namespace) -> int:
 
 
 def cmd_publish(args: argparse.Namespace) -> int:
-    if args.lines:
-        if args.message != "-":
-            raise UserError("--lines reads messages from stdin: give '-' as the message")
-        payloads = sys.stdin.read().splitlines()
-        ids: list[str] = []
-        for start in range(0, len(payloads), PUBLISH_BATCH):
-            chunk = payloads[start:start + PUBLISH_BATCH]
-            ids += _control(args, {"op": "publish_batch", "topic": args.topic,
-                                   "payloads": chunk})["ids"]
-        _print_json({"published": len(ids), "last": ids[-1] if ids else None})
-        return EXIT_OK
-    message = sys.stdin.read() if args.message == "-" else args.message
-    reply = _control(args, {"op": "publish", "topic": args.topic, "payload": message})
-    _print_json({"id": reply["id"]})
-    return EXIT_OK
+    return publish_command(args)
 
 
 def cmd_relay_publish(args: argparse.Namespace) -> int:
@@ -257,20 +232,7 @@ def cmd_relay_publish(args: argparse.Namespace) -> int:
 
 
 def cmd_subscribe(args: argparse.Namespace) -> int:
-    request = {"op": "subscribe", "topic": args.topic, "since": args.since, "count": args.count,
-               "order": args.order}
-    try:
-        replies = control_lines(_socket(args), request, timeout_s=None)
-        first = next(replies, None)
-        if first is None or not first.get("ok"):
-            raise UserError((first or {}).get("error", "the daemon refused to subscribe"))
-        for reply in replies:
-            _print_json(reply)
-    except ControlError as exc:
-        raise UserError(str(exc)) from None
-    except (KeyboardInterrupt, BrokenPipeError):
-        pass
-    return EXIT_OK
+    return subscribe_command(args)
 
 
 def cmd_status(args: argparse.Namespace) -> int:
@@ -372,7 +334,7 @@ def cmd_restore(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="megnode", description=__doc__.split("\n\n")[0])
+    parser = Parser(prog="megnode", description=__doc__.split("\n\n")[0])
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     def with_data_dir(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -406,6 +368,9 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--access", choices=("open", "invite"), default="open",
                    help="open: anyone with the id may join and publish; invite: members are "
                         "invited and writers granted (default: open)")
+    q.add_argument("--history", choices=("shared", "joined"), default="shared",
+                   help="invite topics: shared: members read all history; joined: a member "
+                        "reads events from its join on (default: shared)")
     q = with_data_dir(topic_commands.add_parser("state", help="the topic's resolved state"))
     q.add_argument("topic")
     q = with_data_dir(topic_commands.add_parser("set-state", help="set a state entry"))
@@ -426,26 +391,22 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("role", choices=("indexer", "writer", "relayed", "none"))
     q = with_data_dir(topic_commands.add_parser("join", help="join a topic by id"))
     q.add_argument("topic")
+    q.add_argument("--wait", action="store_true",
+                   help="return only once this node is a joined member (also of a topic "
+                        "held here already), or fail with the reason")
+    q.add_argument("--timeout", type=_positive_seconds, default=JOIN_WAIT_S,
+                   help="seconds --wait waits (exit 8 past them)")
+    add_topic_view_parsers(topic_commands, with_data_dir)
     q = with_data_dir(topic_commands.add_parser("leave", help="leave a topic"))
     q.add_argument("topic")
     p.set_defaults(func=cmd_topic)
 
     p = with_data_dir(commands.add_parser("publish", help="publish a message to a topic"))
-    p.add_argument("topic")
-    p.add_argument("message", help='the message text, or "-" to read it from stdin')
-    p.add_argument("--lines", action="store_true",
-                   help="publish each line of stdin as its own event (batched)")
+    add_publish_arguments(p)
     p.set_defaults(func=cmd_publish)
 
     p = with_data_dir(commands.add_parser("subscribe", help="print a topic's events as JSON lines"))
-    p.add_argument("topic")
-    p.add_argument("--since", type=int, default=0, help="delivery position to start from")
-    p.add_argument("--count", type=int, default=None, help="stop after this many events")
-    p.add_argument("--order", choices=("causal", "confirmed", "tentative"), default="causal",
-                   help="causal: every event, parents first; confirmed: the quorum-confirmed "
-                        "total order (positions never change); tentative: the full order, "
-                        'which may reorder: a line {"rewind": n} drops the lines from '
-                        "position n on, the next lines replay from there")
+    add_subscribe_arguments(p)
     p.set_defaults(func=cmd_subscribe)
 
     p = commands.add_parser("relay-publish", help="publish as a relayed writer (a key, no "
@@ -496,6 +457,7 @@ def build_parser() -> argparse.ArgumentParser:
     # Listed for --help; main() hands their arguments to their own parsers.
     commands.add_parser("analyze", help="Spark analysis of logs (see `megnode analyze -h`)")
     commands.add_parser("simulate", help="the deterministic simulator (`megnode simulate -h`)")
+    finish_help(parser)
     return parser
 
 
@@ -516,7 +478,7 @@ def _analytics_main(argv: list[str]) -> int:
 def _sim_main(argv: list[str]) -> int:
     from transport.sim import main as sim_main
 
-    return sim_main(argv)
+    return sim_main(argv, prog="megnode simulate")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -524,12 +486,19 @@ def main(argv: list[str] | None = None) -> int:
     if argv and argv[0] in PASS_THROUGH:
         return PASS_THROUGH[argv[0]](argv[1:])
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extras = parser.parse_known_args(argv)
+    # `publish TOPIC --binary MESSAGE`: argparse has passed the optional MESSAGE by
+    # when it meets the option; the one word left over is that message.
+    if (extras and getattr(args, "func", None) is cmd_publish and args.message is None
+            and len(extras) == 1 and not extras[0].startswith("-")):
+        args.message, extras = extras[0], []
+    if extras:
+        parser.error(f"unrecognized arguments: {' '.join(extras)}")
     try:
         return args.func(args)
     except UserError as exc:
         print(f"megnode: {exc}", file=sys.stderr)
-        return EXIT_USAGE
+        return exc.exit_status
     except KeyboardInterrupt:
         return 130
 

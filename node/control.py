@@ -9,17 +9,30 @@ Every request line is bounded in size and depth and every kind of work has a
 budget of its own, so no input crashes the daemon and nothing locks `status`
 out (ControlServer; docs/control.md has the bounds and the status fields).
 
+A refusal names its kind in `code` (node.errors: "topic_not_found",
+"not_allowed", "banned", "payload_too_large", "encoding", "timeout",
+"topic_left", "error"), which the CLI maps to its exit status.
+
 Requests:
     {"op": "status"}
     {"op": "topic_create", "name": "kitchen", "d_max": 10, "access": "open" | "invite"}
-    {"op": "topic_join", "topic": "<64 hex>"}
+    {"op": "topic_join", "topic": "<64 hex>", "wait": false, "timeout": 10.0}
+        (wait: answer once this node is a joined member, or refuse with the reason)
     {"op": "topic_leave", "topic": "<64 hex>"}
+    {"op": "topic_list"}                       the topics replicated here, one entry each
+    {"op": "topic_members", "topic": ...}      members, their membership and role
+    {"op": "topic_info", "topic": ...}         status + access, member counts, peers in it
     {"op": "publish", "topic": "<64 hex>", "payload": "text"} | "payload_b64": "..."
     {"op": "publish_batch", "topic": "<64 hex>", "payloads": ["text", ...]}
-    {"op": "subscribe", "topic": "<64 hex>", "since": 0, "count": null,
-     "order": "causal"|"confirmed"|"tentative"}
+        | "payloads_b64": ["...", ...]   (all stored or none: one group commit)
+    {"op": "subscribe", "topic": "<64 hex>", "since": 0 | "<event id hex>", "count": null,
+     "order": "causal"|"confirmed"|"tentative", "kinds": ["message", "state", "ack"],
+     "payload": "text" | "base64"}
         (tentative: a line {"rewind": n} means drop the entries from position
-        n on; the event lines after it replay from n; `count` counts events)
+        n on; the event lines after it replay from n; `count` counts events;
+        kinds: default every event; since an event id: resume just after it;
+        a subscription that ends on the node's side (topic left, banned) ends
+        with one {"ok": false, "code": ..., "error": ...} line)
     {"op": "connect", "address": "/ip4/.../p2p/..."}
     {"op": "state", "topic": ...}
     {"op": "set_state", "topic": ..., "type": "app.config", "state_key": "", "content": {...}}
@@ -47,9 +60,12 @@ import msgpack
 import trio
 
 from node.core.event import Event
+from node.errors import BadPayload
 from node.core.store import DamagedTopicError, StoreError
 from node.replica.order_views import Rewind
-from node.runtime import Node, NodeError, parse_topic_id
+from node.runtime import JOIN_HANDSHAKE_TIMEOUT_S, Node, NodeError, parse_topic_id
+from node.topic_handle import check_kinds
+from node.topic_views import TOPIC_VIEWS
 
 logger = logging.getLogger("megnode.control")
 
@@ -59,6 +75,7 @@ MAX_REQUEST_BYTES = 1 << 20  # one request line; a longer one is refused and the
 # (set_state's content is the deepest), so deeper lines are refused before parsing.
 MAX_REQUEST_DEPTH = 32
 MAX_PUBLISH_BATCH = 10_000  # events in one publish_batch request
+MAX_JOIN_WAIT_S = 3_600.0  # topic_join's `timeout`: the longest a join request may wait
 # Slots. Each kind of work has a budget of its own, so no kind can lock out
 # another: `status` above all must answer while subscribers and slow requests
 # hold theirs (issue 16). Connections past MAX_CONTROL_CONNECTIONS push out the
@@ -178,10 +195,14 @@ class _Reader:
         return line
 
 
-def event_json(position: int, event: Event) -> dict[str, Any]:
-    """An event as the CLI prints it (payload as text when it is UTF-8, else base64)."""
+def event_json(position: int, event: Event, base64_payload: bool = False) -> dict[str, Any]:
+    """An event as the CLI prints it (payload as text when it is UTF-8, else base64).
+
+    `cursor` is where a subscription resumes just after this event (`since`).
+    """
     out: dict[str, Any] = {
         "position": position,
+        "cursor": position + 1,
         "id": event.id.hex(),
         "author": event.author.hex(),
         "seq": event.seq,
@@ -191,6 +212,9 @@ def event_json(position: int, event: Event) -> dict[str, Any]:
     }
     if event.state_key is not None:
         out["state_key"] = event.state_key
+    if base64_payload:
+        out["payload_b64"] = base64.b64encode(event.payload).decode("ascii")
+        return out
     try:
         out["payload"] = event.payload.decode("utf-8")
     except UnicodeDecodeError:
@@ -199,6 +223,21 @@ def event_json(position: int, event: Event) -> dict[str, Any]:
 
 
 MEMBER_OPS = ("invite", "add_writer", "set_role", "ban")
+
+
+def _since_of(value: Any) -> int | bytes:
+    """subscribe's `since`: a position (a printed `cursor`) or the id of the last event seen."""
+    if type(value) is int and value >= 0:
+        return value
+    if isinstance(value, str):
+        try:
+            event_id = bytes.fromhex(value)
+        except ValueError:
+            event_id = b""
+        if len(event_id) == 32:
+            return event_id
+    raise NodeError(f"since must be a position (a printed cursor) or an event id (64 hex), "
+                    f"not {value!r}")
 
 
 def _member_key(value: Any) -> bytes:
@@ -226,15 +265,16 @@ class _Client:
             raise _SlowReader(f"took nothing for {self._send_timeout_s:g} s")
 
 
-async def _stream_events(client: _Client, topic: Any, since: int, count: int | None,
-                         order: str) -> None:
+async def _stream_events(client: _Client, topic: Any, since: int | bytes, count: int | None,
+                         order: str, kinds: list[str] | None = None,
+                         base64_payload: bool = False) -> None:
     """A subscription's lines until `count` events were sent (or forever)."""
     sent = 0
-    async for delivered in topic.subscribe(since=since, order=order):
+    async for delivered in topic.subscribe(since=since, order=order, kinds=kinds):
         if isinstance(delivered, Rewind):  # tentative view: truncate, then replay
             await client.send({"rewind": delivered.to_length})
             continue
-        await client.send(event_json(delivered.position, delivered.event))
+        await client.send(event_json(delivered.position, delivered.event, base64_payload))
         sent += 1
         if count is not None and sent >= count:
             return
@@ -271,14 +311,43 @@ async def _until_hangup(stream: trio.abc.ReceiveStream, scope: trio.CancelScope)
 
 def _payload_of(request: dict[str, Any]) -> bytes:
     if "payload_b64" in request:
-        try:
-            return base64.b64decode(request["payload_b64"], validate=True)
-        except (ValueError, TypeError):
-            raise NodeError("payload_b64 is not valid base64") from None
-    payload = request.get("payload", "")
-    if not isinstance(payload, str):
+        return _from_base64(request["payload_b64"])
+    return _text_payload(request.get("payload", ""))
+
+
+def _from_base64(value: Any) -> bytes:
+    try:
+        return base64.b64decode(value, validate=True)
+    except (ValueError, TypeError):
+        raise BadPayload("payload_b64 is not valid base64") from None
+
+
+def _text_payload(value: Any) -> bytes:
+    """A text payload as UTF-8; a JSON string may hold lone surrogates, which are not text."""
+    if not isinstance(value, str):
         raise NodeError("payload must be a string")
-    return payload.encode("utf-8")
+    try:
+        return value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise BadPayload("payload is not valid Unicode text (a lone surrogate); send bytes "
+                         "as payload_b64") from None
+
+
+def _batch_payloads(request: dict[str, Any]) -> list[bytes]:
+    """publish_batch's payloads: `payloads` (text) or `payloads_b64`, at most MAX_PUBLISH_BATCH."""
+    field = "payloads_b64" if "payloads_b64" in request else "payloads"
+    payloads = request.get(field)
+    if not isinstance(payloads, list) or not all(isinstance(p, str) for p in payloads):
+        raise NodeError(f"{field} must be a list of strings")
+    if len(payloads) > MAX_PUBLISH_BATCH:
+        raise NodeError(f"at most {MAX_PUBLISH_BATCH} payloads per batch")
+    decode = _from_base64 if field == "payloads_b64" else _text_payload
+    return [decode(p) for p in payloads]
+
+
+def error_reply(exc: NodeError) -> dict[str, Any]:
+    """A refusal's reply line: its message and the kind of failure (node.errors codes)."""
+    return {"ok": False, "error": str(exc), "code": exc.code}
 
 
 async def _handle(node: Node, request: dict[str, Any], client: _Client) -> None:
@@ -293,14 +362,23 @@ async def _handle(node: Node, request: dict[str, Any], client: _Client) -> None:
         if d_max is not None and type(d_max) is not int:
             raise NodeError("d_max must be an integer")
         access = request.get("access", "open")
+        history = request.get("history", "shared")
         try:
-            topic = await node.create_topic(name, d_max=d_max, access=str(access))
+            topic = await node.create_topic(name, d_max=d_max, access=str(access),
+                                            history=str(history))
         except ValueError as exc:
             raise NodeError(str(exc)) from None
         await client.send({"ok": True, "topic": topic.id_hex})
     elif op == "topic_join":
-        topic = await node.join(parse_topic_id(str(request.get("topic", ""))))
-        await client.send({"ok": True, "topic": topic.id_hex, "ready": topic.ready})
+        wait, timeout = request.get("wait", False), request.get("timeout", JOIN_HANDSHAKE_TIMEOUT_S)
+        if type(wait) is not bool:
+            raise NodeError("wait must be true or false")
+        if type(timeout) not in (int, float) or not 0 < timeout <= MAX_JOIN_WAIT_S:
+            raise NodeError(f"timeout must be a number of seconds in (0, {MAX_JOIN_WAIT_S:g}]")
+        topic = await node.join(parse_topic_id(str(request.get("topic", ""))), wait=wait,
+                                timeout_s=float(timeout))
+        await client.send({"ok": True, "topic": topic.id_hex, "ready": topic.ready,
+                           "membership": topic.membership()})
     elif op == "topic_leave":
         await node.leave(parse_topic_id(str(request.get("topic", ""))))
         await client.send({"ok": True})
@@ -310,24 +388,30 @@ async def _handle(node: Node, request: dict[str, Any], client: _Client) -> None:
         await client.send({"ok": True, "id": event_id.hex()})
     elif op == "publish_batch":
         topic = node.topic(parse_topic_id(str(request.get("topic", ""))))
-        payloads = request.get("payloads")
-        if not isinstance(payloads, list) or not all(isinstance(p, str) for p in payloads):
-            raise NodeError("payloads must be a list of strings")
-        if len(payloads) > MAX_PUBLISH_BATCH:
-            raise NodeError(f"at most {MAX_PUBLISH_BATCH} payloads per batch")
-        ids = await topic.publish_many([p.encode("utf-8") for p in payloads])
+        ids = await topic.publish_many(_batch_payloads(request))
         await client.send({"ok": True, "ids": [i.hex() for i in ids]})
     elif op == "subscribe":
         topic = node.topic(parse_topic_id(str(request.get("topic", ""))))
-        since, count = request.get("since", 0), request.get("count")
+        since, count = _since_of(request.get("since", 0)), request.get("count")
         order = request.get("order", "causal")
-        if type(since) is not int or since < 0:
-            raise NodeError("since must be a non-negative integer")
         if count is not None and (type(count) is not int or count < 1):
             raise NodeError("count must be a positive integer")
+        kinds = request.get("kinds")
+        if kinds is not None and (not isinstance(kinds, list)
+                                  or not all(isinstance(k, str) for k in kinds)):
+            raise NodeError("kinds must be a list of strings")
+        check_kinds(kinds)
+        if request.get("payload", "text") not in ("text", "base64"):
+            raise NodeError('payload must be "text" or "base64"')
+        if isinstance(since, bytes):  # resolved before the first line: an unknown id is refused
+            since = await topic.position_after(since, str(order))
         await client.send({"ok": True})
-        await _stream_until_hangup(
-            client, partial(_stream_events, client, topic, since, count, str(order)))
+        try:
+            await _stream_until_hangup(
+                client, partial(_stream_events, client, topic, since, count, str(order), kinds,
+                                request.get("payload") == "base64"))
+        except NodeError as exc:  # the topic was left, this node banned: the stream's last line
+            await client.send(error_reply(exc))
         raise _StreamDone
     elif op == "state":
         topic = node.topic(parse_topic_id(str(request.get("topic", ""))))
@@ -363,6 +447,8 @@ async def _handle(node: Node, request: dict[str, Any], client: _Client) -> None:
     elif op == "connect":
         peer = await node.connect(str(request.get("address", "")))
         await client.send({"ok": True, "peer": peer})
+    elif op in TOPIC_VIEWS:
+        await client.send({"ok": True} | TOPIC_VIEWS[op](node, request))
     else:
         raise NodeError(f"unknown op {op!r}")
 
@@ -525,7 +611,7 @@ class ControlServer:
         try:
             await _handle(node, request, client)
         except NodeError as exc:
-            await client.send({"ok": False, "error": str(exc)})
+            await client.send(error_reply(exc))
         except StoreError as exc:  # a damaged or full store: its message says which
             logger.error("control request %r: %s", request.get("op"), exc)
             if isinstance(exc, DamagedTopicError):

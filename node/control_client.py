@@ -21,8 +21,22 @@ RECEIVE_CHUNK = 65_536
 CONNECT_RETRY_S = 0.005  # between connects while the daemon's accept queue is full
 
 
+# ControlError.code for a daemon that is not there or went away (the others are
+# the daemon's own refusal codes, node.errors).
+DAEMON_GONE = "daemon_gone"
+
+
 class ControlError(Exception):
-    """No daemon, a refused request or a broken connection; the message says which."""
+    """No daemon, a refused request or a broken connection; the message says which.
+
+    `code` names the kind (the daemon's refusal code, or DAEMON_GONE); `sent` says
+    whether the whole request reached the daemon (so whether it may have acted).
+    """
+
+    def __init__(self, message: str, code: str = "error", sent: bool = False) -> None:
+        super().__init__(message)
+        self.code = code
+        self.sent = sent
 
 
 def _connect(sock: socket.socket, path: Path, timeout_s: float | None) -> None:
@@ -39,7 +53,8 @@ def _connect(sock: socket.socket, path: Path, timeout_s: float | None) -> None:
             return
         except BlockingIOError:
             if deadline is not None and time.monotonic() >= deadline:
-                raise ControlError("the daemon did not accept the connection in time") from None
+                raise ControlError("the daemon did not accept the connection in time",
+                                   DAEMON_GONE) from None
             time.sleep(CONNECT_RETRY_S)
 
 
@@ -53,22 +68,31 @@ def control_lines(path: Path, request: dict[str, Any], timeout_s: float | None =
     except (FileNotFoundError, ConnectionRefusedError):
         sock.close()
         raise ControlError(f"no megnode daemon is running on {path.parent} "
-                           f"(start one with `megnode run --data-dir {path.parent}`)") from None
+                           f"(start one with `megnode run --data-dir {path.parent}`)",
+                           DAEMON_GONE) from None
     except PermissionError:
         sock.close()
         raise ControlError(f"not allowed to use the control socket {path}") from None
     except OSError as exc:
         sock.close()
-        raise ControlError(f"cannot reach the daemon at {path}: {exc.strerror or exc}") from None
+        raise ControlError(f"cannot reach the daemon at {path}: {exc.strerror or exc}",
+                           DAEMON_GONE) from None
     with sock:
-        sock.sendall(json.dumps(request, separators=(",", ":")).encode() + b"\n")
+        try:
+            sock.sendall(json.dumps(request, separators=(",", ":")).encode() + b"\n")
+        except OSError as exc:  # it went away between accepting and reading
+            raise ControlError(f"the daemon went away: {exc.strerror or exc}", DAEMON_GONE
+                               ) from None
         buffer = b""
         while True:
             while b"\n" not in buffer:
                 try:
                     chunk = sock.recv(RECEIVE_CHUNK)
                 except socket.timeout:
-                    raise ControlError("the daemon did not answer in time") from None
+                    raise ControlError("the daemon did not answer in time", sent=True) from None
+                except OSError as exc:  # reset: the daemon died
+                    raise ControlError(f"the daemon went away: {exc.strerror or exc}",
+                                       DAEMON_GONE, sent=True) from None
                 if not chunk:
                     return
                 buffer += chunk
@@ -82,6 +106,8 @@ def control_call(path: Path, request: dict[str, Any], timeout_s: float = 30.0) -
     """One request, one reply; raises ControlError with the daemon's message if refused."""
     for reply in control_lines(path, request, timeout_s):
         if not reply.get("ok"):
-            raise ControlError(reply.get("error", "the daemon refused the request"))
+            raise ControlError(reply.get("error", "the daemon refused the request"),
+                               str(reply.get("code", "error")), sent=True)
         return reply
-    raise ControlError("the daemon closed the connection without answering")
+    raise ControlError("the daemon went away (it closed the connection without answering)",
+                       DAEMON_GONE, sent=True)

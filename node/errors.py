@@ -4,6 +4,10 @@
 handles, the dialer, the control socket) raises when it cannot do what was
 asked: its message is for people, not tracebacks. It lives in its own leaf
 module so those parts can raise it without importing each other.
+
+The subclasses name the user mistakes an application (or the CLI, through the
+control socket's `code` field) tells apart: each has a stable `code` string,
+which the CLI maps to its exit status (docs/control.md, "Error codes").
 """
 
 from __future__ import annotations
@@ -12,8 +16,58 @@ from __future__ import annotations
 class NodeError(Exception):
     """The node cannot do what was asked; the message says why (for users, not tracebacks)."""
 
+    code = "error"  # the control socket's `code` for this kind of failure
 
-class JoinRefusedError(NodeError):
+
+class TopicNotFound(NodeError):
+    """This node does not replicate the topic (never joined here, or left)."""
+
+    code = "topic_not_found"
+
+
+class NotAMember(NodeError):
+    """The topic's rules refuse this node: it is not a joined member (never joined, only
+    invited, left, or banned) or, joined, it may not write (`NotAWriter`)."""
+
+    code = "not_allowed"
+
+
+class NotAWriter(NotAMember):
+    """A joined member whose role does not let it publish (an invite topic's reader)."""
+
+
+class Banned(NotAMember):
+    """This node is banned from the topic: it receives and may write nothing more there."""
+
+    code = "banned"
+
+
+class TopicLeft(NodeError):
+    """The topic was left while waiting on it (a subscription, a join, a publish)."""
+
+    code = "topic_left"
+
+
+class PayloadTooLarge(NodeError):
+    """A payload over `node.core.event.MAX_PAYLOAD_BYTES`: no event could carry it."""
+
+    code = "payload_too_large"
+
+
+class BadPayload(NodeError):
+    """A payload that cannot be what was asked (not UTF-8 text, not base64)."""
+
+    code = "encoding"
+
+
+class JoinTimeout(NodeError):
+    """`join(wait=True)` / `Topic.joined()` did not see this node joined within its bound;
+    the message says what the topic's rules said last."""
+
+    code = "timeout"
+
+
+class JoinRefusedError(TopicNotFound):
     """A join by id found no peer that would let this node in: the topic is unknown to
     every peer asked, or this node is not invited (a refusal does not say which, so it
     reveals nothing), or no answer came within the handshake timeout. Nothing of the

@@ -65,7 +65,7 @@ from node.core.store import DamagedTopicError, Op, StoreError, damaged_topic_mes
 from node.dialer import Dialer
 from node.effects import (GOSSIP_TOPIC_PREFIX, PROTOCOL_DISSEMINATION, EffectRunner,
                           gossip_message_topic, gossip_topic)
-from node.errors import JoinRefusedError, NodeError, sole_exception
+from node.errors import JoinRefusedError, NodeError, TopicNotFound, sole_exception
 from node.keyfile import load_or_create_identity
 from node.logschema import JsonLinesLogWriter
 from node.metrics import MetricsExporter, close_listeners, open_metrics_listeners
@@ -75,7 +75,7 @@ from node.relay_intake import RelayIntake, remote_ip
 from node.replica.cache_budget import CacheBudget
 from node.replica.ordering import OrderConfig
 from node.replica.replica import Replica, ReplicaConfig
-from node.state.types import RULE_INVITE, RULE_PUBLIC, Membership
+from node.state.types import HISTORY_SETTINGS, HISTORY_SHARED, RULE_INVITE, RULE_PUBLIC, Membership
 from node.topic_handle import MAX_REJECT_REASONS_SHOWN, Delivered, Topic, most_common
 from node.topic_records import WANTS_MEMBERSHIP, forget_topic, stored_topics, topic_record
 from node.data_dir import KEY_FILE, STORE_DIR, open_data_dir
@@ -345,7 +345,8 @@ class Node:
             damage = self.damaged_topics.get(topic_id)
             if damage is not None:
                 raise NodeError(damaged_topic_message(topic_id, damage)) from None
-            raise NodeError(f"not a member of topic {topic_id.hex()}") from None
+            raise TopicNotFound(f"topic {topic_id.hex()} is not replicated here (join it first: "
+                                f"`megnode topic join {topic_id.hex()} --wait`)") from None
 
     def mark_damaged(self, topic_id: bytes, what: str) -> None:
         """Stop serving a topic whose stored records are damaged; serve the others.
@@ -363,15 +364,22 @@ class Node:
             self._nursery.start_soon(self.host.leave, gossip_topic(topic_id))
 
     async def create_topic(self, name: str = "", d_max: int | None = None,
-                           access: str = ACCESS_OPEN) -> Topic:
+                           access: str = ACCESS_OPEN, history: str = HISTORY_SHARED) -> Topic:
         """Create a new topic with this node's identity as its creator and first indexer.
 
         `access="open"`: anyone who knows the topic id may join and publish (a
         publish-subscribe topic). `access="invite"`: members must be invited,
         and writing is granted per member (`Topic.add_writer`).
+        `history` (invite topics): "shared" lets a member read the whole topic,
+        "joined" only events from its join on (docs/access.md, "History").
         """
         if access not in ACCESS_MODES:
             raise NodeError(f"access must be one of {', '.join(ACCESS_MODES)}")
+        if history not in HISTORY_SETTINGS:
+            raise NodeError(f"history must be one of {', '.join(HISTORY_SETTINGS)}")
+        if history != HISTORY_SHARED and access == ACCESS_OPEN:
+            raise NodeError("history joined needs access invite: anyone may join an open topic "
+                            "and read it")
         self._check_room()
         kwargs = {} if d_max is None else {"d_max": d_max}
 
@@ -379,7 +387,7 @@ class Node:
             return Replica.create_topic(
                 self.store, self.identity, now, name=name, config=self._replica_config(),
                 authorization=True, join_rule=RULE_PUBLIC if access == ACCESS_OPEN else RULE_INVITE,
-                members_write=access == ACCESS_OPEN, commit=False, **kwargs)
+                members_write=access == ACCESS_OPEN, history=history, commit=False, **kwargs)
 
         try:
             # The topic and the record that this node replicates it: one transaction.
@@ -396,18 +404,26 @@ class Node:
         self._run(effects)
         return topic
 
-    async def join(self, topic_id: bytes | str, *,
+    async def join(self, topic_id: bytes | str, *, wait: bool = True,
                    timeout_s: float = JOIN_HANDSHAKE_TIMEOUT_S) -> Topic:
         """Join a topic by id; returns once this node is a member.
 
-        A topic this node holds already (a restart, a re-join after `leave`)
-        joins as always: its membership is pursued in the background
-        (`TopicWrites.pursue_memberships`). A topic it does not hold goes
-        through the join handshake (`_join_by_handshake`): it returns once
-        this node's join is in its own resolved state, or raises
-        `JoinRefusedError` (no peer let it in within `timeout_s`) and keeps
-        nothing of the topic.
+        A topic it does not hold goes through the join handshake
+        (`_join_by_handshake`): it returns once this node's join is in its own
+        resolved state, or raises `JoinRefusedError` (no peer let it in within
+        `timeout_s`) and keeps nothing of the topic. A topic this node holds
+        already (a restart, a re-join after `leave`) has its membership pursued
+        by the ticker (`TopicWrites.pursue_memberships`, a later step): with
+        `wait` (the default) this returns once that join is in the resolved
+        state too (`Topic.joined`: JoinTimeout after `timeout_s`, Banned), without
+        it at once (`publish` then waits for the join itself, bounded).
         """
+        topic = await self._join(topic_id, timeout_s)
+        if wait:
+            await topic.joined(timeout_s)
+        return topic
+
+    async def _join(self, topic_id: bytes | str, timeout_s: float) -> Topic:
         topic_id = parse_topic_id(topic_id)
         under_way = self._joining.get(topic_id)
         if under_way is not None:  # another caller's handshake: share its outcome
@@ -415,8 +431,13 @@ class Node:
             if topic_id not in self._topics:
                 raise JoinRefusedError(f"topic {topic_id.hex()} not found or you are not "
                                        "invited")
-        if topic_id in self._topics:
-            return self._topics[topic_id]
+        held = self._topics.get(topic_id)
+        if held is not None:
+            if held.membership() != Membership.JOIN and not held.wants_membership:
+                # Replicated here without membership (synced, or stored so): pursue it now.
+                held.wants_membership = True
+                await self._write_records(topic_record(topic_id, WANTS_MEMBERSHIP))
+            return held
         damage = self.damaged_topics.get(topic_id) or quick_check_topic(self.store, topic_id)
         if damage is not None:
             raise NodeError(damaged_topic_message(topic_id, damage))
@@ -484,7 +505,7 @@ class Node:
         """Stop replicating a topic (its events stay in the store for a later re-join)."""
         topic_id = parse_topic_id(topic_id)
         if topic_id not in self._topics or topic_id in self._joining:
-            raise NodeError(f"not a member of topic {topic_id.hex()}")
+            raise TopicNotFound(f"topic {topic_id.hex()} is not replicated here")
         await self._forget(topic_id)
         await self._write_records(forget_topic(topic_id))
 

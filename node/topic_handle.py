@@ -18,8 +18,8 @@ from typing import Any, Protocol
 
 import trio
 
-from node.core.event import Event
-from node.errors import NodeError
+from node.core.event import KIND_DUMMY, MAX_PAYLOAD_BYTES, Event
+from node.errors import Banned, JoinTimeout, NodeError, PayloadTooLarge, TopicLeft
 from node.replica.order_views import ORDER_CAUSAL, ORDER_CONFIRMED, ORDERS, Rewind
 from node.replica.ordering import KIND_ACK
 from node.replica.replica import Received, Replica
@@ -28,6 +28,19 @@ from node.state.roles import Role
 SUBSCRIBE_BATCH = 256  # deliveries read from the store per wake-up
 MAX_REJECT_REASONS_SHOWN = 32  # rejection reasons listed by status, the most frequent first
 JOIN_RETRY_MS = 1_000  # membership pursuit: at most one join attempt per topic this often
+# `publish` right after `join` waits (at most this long) for what it needs instead of
+# failing on a race: the topic's create event, and this node's own join, which the
+# membership pursuit writes on a later tick. Past it the precise refusal is raised.
+PUBLISH_WAIT_S = 10.0
+JOIN_WAIT_S = 10.0  # `Topic.joined()` / `Node.join(wait=True)`: default bound
+# What `subscribe(kinds=...)` tells apart: an application's events ("message": any
+# kind that is not state and not the protocol's own), state events (members, roles,
+# set_state; the create event too), and the protocol's empty events (indexers'
+# acks, depletion dummies), grouped as "ack".
+KIND_MESSAGE_CLASS = "message"
+KIND_STATE_CLASS = "state"
+KIND_ACK_CLASS = "ack"
+EVENT_CLASSES = (KIND_MESSAGE_CLASS, KIND_STATE_CLASS, KIND_ACK_CLASS)
 
 # A state-changing replica action: (replica, now_ms, rng) -> what it made.
 StateAction = Callable[[Replica, int, random.Random], Sequence[tuple[Event, Received]]]
@@ -40,6 +53,26 @@ class TopicAuthor(Protocol):
                            kind: str) -> list[bytes]: ...
 
     async def state_action(self, topic: Topic, action: StateAction) -> list[bytes]: ...
+
+
+def event_class(event: Event) -> str:
+    """Which of EVENT_CLASSES an event belongs to (what `subscribe(kinds=...)` filters)."""
+    if event.state_key is not None:
+        return KIND_STATE_CLASS
+    if event.kind in (KIND_ACK, KIND_DUMMY):
+        return KIND_ACK_CLASS
+    return KIND_MESSAGE_CLASS
+
+
+def check_kinds(kinds: Sequence[str] | None) -> frozenset[str] | None:
+    """`kinds` as a set (None: every class); NodeError naming a class that is not one."""
+    if kinds is None:
+        return None
+    unknown = sorted(set(kinds) - set(EVENT_CLASSES))
+    if unknown or isinstance(kinds, str):
+        raise NodeError(f"kinds must be among {', '.join(EVENT_CLASSES)}, not "
+                        f"{', '.join(unknown) if unknown else repr(kinds)}")
+    return frozenset(kinds)
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,7 +103,7 @@ class TopicChanges:
         if not self._closed:
             await self._event.wait()
         if self._closed:
-            raise NodeError("this topic was left")
+            raise TopicLeft("this topic was left")
 
 
 class Topic:
@@ -89,16 +122,14 @@ class Topic:
         self._delivered = 0
         self._acks = 0
         self.last_join_attempt_ms = -JOIN_RETRY_MS
+        self.join_refusal: str | None = None  # why the last membership pursuit could not join
 
     def membership(self) -> str | None:
         """This node's membership in the topic state ("join", "invite", ...), if any."""
         if not self.replica.ready or not self.replica.authorizing:
             return None
-        member = self.replica.state().get(("m.room.member", self._node_id))
-        if member is None:
-            return None
-        content = member.content()
-        return content.get("membership") if isinstance(content, dict) else None
+        membership = self.replica.membership_of(bytes.fromhex(self._node_id))
+        return None if membership is None else str(membership)
 
     @property
     def private(self) -> bool:
@@ -168,12 +199,58 @@ class Topic:
         return self.replica.ready
 
     async def publish(self, payload: bytes, kind: str = "message") -> bytes:
-        """Author an event; returns its id once it is durable (LMDB commit) and sent on."""
-        return (await self._author.publish_many(self, [payload], kind))[0]
+        """Author an event; returns its id once it is durable (LMDB commit) and sent on.
+
+        Waits (at most PUBLISH_WAIT_S) for the topic's create event and for this
+        node's own join when a join is under way, so `join` then `publish` never
+        fails on a race. Raises PayloadTooLarge (over MAX_PAYLOAD_BYTES), NotAMember /
+        NotAWriter / Banned (the topic's rules refuse), TopicLeft.
+        """
+        return (await self.publish_many([payload], kind))[0]
 
     async def publish_many(self, payloads: Sequence[bytes], kind: str = "message") -> list[bytes]:
-        """Author several events in one group commit; their ids once all are durable."""
+        """Author several events in one group commit; their ids once all are durable.
+        All or nothing: a refusal stores none of them (errors as for `publish`)."""
+        for index, payload in enumerate(payloads):
+            if len(payload) > MAX_PAYLOAD_BYTES:
+                where = f"payload {index + 1} of {len(payloads)}: " if len(payloads) > 1 else ""
+                raise PayloadTooLarge(f"{where}{len(payload)} bytes, over the limit of "
+                                      f"{MAX_PAYLOAD_BYTES} bytes per event (MAX_PAYLOAD_BYTES)")
+        await self._until_publishable()
         return await self._author.publish_many(self, payloads, kind)
+
+    async def _until_publishable(self) -> None:
+        """Wait (bounded) for the create event and a join under way; a refusal is left to
+        the authoring step, which names it precisely."""
+        if self.ready and not self.wants_membership:
+            return
+        with trio.move_on_after(PUBLISH_WAIT_S):
+            while not self.ready:
+                await self._changes.wait()
+            if self.wants_membership:
+                await self.joined(timeout_s=None)
+
+    async def joined(self, timeout_s: float | None = JOIN_WAIT_S) -> None:
+        """Return once this node is a joined member of the topic (its join is in its own
+        resolved state). Raises Banned, TopicLeft, or JoinTimeout after `timeout_s`
+        (None: no bound) naming what the topic's rules said last."""
+        with trio.move_on_after(float("inf") if timeout_s is None else timeout_s):
+            while True:
+                membership = self.membership()
+                if membership == "join":
+                    return
+                if membership == "ban":
+                    raise Banned(f"banned from topic {self.id_hex}")
+                await self._changes.wait()
+        why = self.join_refusal or ("the topic's state has not arrived yet" if not self.ready
+                                    else f"membership is {self.membership() or 'none'}")
+        raise JoinTimeout(f"not a joined member of topic {self.id_hex} after {timeout_s:g} s: "
+                          f"{why}")
+
+    def _check_not_banned(self) -> None:
+        """A banned node's subscription ends (it receives nothing more there)."""
+        if self.membership() == "ban":
+            raise Banned(f"banned from topic {self.id_hex}")
 
     async def wait_changed(self) -> None:
         """Wait until the topic may have moved (after a committer step or a peer change);
@@ -191,9 +268,16 @@ class Topic:
             while self.replica.graph.delivered_count < count:
                 await self._changes.wait()
 
-    async def subscribe(self, since: int = 0,
-                        order: str = "causal") -> AsyncIterator[Delivered | Rewind]:
-        """Events from position `since` on, waiting for more.
+    async def subscribe(self, since: int | bytes = 0, order: str = "causal",
+                        kinds: Sequence[str] | None = None
+                        ) -> AsyncIterator[Delivered | Rewind]:
+        """Events from position `since` on (or after the event whose id `since` is),
+        waiting for more; only the EVENT_CLASSES in `kinds` (None: every event).
+
+        Positions are those of the whole order, filtered or not, so a position + 1
+        resumes a filtered subscription too. It ends with TopicLeft when the topic is
+        left and Banned once this node's own state holds its ban (an open topic's
+        members send it; an invite topic's send a banned node nothing, its ban included).
 
         order="causal": every delivered event, never before its parents (default).
         order="confirmed": the quorum-confirmed total order; positions never change.
@@ -203,8 +287,38 @@ class Topic:
         from there. Each `Delivered` position is the subscriber's current length
         (positions from `since` on are watched). Only these yield `Rewind`.
         """
+        wanted = check_kinds(kinds)
         if order not in ORDERS:
             raise NodeError('subscribe order must be "causal", "confirmed" or "tentative"')
+        if isinstance(since, bytes):
+            since = await self.position_after(since, order)
+        async for item in self._subscribe(since, order):
+            if (wanted is None or isinstance(item, Rewind)
+                    or event_class(item.event) in wanted):
+                yield item
+
+    async def position_after(self, event_id: bytes, order: str = "causal") -> int:
+        """The position just after `event_id` in `order` (a resume point); NodeError if
+        it is not there. Scans the order in pages (a resume is rare; ids are not indexed
+        by position)."""
+        position = 0
+        while True:
+            if order == ORDER_CAUSAL:
+                page = self.replica.deliveries(since=position, limit=SUBSCRIBE_BATCH * 4)
+            elif self.replica.ready and self.replica.authorizing:
+                page = self.replica.ordered(order, since=position, limit=SUBSCRIBE_BATCH * 4)
+            else:
+                page = []
+            for pos, event in page:
+                if event.id == event_id:
+                    return pos + 1
+            if not page:
+                raise NodeError(f"event {event_id.hex()} is not in this topic's {order} order "
+                                "here")
+            position = page[-1][0] + 1
+            await trio.sleep(0)  # a long scan leaves the node's other work its turn
+
+    async def _subscribe(self, since: int, order: str) -> AsyncIterator[Delivered | Rewind]:
         if order != ORDER_CAUSAL:
             view = self._subscribe_confirmed if order == ORDER_CONFIRMED else self._subscribe_tentative
             async for item in view(since):
@@ -217,6 +331,7 @@ class Topic:
                 if position < self.replica.graph.delivered_count:
                     position = self.replica.graph.delivered_count  # only rejected events there
                     continue
+                self._check_not_banned()
                 await self._changes.wait()
                 continue
             for pos, event in batch:
@@ -229,10 +344,12 @@ class Topic:
             batch = (self.replica.ordered("confirmed", since=position, limit=SUBSCRIBE_BATCH)
                      if self.replica.ready and self.replica.authorizing else [])
             if not batch:
+                self._check_not_banned()
                 await self._changes.wait()
                 continue
             for pos, event in batch:
-                yield Delivered(pos, event)
+                if not event.withheld:  # a payload this member may not read (history)
+                    yield Delivered(pos, event)
                 position = pos + 1
 
     async def _subscribe_tentative(self, since: int) -> AsyncIterator[Delivered | Rewind]:
@@ -242,6 +359,7 @@ class Topic:
         while True:
             order = self.replica.ordering if self.replica.ready and self.replica.authorizing else None
             if order is None:
+                self._check_not_banned()
                 await self._changes.wait()
                 continue
             # The order may have changed while the consumer held an item: compare
@@ -258,10 +376,12 @@ class Topic:
                 stable += settled
             batch = self.replica.ordered("tentative", since=position, limit=SUBSCRIBE_BATCH)
             if not batch:
+                self._check_not_banned()
                 await self._changes.wait()
                 continue
             for pos, event in batch:
-                yield Delivered(pos, event)
+                if not event.withheld:  # a payload this member may not read (history)
+                    yield Delivered(pos, event)
                 sent.append(event.id)
                 position = pos + 1
 
@@ -290,6 +410,7 @@ class Topic:
             "ready": self.ready,
             "delivered": delivered,  # handed to subscribers: rejected events are not
             "acks": acks,  # empty acknowledgements among the delivered
+            "withheld": self.replica.counters["withheld"],  # received without payload (history)
             "extremities": graph.width,
             "buffered": graph.buffered_count,
             "equivocations": graph.equivocation_count,

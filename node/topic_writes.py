@@ -15,14 +15,23 @@ import random
 from collections.abc import Mapping, Sequence
 
 from node.committer import CommitError, Committer
-from node.core.event import Event
-from node.errors import NodeError
+from node.core.event import Event, EventFormatError
+from node.core.outcomes import RejectReason
+from node.errors import (Banned, NodeError, NotAMember, NotAWriter, PayloadTooLarge,
+                         TopicLeft)
 from node.replica.replica import StateDisabledError
 from node.state.actions import NotAuthorizedError, RoleError
 from node.state.types import Membership
 from node.topic_handle import JOIN_RETRY_MS, StateAction, Topic
 
 logger = logging.getLogger("megnode")
+
+
+def format_refusal(exc: EventFormatError) -> NodeError:
+    """A local event the format refuses (too large, a kind too long): the user's mistake."""
+    if exc.reason is RejectReason.TOO_LARGE:
+        return PayloadTooLarge(f"the event would be too large ({exc.detail})")
+    return NodeError(f"not a valid event: {exc}")
 
 
 class TopicWrites:
@@ -50,10 +59,14 @@ class TopicWrites:
             try:
                 for payload in payloads:
                     events.append(replica.publish(payload, now, self._rng, kind=kind)[0])
-            except NotAuthorizedError as exc:
+            except Exception as exc:  # whatever refused one event refuses the batch
                 if events:
                     replica.graph.discard_pending()  # all or nothing
-                raise NodeError(f"not allowed to publish: {exc}") from None
+                if isinstance(exc, NotAuthorizedError):
+                    raise self._refusal(topic, exc) from None
+                if isinstance(exc, EventFormatError):
+                    raise format_refusal(exc) from None
+                raise
             return events
 
         try:
@@ -73,6 +86,8 @@ class TopicWrites:
                 made = action(replica, now, self._rng)
             except (NotAuthorizedError, RoleError, StateDisabledError) as exc:
                 raise NodeError(str(exc)) from None
+            except EventFormatError as exc:  # e.g. set_state content over the event limit
+                raise format_refusal(exc) from None
             return [event for event, _ in made]
 
         try:
@@ -81,9 +96,22 @@ class TopicWrites:
             raise NodeError(f"state change not stored: {exc}") from None
         return [e.id for e in events]
 
+    @staticmethod
+    def _refusal(topic: Topic, exc: NotAuthorizedError) -> NotAMember:
+        """The auth rules' refusal as the error an application tells apart."""
+        membership = topic.membership()
+        if membership == Membership.BAN:
+            return Banned(f"not allowed to publish: banned from topic {topic.id_hex}")
+        if membership != Membership.JOIN:
+            return NotAMember(f"not allowed to publish: not a joined member of topic "
+                              f"{topic.id_hex} (membership: {membership or 'none'}; join it "
+                              f"first: `megnode topic join {topic.id_hex} --wait`)")
+        return NotAWriter(f"not allowed to publish: not a writer in topic {topic.id_hex} "
+                          f"({exc}; an admin grants it: `megnode topic add-writer`)")
+
     def _check_publishable(self, topic: Topic) -> None:
         if topic.topic_id not in self._topics:
-            raise NodeError("this topic was left")
+            raise TopicLeft("this topic was left")
         if not topic.ready:
             raise NodeError("the topic's create event has not arrived yet; wait for sync "
                             "(Topic.wait_ready) before publishing")
@@ -134,6 +162,7 @@ class TopicWrites:
                 event, _ = replica.join(now, self._rng)
             except NotAuthorizedError as exc:
                 logger.info("cannot join %s yet: %s", topic.id_hex, exc)
+                topic.join_refusal = str(exc)
                 continue
             joins.append((topic.topic_id, event))
         return joins

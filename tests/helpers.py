@@ -13,7 +13,14 @@ import pytest
 
 import msgpack
 
-from node.core.event import EVENT_VERSION, KIND_MESSAGE, SIGNING_DOMAIN, Event, decode_event
+from node.core.event import (
+    EVENT_VERSION,
+    KIND_MESSAGE,
+    SIGNING_DOMAIN,
+    Event,
+    decode_event,
+    payload_digest,
+)
 from node.core.identity import Identity, sign_event
 from node.replica.replica import Replica
 from storage.memory import MemoryStore
@@ -39,7 +46,10 @@ def child(
 def craft_raw(fields: list[Any], signer: Identity | None = None, signature: bytes | None = None) -> bytes:
     """Encode arbitrary (possibly invalid) event fields, signing them like a real author would."""
     if signature is None:
-        body = SIGNING_DOMAIN + msgpack.packb(fields, use_bin_type=True)
+        signed = list(fields)
+        if len(signed) > 9 and isinstance(signed[9], bytes):  # what a real author signs
+            signed[9] = payload_digest(signed[9])
+        body = SIGNING_DOMAIN + msgpack.packb(signed, use_bin_type=True)
         signature = (signer or identity("mallory")).sign(body)
     return msgpack.packb(list(fields) + [signature], use_bin_type=True)
 

@@ -84,7 +84,7 @@ from __future__ import annotations
 import random
 from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from node.core.event import Event, event_id_of
@@ -121,6 +121,7 @@ _STAT_KEYS = {kind: (f"messages_sent_{kind.__name__.lower()}", f"bytes_sent_{kin
                            JoinSubmit)}
 # Messages that carry a topic's events or event ids: the read filter applies to them.
 _GUARDED = frozenset({Push, Offer, Reply, Want, Events})
+_CARRIES_EVENTS = frozenset({Push, Reply, Events})  # what history_access may thin out
 NOT_MEMBER = "not_member"  # the log reason of a message dropped by the read filter
 
 
@@ -498,6 +499,8 @@ class Disseminator(Intake, AntiEntropy, JoinHandshake):
         if not candidates:
             return []
         chosen = self._rng.sample(candidates, min(fanout, len(candidates)))
+        # One encoding for every peer, unless what each may read differs (history).
+        shared = not self._replicas[topic].limits_history()
         out: list[Effect] = []
         while raws:
             batch, _ = self._take_raws(raws)
@@ -507,19 +510,34 @@ class Disseminator(Intake, AntiEntropy, JoinHandshake):
             for peer in sorted(chosen):
                 sent = self._send(peer, Push(topic, tuple(batch)), data)
                 if sent is not None:
-                    data = sent.data
+                    data = sent.data if shared else None
                     out.append(sent)
         return out
 
     # ------------------------------------------------------------- internals: output
 
     def _send(self, peer: PeerId, message: Message, data: bytes | None = None) -> Send | None:
-        """The one way out: a Send of `message`, or None if the read filter withholds it."""
+        """The one way out: a Send of `message`, or None if the read filter withholds it.
+
+        `data`, if given, is `encode(message)` (a caller sending one message to many
+        peers encodes it once); for a topic whose history is limited it must be None.
+        """
         if type(message) in _GUARDED:
             replica = self._replicas.get(message.topic)
-            if replica is not None and not self._may_serve(peer, replica):
-                self.stats["not_member_withheld"] += 1
-                return None
+            if replica is not None:
+                if not self._may_serve(peer, replica):
+                    self.stats["not_member_withheld"] += 1
+                    return None
+                if type(message) in _CARRIES_EVENTS and replica.limits_history():
+                    # History this reader may not read goes in its withheld form
+                    # (node.replica.history_access); one check per event.
+                    served = replica.served_to(self._key(peer), message.events)
+                    if served is not None:
+                        self.stats["history_withheld"] += 1
+                        if not served and type(message) is Push:
+                            return None
+                        message = replace(message, events=served)
+                        data = None
         data = data if data is not None else encode(message)
         stats = self.stats
         messages_key, bytes_key = _STAT_KEYS[type(message)]

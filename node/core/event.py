@@ -6,11 +6,19 @@ msgpack array (never a map, so field order is fixed)::
     [version, topic, author, seq, parents, auth, timestamp_ms, kind, state_key,
      payload, signature]
 
-The signature is ed25519 over `SIGNING_DOMAIN || packb(first ten fields)`; the
-domain separation keeps a megnode signature from ever being valid for another
-protocol that signs msgpack with the same key. The event id is
-BLAKE2b-256 of the whole signed encoding, so two events with the same id are
-the same bytes, and every node recomputes ids rather than trusting them.
+The payload is signed and hashed through its digest (BLAKE2b-256), not its
+bytes: the signature is ed25519 over `SIGNING_DOMAIN || packb(the first nine
+fields + digest)`, and the event id is BLAKE2b-256 of the event's *withheld
+form*, the same array with the payload replaced by `ExtType(WITHHELD_EXT,
+digest)`. So a node may pass on an event without its payload (a topic whose
+history a new member may not read, issue 15: `docs/access.md`), and the
+receiver still checks the id, the signature and the whole graph structure;
+only the content is missing. That is how Matrix keeps redacted events
+verifiable (its content hash). State events are never withheld: their content
+is the topic state everyone must resolve. The domain separation keeps a
+megnode signature from ever being valid for another protocol that signs
+msgpack with the same key. Every node recomputes ids rather than trusting
+them, and two events with the same id carry the same payload (the digest).
 
 There is exactly one valid encoding per event: decoding and re-encoding must
 give back the same bytes (`decode_event` checks this), so a relay cannot mint
@@ -36,14 +44,24 @@ import msgpack
 from node.core.fastinit import fast_init
 from node.core.outcomes import RejectReason
 
-EVENT_VERSION = 1
-SIGNING_DOMAIN = b"megnode/event/v1\x00"
+EVENT_VERSION = 2  # 2: payloads signed and hashed by digest, so they can be withheld
+SIGNING_DOMAIN = b"megnode/event/v2\x00"
 
 ID_BYTES = 32
+DIGEST_BYTES = 32
+WITHHELD_EXT = 1  # msgpack ext type of a withheld payload: the ext's data is its digest
 KEY_BYTES = 32
 SIGNATURE_BYTES = 64
 
 MAX_EVENT_BYTES = 64 * 1024
+# What an event's fields other than its payload take at most, encoded: MAX_PARENTS
+# and MAX_AUTH_REFS ids, a MAX_KIND_BYTES kind, a MAX_STATE_KEY_BYTES state key, the
+# author, topic, signature and integers with their msgpack headers add up to 1,506
+# bytes (tests/core/test_event.py builds that worst case); rounded up to 2 KiB.
+EVENT_OVERHEAD_BYTES = 2 * 1024
+# The largest payload a local publish accepts, whatever the topic's d_max: 63,488
+# bytes (62 KiB). Publishing more is refused before anything is signed.
+MAX_PAYLOAD_BYTES = MAX_EVENT_BYTES - EVENT_OVERHEAD_BYTES
 MAX_PARENTS = 20
 MAX_AUTH_REFS = 10
 MAX_STATE_KEY_BYTES = 255
@@ -95,10 +113,12 @@ class Event:
     timestamp_ms: int
     kind: str
     state_key: str | None
-    payload: bytes
+    payload: bytes  # b"" when withheld
     signature: bytes
-    raw: bytes
+    raw: bytes  # the full encoding, or the withheld form if `withheld`
     id: bytes
+    digest: bytes  # BLAKE2b-256 of the payload
+    withheld: bool = False  # the payload is not here, only its digest (module docstring)
 
     @property
     def is_create(self) -> bool:
@@ -117,10 +137,13 @@ class Event:
         return unpack_payload(self.payload)
 
     def signing_body(self) -> bytes:
-        return signing_body(
-            self.version, self.topic, self.author, self.seq, self.parents, self.auth,
-            self.timestamp_ms, self.kind, self.state_key, self.payload,
-        )
+        """What the author signed: the domain and the body with the payload's digest."""
+        return SIGNING_DOMAIN + _digest_body(self.raw, payload_element_start(self), self.digest)
+
+    def withheld_form(self) -> bytes:
+        """This event's bytes without the payload (what its id hashes)."""
+        return self.raw if self.withheld else _withheld_form(self.raw, len(self.payload),
+                                                              self.digest)
 
     def __repr__(self) -> str:  # ids in hex: readable test failures and logs
         return (
@@ -129,8 +152,75 @@ class Event:
         )
 
 
+def payload_digest(payload: bytes) -> bytes:
+    return _blake2b(payload, digest_size=DIGEST_BYTES).digest()
+
+
+_blake2b = hashlib.blake2b
+
+
 def event_id_of(raw: bytes) -> bytes:
-    return hashlib.blake2b(raw, digest_size=ID_BYTES).digest()
+    """The id of the event encoded (fully or withheld) by `raw`.
+
+    Total: bytes from anywhere get a name (the duplicate check runs before the
+    decoder); bytes that are no event get their plain hash, and decoding refuses
+    them anyway. Parses the bytes to find the payload; the decoder and the
+    store compute ids from fields they already hold (`full_event_id`).
+    """
+    try:
+        payload = _unpackb(raw)[9]
+    except Exception:  # not an event at all: a name for the bytes, which decoding refuses
+        payload = None
+    if type(payload) is bytes:
+        start = _payload_start(raw, len(payload))
+        if start > 0:
+            return _blake2b(raw[:start] + _WITHHELD_HEADER
+                            + _blake2b(payload, digest_size=DIGEST_BYTES).digest()
+                            + raw[-_SIGNATURE_TAIL:], digest_size=ID_BYTES).digest()
+    return _blake2b(raw, digest_size=ID_BYTES).digest()
+
+
+_unpackb = msgpack.unpackb
+
+
+# Byte surgery on the canonical encoding: the payload is the tenth element and the
+# 64-byte signature (0xc4 0x40 + bytes) the eleventh and last, so the payload's
+# element starts `_SIGNATURE_TAIL + its packed length` bytes before the end.
+def _bin_header_bytes(length: int) -> int:
+    return 2 if length < 0x100 else 3 if length < 0x10000 else 5
+
+
+def _payload_start(raw: bytes, payload_length: int) -> int:
+    return len(raw) - _SIGNATURE_TAIL - _bin_header_bytes(payload_length) - payload_length
+
+
+_WITHHELD_HEADER = bytes([0xC7, DIGEST_BYTES, WITHHELD_EXT])  # ext 8 of 32 bytes
+_WITHHELD_TAIL = len(_WITHHELD_HEADER) + DIGEST_BYTES
+_DIGEST_BIN = bytes([0xC4, DIGEST_BYTES])
+
+
+def _withheld_form(raw: bytes, payload_length: int, digest: bytes) -> bytes:
+    start = _payload_start(raw, payload_length)
+    return raw[:start] + _WITHHELD_HEADER + digest + raw[-_SIGNATURE_TAIL:]
+
+
+def full_event_id(raw: bytes, payload_length: int, digest: bytes) -> bytes:
+    """BLAKE2b-256 of the withheld form of a full encoding (`_withheld_form`, inline)."""
+    return _blake2b(raw[:_payload_start(raw, payload_length)] + _WITHHELD_HEADER + digest
+                    + raw[-_SIGNATURE_TAIL:], digest_size=ID_BYTES).digest()
+
+
+def _digest_body(raw: bytes, start: int, digest: bytes) -> bytes:
+    """The packed ten-field signed body (payload -> digest) of an encoding whose
+    payload element (or withheld ext) starts at `start`."""
+    return bytes([_BODY_HEADER]) + raw[1:start] + _DIGEST_BIN + digest
+
+
+def payload_element_start(event: "Event") -> int:
+    """Where the payload's element (or its withheld ext) starts in `event.raw`."""
+    if event.withheld:
+        return len(event.raw) - _SIGNATURE_TAIL - _WITHHELD_TAIL
+    return _payload_start(event.raw, len(event.payload))
 
 
 def _body_fields(
@@ -145,9 +235,17 @@ def signing_body(
     version: int, topic: bytes, author: bytes, seq: int, parents: tuple[bytes, ...],
     auth: tuple[bytes, ...], timestamp_ms: int, kind: str, state_key: str | None, payload: bytes,
 ) -> bytes:
+    """What the author signs: the domain and the ten-field body, the payload by its digest."""
     fields = _body_fields(version, topic, author, seq, parents, auth, timestamp_ms, kind,
-                          state_key, payload)
+                          state_key, payload_digest(payload))
     return SIGNING_DOMAIN + msgpack.packb(fields, use_bin_type=True)
+
+
+def signing_message(packed_body: bytes, payload: bytes) -> tuple[bytes, bytes]:
+    """(what to sign, the payload's digest) for a packed ten-field body that holds `payload`."""
+    digest = payload_digest(payload)
+    start = len(packed_body) - _bin_header_bytes(len(payload)) - len(payload)
+    return SIGNING_DOMAIN + packed_body[:start] + _DIGEST_BIN + digest, digest
 
 
 # The canonical encoding is an array of ten body fields plus the signature. msgpack
@@ -203,7 +301,7 @@ def _unpack_strict(raw: bytes) -> Any:
         max_str_len=MAX_EVENT_BYTES,
         max_array_len=MAX_EVENT_BYTES,
         max_map_len=MAX_EVENT_BYTES,
-        max_ext_len=0,
+        max_ext_len=DIGEST_BYTES,
     )
 
 
@@ -219,14 +317,16 @@ def _is_id(value: Any) -> bool:
 def make_event(
     version: int, topic: bytes, author: bytes, seq: int, parents: tuple[bytes, ...],
     auth: tuple[bytes, ...], timestamp_ms: int, kind: str, state_key: str | None,
-    payload: bytes, signature: bytes, raw: bytes, id: bytes,
+    payload: bytes, signature: bytes, raw: bytes, id: bytes, digest: bytes,
+    withheld: bool = False,
 ) -> Event:
     """`Event(...)` for the hot paths (signing, decoding, reading the store back).
 
     A frozen dataclass's `__init__` sets each field through
     `object.__setattr__`, which made building an event cost more than hashing
     it; setting the slots through their descriptors gives the same immutable
-    object at about half the cost. Callers guarantee `id == event_id_of(raw)`.
+    object at about half the cost. Callers guarantee `id == event_id_of(raw)` and
+    `digest == payload_digest(payload)` (unless withheld).
     """
     event = _new_object(Event)
     _set_version(event, version)
@@ -242,6 +342,8 @@ def make_event(
     _set_signature(event, signature)
     _set_raw(event, raw)
     _set_id(event, id)
+    _set_digest(event, digest)
+    _set_withheld(event, withheld)
     return event
 
 
@@ -259,6 +361,8 @@ _set_payload = Event.payload.__set__  # type: ignore[attr-defined]
 _set_signature = Event.signature.__set__  # type: ignore[attr-defined]
 _set_raw = Event.raw.__set__  # type: ignore[attr-defined]
 _set_id = Event.id.__set__  # type: ignore[attr-defined]
+_set_digest = Event.digest.__set__  # type: ignore[attr-defined]
+_set_withheld = Event.withheld.__set__  # type: ignore[attr-defined]
 
 
 def decode_event(raw: bytes) -> Event:
@@ -295,10 +399,22 @@ def decode_event(raw: bytes) -> Event:
         raise EventFormatError(RejectReason.NOT_CANONICAL, "re-encoding differs")
     (version, topic, author, seq, parents, auth, timestamp_ms, kind, state_key, payload,
      signature) = fields
+    return _built(version, topic, author, seq, parents, auth, timestamp_ms, kind, state_key,
+                  payload, signature, raw)
+
+
+def _built(version: int, topic: bytes, author: bytes, seq: int, parents: list[bytes],
+           auth: list[bytes], timestamp_ms: int, kind: str, state_key: str | None,
+           payload: bytes | msgpack.ExtType, signature: bytes, raw: bytes) -> Event:
+    """The Event of checked fields: a full encoding, or the withheld form (payload an ExtType)."""
+    if type(payload) is bytes:
+        digest = payload_digest(payload)
+        return make_event(
+            version, topic, author, seq, tuple(parents), tuple(auth), timestamp_ms, kind,
+            state_key, payload, signature, raw, full_event_id(raw, len(payload), digest), digest)
     return make_event(
         version, topic, author, seq, tuple(parents), tuple(auth), timestamp_ms, kind, state_key,
-        payload, signature, raw, event_id_of(raw),
-    )
+        b"", signature, raw, _blake2b(raw, digest_size=ID_BYTES).digest(), payload.data, True)
 
 
 def _is_id_fast(value: Any) -> bool:
@@ -353,7 +469,9 @@ def _check_fields(
     _expect(isinstance(kind, str) and 0 < len(kind.encode()) <= MAX_KIND_BYTES,
             RejectReason.BAD_FIELD, "kind")
     _expect(state_key is None or isinstance(state_key, str), RejectReason.BAD_FIELD, "state_key")
-    _expect(isinstance(payload, bytes), RejectReason.BAD_FIELD, "payload")
+    _expect(isinstance(payload, bytes) or (
+        isinstance(payload, msgpack.ExtType) and payload.code == WITHHELD_EXT
+        and len(payload.data) == DIGEST_BYTES), RejectReason.BAD_FIELD, "payload")
     _expect(isinstance(signature, bytes) and len(signature) == SIGNATURE_BYTES,
             RejectReason.BAD_FIELD, "signature")
     if state_key is not None:
@@ -368,6 +486,9 @@ def _check_fields(
     _expect(len(set(auth)) == len(auth), RejectReason.DUPLICATE_AUTH_REFS)
     _expect(auth == sorted(auth), RejectReason.NOT_CANONICAL, "auth refs must be sorted")
     is_create = kind == KIND_CREATE and not parents
+    if not isinstance(payload, bytes):  # withheld: only content no one needs to resolve state
+        _expect(state_key is None and not is_create, RejectReason.BAD_FIELD,
+                "a state event's payload is never withheld")
     if is_create:
         _expect(topic == b"", RejectReason.BAD_FIELD, "a create event carries no topic")
         _expect(not auth, RejectReason.BAD_FIELD, "a create event has no auth refs")
@@ -385,10 +506,8 @@ def trusted_event(raw: bytes) -> Event:
     """
     (version, topic, author, seq, parents, auth, timestamp_ms, kind, state_key, payload,
      signature) = msgpack.unpackb(raw, raw=False)
-    return make_event(
-        version, topic, author, seq, tuple(parents), tuple(auth), timestamp_ms, kind, state_key,
-        payload, signature, raw, event_id_of(raw),
-    )
+    return _built(version, topic, author, seq, parents, auth, timestamp_ms, kind, state_key,
+                  payload, signature, raw)
 
 
 def check_local_event(

@@ -16,14 +16,13 @@ from node.core.event import (
     EVENT_VERSION,
     KEY_BYTES,
     SIGNATURE_BYTES,
-    SIGNING_DOMAIN,
     Event,
-    body_of_signed,
     check_local_event,
-    event_id_of,
+    full_event_id,
     make_event,
     pack,
     signed_encoding,
+    signing_message,
 )
 
 SEED_BYTES = 32
@@ -86,12 +85,13 @@ def sign_event(
     # same array a list gives, and this runs once per local event.
     packed_body = pack([EVENT_VERSION, topic, author, seq, parents_t, auth_t, timestamp_ms, kind,
                         state_key, payload])
-    signature = identity.sign(SIGNING_DOMAIN + packed_body)
+    message, digest = signing_message(packed_body, payload)
+    signature = identity.sign(message)
     raw = signed_encoding(packed_body, signature)
     check_local_event(raw, parents_t, auth_t, kind, state_key)
     return make_event(
         EVENT_VERSION, topic, author, seq, parents_t, auth_t, timestamp_ms, kind, state_key,
-        payload, signature, raw, event_id_of(raw),
+        payload, signature, raw, full_event_id(raw, len(payload), digest), digest,
     )
 
 
@@ -101,7 +101,7 @@ def verify_signature(event: Event) -> bool:
         return False
     try:
         nacl.bindings.crypto_sign_open(
-            event.signature + SIGNING_DOMAIN + body_of_signed(event.raw), event.author)
+            event.signature + event.signing_body(), event.author)
     except (nacl.exceptions.BadSignatureError, nacl.exceptions.ValueError, ValueError):
         return False
     return True

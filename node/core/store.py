@@ -57,8 +57,10 @@ TABLES: tuple[str, ...] = (
 
 # 1: events keyed by id. 2: events keyed by delivery position, with an id
 # index, and children under the parent's position (sequential keys: a group
-# commit writes a few pages instead of one per event; node.core.graph).
-STORE_FORMAT = 2
+# commit writes a few pages instead of one per event; node.core.graph). 3: events
+# in encoding v2 (payload signed and hashed by digest, withheld forms; node.core.event),
+# so every id differs from format 2's.
+STORE_FORMAT = 3
 
 # Limits that every implementation enforces alike, so the conformance suite
 # can check them and callers get the same error everywhere.

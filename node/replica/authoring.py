@@ -179,7 +179,7 @@ class Authoring:
         return Event(
             version=EVENT_VERSION, topic=self.topic_id, author=self.identity.public_key, seq=seq,
             parents=tuple(sorted(parents)), auth=(), timestamp_ms=now_ms, kind=kind,
-            state_key=state_key, payload=payload, signature=b"", raw=b"", id=b"",
+            state_key=state_key, payload=payload, signature=b"", raw=b"", id=b"", digest=b"",
         )
 
     def _checked(self, draft: Event) -> Event:

@@ -31,10 +31,7 @@ from typing import TYPE_CHECKING
 
 from node.state.types import (
     RULE_PUBLIC,
-    TYPE_MEMBER,
     Membership,
-    content_of,
-    is_user_id,
     user_id,
 )
 from node.state.view import StateView
@@ -105,13 +102,5 @@ class ReadAccess:
 
 def _readers_of(state: Mapping[StateKey, bytes], graph: Graph) -> frozenset[bytes] | None:
     """The joined keys of a state map, or None if its join rule is public."""
-    if StateView(state, graph).join_rule() == RULE_PUBLIC:
-        return None
-    joined = []
-    for (kind, state_key), event_id in state.items():
-        if kind != TYPE_MEMBER or not is_user_id(state_key):
-            continue
-        event = graph.get(event_id)
-        if event is not None and content_of(event).get("membership") == Membership.JOIN:
-            joined.append(bytes.fromhex(state_key))
-    return frozenset(joined)
+    view = StateView(state, graph)
+    return None if view.join_rule() == RULE_PUBLIC else view.joined_keys()

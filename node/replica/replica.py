@@ -71,7 +71,7 @@ the width exceeds `d_max` (`TopicOrder.parents_to_keep`).
 from __future__ import annotations
 
 import random
-from collections import Counter
+from collections import Counter, OrderedDict
 from collections.abc import Mapping
 
 from node.core.add_result import AddResult
@@ -84,6 +84,7 @@ from node.core.order import OrderUpdate
 from node.core.parents import DEFAULT_D_MAX, MAX_D_MAX, MIN_D_MAX
 from node.replica.authoring import Authoring
 from node.replica.cache_budget import CacheSizes
+from node.replica.history_access import HistoryAccess
 from node.replica.joining import Joining
 from node.replica.order_views import ORDER_CAUSAL, ORDER_CONFIRMED, ORDER_TENTATIVE, OrderStatus
 from node.replica.ordering import TopicOrder
@@ -107,8 +108,11 @@ from node.state.soft_fail import SoftFails
 from node.state.store import StateGroups
 from node.state.tracker import StateTracker
 from node.state.types import (
+    HISTORY_SETTINGS,
+    HISTORY_SHARED,
     RULE_INVITE,
     AuthReason,
+    TYPE_HISTORY,
     TYPE_JOIN_RULES,
     TYPE_MEMBER,
     TYPE_POWER_LEVELS,
@@ -117,7 +121,7 @@ from node.state.types import (
 )
 from node.core.store import TABLE_STATE, Store
 
-_ACCESS_RULE_KINDS = frozenset({TYPE_JOIN_RULES, TYPE_POWER_LEVELS})
+_ACCESS_RULE_KINDS = frozenset({TYPE_JOIN_RULES, TYPE_POWER_LEVELS, TYPE_HISTORY})
 
 _AUTH_REASONS = frozenset(str(reason) for reason in AuthReason)
 
@@ -127,7 +131,7 @@ __all__ = [
 ]
 
 
-class Replica(StateOperations, Authoring, ReadAccess, Joining):
+class Replica(StateOperations, Authoring, ReadAccess, HistoryAccess, Joining):
     """One topic's replica on one node (see the module docstring).
 
     Receiving and reading live here; making local events is `Authoring`
@@ -156,6 +160,9 @@ class Replica(StateOperations, Authoring, ReadAccess, Joining):
         self._readers_cache: tuple[int, int, int, frozenset[bytes] | None] | None = None
         # (join-rules and power-levels events, member events) applied: node.replica.read_access
         self._access_epochs = (0, 0)
+        # node.replica.history_access: (rules epoch, history limited) and readers per group
+        self._history_epoch: tuple[int, bool] | None = None
+        self._history_readers_cache: OrderedDict[int, frozenset[bytes] | None] = OrderedDict()
         # The current state soft fail last judged against, with the access epochs it was
         # resolved at: only member, power-levels and join-rules events change who stands
         # (the same argument as read_access's), so other events reuse it unresolved.
@@ -182,6 +189,7 @@ class Replica(StateOperations, Authoring, ReadAccess, Joining):
         authorization: bool = False,
         join_rule: str = RULE_INVITE,
         members_write: bool = False,
+        history: str = HISTORY_SHARED,
         commit: bool = True,
     ) -> "Replica":
         """Author a new topic and return the replica holding it (committed).
@@ -195,7 +203,11 @@ class Replica(StateOperations, Authoring, ReadAccess, Joining):
         it, the topic is a pure MEG (the create event alone, no auth rules).
         `members_write` gives every joined member the writing level (an open
         publish-subscribe topic); otherwise writing is granted per member.
+        `history=HISTORY_JOINED` adds a history event: members read payloads only
+        from their join on (node.replica.history_access); `shared` writes none.
         """
+        if history not in HISTORY_SETTINGS:
+            raise ValueError(f"history must be one of {', '.join(HISTORY_SETTINGS)}")
         if not MIN_D_MAX <= d_max <= MAX_D_MAX:
             raise ValueError(f"d_max must be in [{MIN_D_MAX}, {MAX_D_MAX}]")
         if authorization and not config.authorization:
@@ -221,6 +233,8 @@ class Replica(StateOperations, Authoring, ReadAccess, Joining):
                 EventSpec(TYPE_POWER_LEVELS, "", actions.initial_power_levels(
                     identity.public_key, members_write=members_write)),
                 EventSpec(TYPE_JOIN_RULES, "", {"join_rule": join_rule}),
+                *([EventSpec(TYPE_HISTORY, "", {"history_visibility": history})]
+                  if history != HISTORY_SHARED else []),
             ):
                 replica._publish_spec(spec, now_ms, rng)
         if commit:
@@ -325,8 +339,8 @@ class Replica(StateOperations, Authoring, ReadAccess, Joining):
 
     def deliveries(self, since: int = 0, limit: int = 1_000,
                    include_rejected: bool = False) -> list[tuple[int, Event]]:
-        """What subscribers get: `graph.deliveries` without rejected or soft-failed events
-        (`include_rejected=True`: every applied event).
+        """What subscribers get: `graph.deliveries` without rejected, soft-failed or
+        withheld events (`include_rejected=True`: every applied event).
 
         Positions are the graph's delivery positions, so a cursor (last
         position + 1) resumes exactly; up to `limit` events are returned.
@@ -338,7 +352,8 @@ class Replica(StateOperations, Authoring, ReadAccess, Joining):
         end = self.graph.delivered_count
         while position < end and len(out) < limit:
             page = self.graph.deliveries(position, limit)
-            out += [(p, e) for p, e in page if not self.tracker.is_rejected(e.id)
+            out += [(p, e) for p, e in page if not e.withheld
+                    and not self.tracker.is_rejected(e.id)
                     and not self.soft_fails.is_soft_failed(e.id)]
             position = page[-1][0] + 1
         return out[:limit]
@@ -356,6 +371,8 @@ class Replica(StateOperations, Authoring, ReadAccess, Joining):
         self._authorizing = None  # the root itself may have been among the discarded writes
         self._refused = []
         self._readers_cache = None  # group ids are only meaningful with the writes that made them
+        self._history_epoch = None
+        self._history_readers_cache.clear()
         self._standing_state = None
         if self._tracker is not None:
             self._tracker.clear_caches()
@@ -431,6 +448,9 @@ class Replica(StateOperations, Authoring, ReadAccess, Joining):
             self.counters[f"rejected.{rejection.reason}"] += 1
         if result.equivocations:
             self.counters["equivocations"] += len(result.equivocations)
+        for event in result.applied:
+            if event.withheld:  # history this member may not read (history_access)
+                self.counters["withheld"] += 1
         unauthorized: tuple[tuple[bytes, str], ...] = refused
         if refused:
             self.counters["unauthorized"] += len(refused)  # `rejected.<reason>` counted above

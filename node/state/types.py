@@ -53,6 +53,8 @@ TYPE_JOIN_RULES = "m.room.join_rules"
 TYPE_THIRD_PARTY_INVITE = "m.room.third_party_invite"
 TYPE_NAME = "m.room.name"
 TYPE_TOPIC = "m.room.topic"
+# Who may read the history before their join (Matrix's m.room.history_visibility; issue 15).
+TYPE_HISTORY = "m.room.history_visibility"
 
 # Kinds whose content the auth rules read: an event of one of these kinds whose
 # payload is not a msgpack map is refused (`bad_content`), never read as `{}`
@@ -62,6 +64,7 @@ MAP_CONTENT_TYPES = frozenset({TYPE_CREATE, TYPE_MEMBER, TYPE_POWER_LEVELS, TYPE
 CREATE_KEY: StateKey = (TYPE_CREATE, "")
 POWER_LEVELS_KEY: StateKey = (TYPE_POWER_LEVELS, "")
 JOIN_RULES_KEY: StateKey = (TYPE_JOIN_RULES, "")
+HISTORY_KEY: StateKey = (TYPE_HISTORY, "")
 
 
 
@@ -128,6 +131,10 @@ class AuthReason(StrEnum):
 
 
 # Join rules (content["join_rule"] of m.room.join_rules).
+HISTORY_SHARED = "shared"  # a member reads the whole topic, from before its join too
+HISTORY_JOINED = "joined"  # a member reads payloads only of events it was joined at
+HISTORY_SETTINGS = (HISTORY_SHARED, HISTORY_JOINED)
+
 RULE_PUBLIC = "public"
 RULE_INVITE = "invite"
 RULE_KNOCK = "knock"

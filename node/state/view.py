@@ -20,6 +20,9 @@ from node.core.event import Event
 from node.state.power_levels import PowerLevels
 from node.state.types import (
     CREATE_KEY,
+    HISTORY_JOINED,
+    HISTORY_KEY,
+    HISTORY_SHARED,
     JOIN_RULES_KEY,
     POWER_LEVELS_KEY,
     RULE_INVITE,
@@ -29,6 +32,7 @@ from node.state.types import (
     StateKey,
     StateMap,
     content_of,
+    is_user_id,
     user_id,
 )
 
@@ -60,6 +64,17 @@ class StateView:
             return PowerLevels.without_event(self.creator())
         return PowerLevels.from_content(content)
 
+    def joined_keys(self) -> frozenset[bytes]:
+        """The author keys whose membership is `join` in this state."""
+        joined = []
+        for (kind, state_key), event_id in self.state.items():
+            if kind != TYPE_MEMBER or not is_user_id(state_key):
+                continue
+            event = self.source.get(event_id)
+            if event is not None and content_of(event).get("membership") == Membership.JOIN:
+                joined.append(bytes.fromhex(state_key))
+        return frozenset(joined)
+
     def member_content(self, user: str) -> Mapping[str, Any] | None:
         """Content of `user`'s member event, None if there is none."""
         return self.content((TYPE_MEMBER, user))
@@ -68,6 +83,12 @@ class StateView:
         content = self.member_content(user)
         value = None if content is None else content.get("membership")
         return value if isinstance(value, str) else Membership.LEAVE
+
+    def history(self) -> str:
+        """The history setting (`HISTORY_SHARED` unless a history event says `joined`)."""
+        content = self.content(HISTORY_KEY)
+        value = None if content is None else content.get("history_visibility")
+        return HISTORY_JOINED if value == HISTORY_JOINED else HISTORY_SHARED
 
     def join_rule(self) -> str:
         content = self.content(JOIN_RULES_KEY)

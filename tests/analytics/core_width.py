@@ -67,10 +67,9 @@ from node.core.event import (
     KEY_BYTES,
     KIND_MESSAGE,
     SIGNATURE_BYTES,
-    SIGNING_DOMAIN,
     Event,
+    pack,
     signed_encoding,
-    signing_body,
     trusted_event,
 )
 from node.core.graph import Graph
@@ -215,9 +214,9 @@ def unsigned_event(topic: bytes, author: bytes, seq: int, parents: Sequence[byte
     Built with the event module's own encoding helpers, so its id and bytes
     are exactly what a signed event with this signature would have.
     """
-    body = signing_body(EVENT_VERSION, topic, author, seq, tuple(sorted(parents)), (topic,),
-                        TIMESTAMP_MS, KIND_MESSAGE, None, b"")
-    return trusted_event(signed_encoding(body[len(SIGNING_DOMAIN):], UNSIGNED))
+    body = pack([EVENT_VERSION, topic, author, seq, sorted(parents), [topic], TIMESTAMP_MS,
+                 KIND_MESSAGE, None, b""])
+    return trusted_event(signed_encoding(body, UNSIGNED))
 
 
 def _new_topic(d: int, rng: random.Random) -> Replica:

@@ -72,3 +72,18 @@ def test_oversized_event_is_rejected_before_parsing():
     with pytest.raises(EventFormatError) as info:
         decode_event(b"\x00" * (MAX_EVENT_BYTES + 1))
     assert info.value.reason is RejectReason.TOO_LARGE
+
+
+def test_max_payload_fits_the_worst_case_event():
+    """MAX_PAYLOAD_BYTES leaves room for every other field at its limit (event.py)."""
+    from node.core.event import (EVENT_OVERHEAD_BYTES, MAX_AUTH_REFS, MAX_EVENT_BYTES,
+                                 MAX_KIND_BYTES, MAX_PARENTS, MAX_PAYLOAD_BYTES, MAX_SEQ,
+                                 MAX_STATE_KEY_BYTES, MAX_TIMESTAMP_MS)
+
+    ids = sorted(bytes([i]) * 32 for i in range(MAX_PARENTS))
+    event = sign_event(identity("alice"), topic=b"\x01" * 32, seq=MAX_SEQ, parents=ids,
+                       auth=ids[:MAX_AUTH_REFS], timestamp_ms=MAX_TIMESTAMP_MS,
+                       kind="k" * MAX_KIND_BYTES, state_key="s" * MAX_STATE_KEY_BYTES,
+                       payload=b"\xff" * MAX_PAYLOAD_BYTES)
+    assert len(event.raw) <= MAX_EVENT_BYTES
+    assert len(event.raw) - MAX_PAYLOAD_BYTES <= EVENT_OVERHEAD_BYTES

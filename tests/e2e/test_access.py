@@ -33,7 +33,8 @@ def publish(cluster: LocalCluster, index: int, topic: str, label: str) -> None:
 def payloads(cluster: LocalCluster, index: int, topic: str) -> list[str]:
     """The payloads of every event node `index` delivered so far (its `subscribe`)."""
     count = cluster.topic_status(index, topic)["delivered"]
-    result = cluster.cli_raw(index, "subscribe", topic, "--count", str(count), timeout_s=WAIT_S)
+    result = cluster.cli_raw(index, "subscribe", topic, "--kinds", "message,state,ack",
+                             "--count", str(count), timeout_s=WAIT_S)
     assert result.returncode == 0, result.stderr
     return [json.loads(line).get("payload", "") for line in result.stdout.splitlines()]
 
@@ -70,11 +71,12 @@ def test_only_members_read_an_invite_topic(tmp_path: Path) -> None:
             cluster.cli(i, "topic", "join", topic)  # returns once a member
         cluster.wait_joined(topic, WAIT_S, indices=MEMBERS)
 
-        # Not invited: one line, exit 2, within the handshake's bound; nothing kept.
+        # Not invited: one line, exit 6 (topic not found), within the handshake's bound;
+        # nothing kept.
         started = time.monotonic()
         refused = cluster.cli_raw(BANNED, "topic", "join", topic)
         took = time.monotonic() - started
-        assert refused.returncode == 2, refused.stderr
+        assert refused.returncode == 6, refused.stderr
         lines = refused.stderr.strip().splitlines()
         assert len(lines) == 1 and "Traceback" not in refused.stderr, refused.stderr
         assert f"topic {topic} not found or you are not invited (asked 3 peers)" in lines[0]
@@ -90,7 +92,7 @@ def test_only_members_read_an_invite_topic(tmp_path: Path) -> None:
         node3 = cluster.nodes[BANNED].node_id
         cluster.cli(0, "topic", "invite", topic, node3)
         joined = cluster.cli(BANNED, "topic", "join", topic)
-        assert joined == {"topic": topic, "ready": True}
+        assert joined == {"topic": topic, "ready": True, "membership": "join"}
         publish(cluster, 0, topic, "after invite")
         everything = messages_delivered(cluster, 0, topic)
         cluster.wait_delivered(topic, everything, WAIT_S)
@@ -109,3 +111,22 @@ def test_only_members_read_an_invite_topic(tmp_path: Path) -> None:
             assert {f"after ban {n}" for n in range(MESSAGES)} <= set(payloads(cluster, i, topic))
         assert not [p for p in payloads(cluster, BANNED, topic) if p.startswith("after ban")]
         assert messages_delivered(cluster, BANNED, topic) == before_ban
+
+        # history = joined (a topic of its own): a late member reads from its join on only.
+        wrong = cluster.cli_raw(0, "topic", "create", "x", "--history", "joined")
+        assert wrong.returncode == 2 and len(wrong.stderr.strip().splitlines()) == 1, wrong.stderr
+        assert "history joined needs access invite" in wrong.stderr
+        later = cluster.cli(0, "topic", "create", "joined", "--access", "invite",
+                            "--history", "joined")["topic"]
+        publish(cluster, 0, later, "early")
+        cluster.cli(0, "topic", "invite", later, node3)
+        assert cluster.cli(BANNED, "topic", "join", later) == {"topic": later, "ready": True}
+        publish(cluster, 0, later, "late")
+        deadline = time.monotonic() + WAIT_S
+        while not {f"late {n}" for n in range(MESSAGES)} <= set(payloads(cluster, BANNED, later)):
+            assert time.monotonic() < deadline, "the late member did not get its events"
+            time.sleep(0.2)
+        held = payloads(cluster, BANNED, later)
+        assert not [p for p in held if p.startswith("early")], held
+        status = cluster.topic_status(BANNED, later)
+        assert status["withheld"] >= MESSAGES  # it holds the early vertices, not their payloads

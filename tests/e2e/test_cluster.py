@@ -19,13 +19,15 @@ FAST_ANTI_ENTROPY = "anti_entropy_interval_ms = 500\nanti_entropy_jitter_ms = 10
 
 
 def subscribe_all(cluster: LocalCluster, index: int, topic: str, count: int) -> list[dict]:
-    result = cluster.cli_raw(index, "subscribe", topic, "--count", str(count), timeout_s=60)
+    result = cluster.cli_raw(index, "subscribe", topic, "--kinds", "message,state,ack",
+                              "--count", str(count), timeout_s=60)
     assert result.returncode == 0, result.stderr
     return [json.loads(line) for line in result.stdout.splitlines()]
 
 
 def subscribe_all_order(cluster: LocalCluster, index: int, topic: str, count: int) -> list[str]:
-    result = cluster.cli_raw(index, "subscribe", topic, "--order", "confirmed", "--count",
+    result = cluster.cli_raw(index, "subscribe", topic, "--kinds", "message,state,ack",
+                             "--order", "confirmed", "--count",
                              str(count), timeout_s=60)
     assert result.returncode == 0, result.stderr
     return [json.loads(line)["id"] for line in result.stdout.splitlines()]
@@ -138,7 +140,7 @@ def test_cli_misuse_gives_one_clear_line_and_sigterm_stops_the_daemon_cleanly(tm
                               capture_output=True, text=True, timeout=60)
 
     result = run("status")
-    assert result.returncode == 2 and "no megnode daemon is running" in result.stderr
+    assert result.returncode == 3 and "no megnode daemon is running" in result.stderr
     assert "Traceback" not in result.stderr and len(result.stderr.strip().splitlines()) == 1
 
     bad_key_dir = tmp_path / "badkey"
@@ -163,7 +165,7 @@ def test_cli_misuse_gives_one_clear_line_and_sigterm_stops_the_daemon_cleanly(tm
         result = cluster.cli_raw(0, "topic", "join", "xyz")
         assert result.returncode == 2 and "not a topic id" in result.stderr
         result = cluster.cli_raw(0, "publish", "00" * 32, "hello")
-        assert result.returncode == 2 and "not a member" in result.stderr
+        assert result.returncode == 6 and "not replicated here" in result.stderr
         result = cluster.cli_raw(0, "connect", "/ip4/127.0.0.1/tcp/1")
         assert result.returncode == 2 and "p2p" in result.stderr
         # the data dir is locked by the running daemon

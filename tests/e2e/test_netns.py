@@ -89,7 +89,8 @@ def publish(cluster: NetnsCluster, index: int, topic: str, label: str) -> None:
 
 def event_ids(cluster: NetnsCluster, index: int, topic: str) -> set[str]:
     delivered = cluster.topic_status(index, topic)["delivered"]
-    result = cluster.cli_raw(index, "subscribe", topic, "--count", str(delivered), timeout_s=30)
+    result = cluster.cli_raw(index, "subscribe", topic, "--kinds", "message,state,ack",
+                             "--count", str(delivered), timeout_s=30)
     assert result.returncode == 0, result.stderr
     return {json.loads(line)["id"] for line in result.stdout.splitlines()
             if json.loads(line)["kind"] != "ack"}

@@ -45,6 +45,7 @@ def wait_confirmed(cluster: LocalCluster, index: int, topic: str, ids: list[str]
         length = order.get("confirmed_length", 0)
         if length:
             result = cluster.cli_raw(index, "subscribe", topic, "--order", "confirmed",
+                                     "--kinds", "message,state,ack",
                                      "--count", str(length), timeout_s=CLI_TIMEOUT_S)
             assert result.returncode == 0, result.stderr
             confirmed = [json.loads(line)["id"] for line in result.stdout.splitlines()]

@@ -246,7 +246,8 @@ def test_disk_full_is_one_line_reads_still_work_and_sigterm_exits_0(
         assert_one_line(result.returncode, result.stderr, "disk full: no space left on",
                         "the last batch was not stored; reads still work")
         assert cli(data_dir, "status").returncode == 0
-        result = cli(data_dir, "subscribe", topic, "--count", "3")
+        result = cli(data_dir, "subscribe", topic, "--kinds", "message,state,ack",
+                     "--count", "3")
         assert result.returncode == 0 and len(result.stdout.splitlines()) == 3, result.stderr
     finally:
         if process.poll() is None:

@@ -166,7 +166,9 @@ def test_writer_cut_off_in_a_branch_is_rejected_after_the_merge(
         assert replica.counters[f"rejected.{expected_reason}"] == 1
         assert replica.counters["unauthorized"] == 1
         delivered = [e.id for _, e in replica.deliveries(limit=10_000)]
-        assert graph.id("B1") in delivered  # concurrent with the cut: it was allowed
+        # Concurrent with the cut, B1 is authorised (not rejected). Whether it is delivered
+        # depends on arrival: applied after the cut, soft fail holds it back (docs/state.md).
+        assert (graph.id("B1") in delivered) != replica.is_soft_failed(graph.id("B1"))
         # The rejected event never becomes a vertex, and neither does its child: the
         # graph remembers both refusals (docs/state.md, "Rejected events").
         for name in ("B2", "A3"):
@@ -176,7 +178,7 @@ def test_writer_cut_off_in_a_branch_is_rejected_after_the_merge(
         assert graph.id("B2") not in replica.graph.extremities()
         everything = [e.id for _, e in replica.deliveries(limit=10_000, include_rejected=True)]
         assert everything == [e.id for _, e in replica.graph.deliveries(limit=10_000)]
-        assert everything == delivered
+        assert set(everything) - set(delivered) <= {graph.id("B1")}  # soft fail, no more
 
 
 def test_unauthorized_events_are_reported_by_receive(topic_builder: BuildTopic) -> None:

@@ -49,6 +49,156 @@ def test_a_truncated_data_file_is_refused_before_it_is_mapped(cut: str, tmp_path
         LmdbStore(tmp_path / "store")
 
 
+BIG_VALUE_BYTES = 100_000  # an overflow run of 25 pages
+
+
+def short_store(path: Path) -> tuple[Path, int]:
+    """A healthy store whose file ends before its last page, made by LMDB itself.
+
+    The last commit reads the free list (so LMDB holds it in memory), stores
+    a big value that stays (an overflow run at the end of the file, since the
+    free list holds no run that long), then a second big value and deletes it
+    again: LMDB hands that second run back to the free list unwritten, but the
+    meta's last page already counts it. Returns the file and the bytes up to
+    that last page.
+    """
+    import lmdb
+
+    data = filled_store(path)
+    env = lmdb.open(str(path), max_dbs=len(TABLES))
+    events = env.open_db(TABLE_EVENTS.encode())
+    with env.begin(write=True) as txn:  # copies pages: the free list is not empty
+        txn.put(b"0000-0000", b"rewritten", db=events)
+    with env.begin(write=True) as txn:
+        txn.put(b"0000-0001", b"rewritten", db=events)  # takes a page from the free list
+        txn.put(b"kept", os.urandom(BIG_VALUE_BYTES), db=events)
+        txn.put(b"transient", os.urandom(BIG_VALUE_BYTES), db=events)
+        txn.delete(b"transient", db=events)
+    last_page = env.info()["last_pgno"]
+    env.close()
+    return data, (last_page + 1) * env_page_size(path)
+
+
+def env_page_size(path: Path) -> int:
+    import lmdb
+
+    env = lmdb.open(str(path), max_dbs=len(TABLES), readonly=True, lock=False)
+    try:
+        return int(env.stat()["psize"])
+    finally:
+        env.close()
+
+
+def lmdb_last_page(path: Path) -> int:
+    import lmdb
+
+    env = lmdb.open(str(path), max_dbs=8, readonly=True, lock=False)
+    try:
+        return int(env.info()["last_pgno"])
+    finally:
+        env.close()
+
+
+def test_a_store_short_by_free_pages_opens_and_reads_back_everything(tmp_path: Path) -> None:
+    data, needed = short_store(tmp_path / "store")
+    assert data.stat().st_size < needed  # the case: pages counted but never written
+    with LmdbStore(tmp_path / "store") as store:
+        assert store.get(TABLE_EVENTS, b"0000-0000") == b"rewritten"
+        assert store.get(TABLE_EVENTS, b"transient") is None
+        assert len(store.get(TABLE_EVENTS, b"kept") or b"") == BIG_VALUE_BYTES
+        for batch in range(BATCHES):
+            for i in range(ENTRIES_PER_BATCH):
+                assert store.get(TABLE_EVENTS, f"{batch:04}-{i:04}".encode()) is not None
+        store.apply_writes({TABLE_EVENTS: {b"after": os.urandom(BIG_VALUE_BYTES)}})
+    assert data.stat().st_size >= needed  # extended over the free pages: the quick path
+    with LmdbStore(tmp_path / "store") as store:
+        assert store.get(TABLE_EVENTS, b"after") is not None
+
+
+@pytest.mark.parametrize("cut_pages", [1, 3, 12])
+def test_a_short_store_cut_inside_a_referenced_overflow_run_is_refused(
+        cut_pages: int, tmp_path: Path) -> None:
+    """The walk follows F_BIGDATA runs: the kept run ends the written file, so any
+    cut takes pages of it."""
+    data, _ = short_store(tmp_path / "store")
+    page_size = env_page_size(tmp_path / "store")
+    size = data.stat().st_size - cut_pages * page_size
+    os.truncate(data, size)
+    with pytest.raises(StoreCorruptError,
+                       match=f"{data}.*truncated.*references page {size // page_size},"):
+        LmdbStore(tmp_path / "store")
+
+
+# Every kind of page reference the walk follows: branch pages, overflow runs
+# (F_BIGDATA), named DBs and DUPSORT sub-trees (F_SUBDATA), DUPFIXED leaves.
+SWEEP_DBS = {b"plain": {}, b"dups": {"dupsort": True},
+             b"fixed": {"dupsort": True, "dupfixed": True}}
+SWEEP_ENTRIES = 100  # per table and round: a few branch levels, ~100 pages in all
+SWEEP_READER = """
+import sys, lmdb
+env = lmdb.open(sys.argv[1], readonly=True, lock=False, max_dbs=8)
+with env.begin() as txn:
+    for name, flags in {dbs!r}.items():
+        db = env.open_db(name, txn=txn, **flags)
+        for key, value in txn.cursor(db=db):
+            sum(value)
+print("read")
+"""
+
+
+def sweep_store(path: Path) -> None:
+    import lmdb
+
+    env = lmdb.open(str(path), max_dbs=8, map_size=1 << 26)
+    dbs = {name: env.open_db(name, **flags) for name, flags in SWEEP_DBS.items()}
+    for round in range(4):
+        with env.begin(write=True) as txn:
+            for i in range(SWEEP_ENTRIES):
+                txn.put(b"%03d-%d" % (i, round), os.urandom(300), db=dbs[b"plain"])
+                txn.put(b"%02d" % (i % 2), b"%04d" % (round * 1000 + i), db=dbs[b"dups"])
+                txn.put(b"f", (round * 1000 + i).to_bytes(8, "big"),
+                        db=dbs[b"fixed"])
+            txn.put(b"big-%d" % round, os.urandom(BIG_VALUE_BYTES), db=dbs[b"plain"])
+    with env.begin(write=True) as txn:  # leaves an unwritten run past the end (short_store)
+        txn.put(b"000-0", b"rewritten", db=dbs[b"plain"])
+        txn.put(b"transient", os.urandom(BIG_VALUE_BYTES), db=dbs[b"plain"])
+        txn.delete(b"transient", db=dbs[b"plain"])
+    env.close()
+
+
+def test_every_cut_the_check_lets_through_reads_back_in_full(tmp_path: Path) -> None:
+    """Soundness against LMDB itself: a cut store the check passes is read whole
+    (every table, every value) by a child process, which a missing page would
+    kill with SIGBUS; and the uncut short store passes."""
+    import shutil
+    import subprocess
+    import sys
+
+    store = tmp_path / "store"
+    sweep_store(store)
+    original = tmp_path / "original.mdb"
+    shutil.copy(store / DATA_FILE_NAME, original)
+    page_size = env_page_size(store)
+    pages = original.stat().st_size // page_size
+    last_page = lmdb_last_page(store)
+    assert pages <= last_page  # short: the run of the last commit was never written
+    passed = []
+    for cut in range(pages, 1, -1):
+        os.truncate(store / DATA_FILE_NAME, cut * page_size)  # only ever shorter...
+        try:
+            check_data_file(store)
+        except StoreCorruptError as refused:
+            assert "truncated" in str(refused) or "damaged" in str(refused)
+            continue
+        passed.append(cut)
+        shutil.copy(original, store / DATA_FILE_NAME)  # ...but a pass extends it
+        child = subprocess.run(
+            [sys.executable, "-c", SWEEP_READER.format(dbs=SWEEP_DBS), str(store)],
+            capture_output=True, text=True, timeout=60)
+        assert (child.returncode, child.stdout) == (0, "read\n"), (cut, child.stderr)
+    assert passed and passed[0] == pages
+
+
 def test_zeroed_meta_pages_are_refused(tmp_path: Path) -> None:
     data = filled_store(tmp_path / "store")
     with open(data, "r+b") as handle:

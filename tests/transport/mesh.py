@@ -15,7 +15,8 @@ from dataclasses import dataclass, field, replace
 
 from node.core.parents import DepletionPolicy
 from node.replica.replica import Replica, ReplicaConfig
-from node.state.types import RULE_INVITE
+from node.core.event import decode_event
+from node.state.types import HISTORY_SHARED, RULE_INVITE
 from storage.memory import MemoryStore
 from tests.transport.pair import PAIR_NOW_MS, identity
 from transport.dissemination import Disseminator
@@ -35,6 +36,7 @@ class Received:
 
     kinds: Counter[str] = field(default_factory=Counter)
     events: set[bytes] = field(default_factory=set)  # ids of event bytes received
+    payloads: set[bytes] = field(default_factory=set)  # ... of those that came with payload
     ids: set[bytes] = field(default_factory=set)  # event ids named (heads, wants, parents...)
 
     def note(self, data: bytes, topic: bytes) -> None:
@@ -44,6 +46,10 @@ class Received:
         self.kinds[type(message).__name__] += 1
         events, ids = exposed(message)
         self.events |= events
+        for raw in getattr(message, "events", ()):
+            event = decode_event(raw)
+            if not event.withheld:
+                self.payloads.add(event.id)
         self.ids |= ids
 
 
@@ -51,12 +57,13 @@ class Mesh:
     """`creator` made an invite topic; every other name starts with an empty replica."""
 
     def __init__(self, names: list[str], creator: str = "a", seed: int = 1,
-                 config: DisseminationConfig = CONFIG, join_rule: str = RULE_INVITE) -> None:
+                 config: DisseminationConfig = CONFIG, join_rule: str = RULE_INVITE,
+                 history: str = HISTORY_SHARED) -> None:
         self.rng = random.Random(seed)
         self.now_ms = PAIR_NOW_MS
         owner = Replica.create_topic(MemoryStore(), identity(creator), self.now_ms,
                                      name="mesh", config=REPLICA_CONFIG, authorization=True,
-                                     join_rule=join_rule, members_write=True)
+                                     join_rule=join_rule, members_write=True, history=history)
         self.topic = owner.topic_id
         self.ids = {name: identity(name).public_key.hex() for name in names}
         self.names = {peer: name for name, peer in self.ids.items()}

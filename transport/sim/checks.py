@@ -25,7 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from node.core.event import event_id_of
+from node.core.event import EventFormatError, decode_event, event_id_of
 from node.replica.ordering import KIND_ACK
 from transport.messages import (
     Events,
@@ -123,6 +123,7 @@ class World(Protocol):
     nodes: list[SimNode]
     members: list[SimNode]  # the nodes of the topic (all but outsiders)
     exposure: dict[int, Exposure]  # node index of each outsider -> what it was sent
+    late_payloads: dict[int, set[bytes]]  # node index of each late member -> full payloads sent
     adversary: Adversary | None
     banned: BannedWriter | None
     authorization: bool
@@ -170,6 +171,52 @@ def order_settled(nodes: list[SimNode]) -> bool:
     graph = nodes[0].replica.graph
     return all(graph.get(i).kind == KIND_ACK
                for i in orders[0].tentative[len(confirmed):])  # type: ignore[union-attr]
+
+
+def payloads_carried(data: bytes, topic: bytes) -> set[bytes]:
+    """Ids of the events a frame of `topic` carries with their payload (not withheld)."""
+    try:
+        message = decode(data)
+    except MessageError:
+        return set()
+    if message.topic != topic or not isinstance(message, (Push, Reply, Events)):
+        return set()
+    out = set()
+    for raw in message.events:
+        try:
+            event = decode_event(raw)
+        except EventFormatError:
+            continue
+        if not event.withheld:
+            out.add(event.id)
+    return out
+
+
+def history_problems(cluster: World) -> list[str]:
+    """Late members of a private topic (`Scenario.late`): each was sent no payload it may not
+    read by the topic's history setting, and holds every payload it may read in full.
+
+    "May read" is the creator's judgement (`Replica.may_read_payload`): it depends only on
+    the state before each event, which every node resolves alike.
+    """
+    problems: list[str] = []
+    creator = cluster.nodes[0].replica
+    for index, sent in sorted(cluster.late_payloads.items()):
+        node = cluster.nodes[index]
+        key = node.identity.public_key
+        leaked = [i for i in sent if (e := creator.graph.get(i)) is not None
+                  and not creator.may_read_payload(key, e)]
+        if leaked:
+            problems.append(f"late member {index} was sent {len(leaked)} payloads from before "
+                            "its join")
+        graph = node.replica.graph
+        short = [e.id for _, e in graph.deliveries(0, graph.delivered_count)
+                 if e.withheld and (full := creator.graph.get(e.id)) is not None
+                 and creator.may_read_payload(key, full)]
+        if short:
+            problems.append(f"late member {index} holds {len(short)} events it may read "
+                            "without their payload")
+    return problems
 
 
 def banned_writer_problems(cluster: World) -> list[str]:
@@ -221,6 +268,7 @@ def check(cluster: World, converged: bool = True) -> None:
         if len(confirmed) != 1:
             problems.append(f"{len(confirmed)} different confirmed orders after healing")
     problems += banned_writer_problems(cluster)
+    problems += history_problems(cluster)
     adversary = cluster.adversary
     if adversary is not None:
         banned_by = {node for node, peer in cluster.bans if peer == adversary.node_id}

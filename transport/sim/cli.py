@@ -19,35 +19,46 @@ from transport.sim.scenario import PROGRAM, Scenario
 from transport.sim.world import run_scenario
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog=PROGRAM,
-                                description="Replay a deterministic megnode simulation.")
+def build_parser(prog: str = PROGRAM) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog=prog, description="Replay a deterministic megnode simulation.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        epilog=f"example: {prog} --seed 1 --nodes 50 --loss 0.1 --partition-at 1000 "
+               "--heal-at 4000")
     d = Scenario(seed=0)
-    p.add_argument("--seed", type=int, required=True)
-    p.add_argument("--nodes", type=int, default=d.nodes)
-    p.add_argument("--loss", type=float, default=d.loss)
-    p.add_argument("--duplicate", type=float, default=d.duplicate)
-    p.add_argument("--reorder", type=float, default=d.reorder)
-    p.add_argument("--latency", type=int, nargs=2, default=list(d.latency_ms), metavar=("LO", "HI"))
-    p.add_argument("--neighbours", type=int, default=d.neighbours)
-    p.add_argument("--rounds", type=int, default=d.rounds)
-    p.add_argument("--writers", type=int, default=d.writers)
-    p.add_argument("--round-ms", type=int, default=d.round_ms)
-    p.add_argument("--partition-at", type=int, default=None)
-    p.add_argument("--heal-at", type=int, default=None)
-    p.add_argument("--groups", type=int, default=d.groups)
+    p.add_argument("--seed", type=int, required=True, help="the run's seed (replays it exactly)")
+    p.add_argument("--nodes", type=int, default=d.nodes, help="replicas in the world")
+    p.add_argument("--loss", type=float, default=d.loss, help="probability a message is lost")
+    p.add_argument("--duplicate", type=float, default=d.duplicate,
+                   help="probability a message is delivered twice")
+    p.add_argument("--reorder", type=float, default=d.reorder,
+                   help="probability a message is delayed past later ones")
+    p.add_argument("--latency", type=int, nargs=2, default=list(d.latency_ms), metavar=("LO", "HI"),
+                   help="link latency range in virtual ms")
+    p.add_argument("--neighbours", type=int, default=d.neighbours, help="peers per node")
+    p.add_argument("--rounds", type=int, default=d.rounds, help="publishing rounds")
+    p.add_argument("--writers", type=int, default=d.writers, help="nodes publishing each round")
+    p.add_argument("--round-ms", type=int, default=d.round_ms, help="virtual ms between rounds")
+    p.add_argument("--partition-at", type=int, default=None,
+                   help="virtual ms at which the network splits (with --heal-at)")
+    p.add_argument("--heal-at", type=int, default=None, help="virtual ms at which it heals")
+    p.add_argument("--groups", type=int, default=d.groups, help="sides of the partition")
     p.add_argument("--fanout", type=int, default=d.fanout, help="an author's push fanout")
     p.add_argument("--forward-fanout", type=int, default=d.forward_fanout,
                    help="a relay's fanout for an event first received by push")
-    p.add_argument("--sync-interval", type=int, default=d.sync_interval_ms)
-    p.add_argument("--d-max", type=int, default=d.d_max)
-    p.add_argument("--liveness-bound", type=int, default=d.liveness_bound_ms)
-    p.add_argument("--no-push", action="store_true")
-    p.add_argument("--no-peer-state", action="store_true")
-    p.add_argument("--no-depletion", action="store_true")
+    p.add_argument("--sync-interval", type=int, default=d.sync_interval_ms,
+                   help="anti-entropy interval in virtual ms")
+    p.add_argument("--d-max", type=int, default=d.d_max, help="parents per event")
+    p.add_argument("--liveness-bound", type=int, default=d.liveness_bound_ms,
+                   help="virtual ms after healing within which every node must hold everything")
+    p.add_argument("--no-push", action="store_true", help="no push fast path: anti-entropy only")
+    p.add_argument("--no-peer-state", action="store_true",
+                   help="no per-peer state in anti-entropy")
+    p.add_argument("--no-depletion", action="store_true", help="no depletion dummies")
     p.add_argument("--clean-liveness", action="store_true",
                    help="no loss/duplication/reordering after healing")
-    p.add_argument("--indexers", type=int, default=d.indexers)
+    p.add_argument("--indexers", type=int, default=d.indexers,
+                   help="nodes that acknowledge for the total order")
     p.add_argument("--crashes", type=int, default=d.crashes,
                    help="nodes that crash once in the fault phase and restart from their store")
     p.add_argument("--adversary", action="store_true",
@@ -56,6 +67,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a private topic: invitees join by the join handshake")
     p.add_argument("--outsiders", type=int, default=d.outsiders,
                    help="non-member nodes that know the topic id and keep asking")
+    p.add_argument("--history", choices=("shared", "joined"), default=d.history,
+                   help="the private topic's history setting (with --invite)")
+    p.add_argument("--late", type=int, default=d.late,
+                   help="members (the last ones) invited only half-way through the rounds")
     p.add_argument("--banned-writer", action="store_true",
                    help="the last member is banned and keeps writing on pre-ban parents")
     p.add_argument("--no-authorization", action="store_true",
@@ -80,7 +95,7 @@ def scenario_from_args(ns: argparse.Namespace) -> Scenario:
         depletion=not ns.no_depletion, lossy_liveness=not ns.clean_liveness,
         liveness_bound_ms=ns.liveness_bound, authorization=not ns.no_authorization,
         indexers=ns.indexers, adversary=ns.adversary, crashes=ns.crashes, invite=ns.invite,
-        outsiders=ns.outsiders, banned_writer=ns.banned_writer)
+        outsiders=ns.outsiders, banned_writer=ns.banned_writer, history=ns.history, late=ns.late)
 
 
 def sweep(scenario: Scenario, count: int) -> int:
@@ -106,8 +121,8 @@ def sweep(scenario: Scenario, count: int) -> int:
     return 1 if failed else 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    ns = build_parser().parse_args(argv)
+def main(argv: list[str] | None = None, prog: str = PROGRAM) -> int:
+    ns = build_parser(prog).parse_args(argv)
     scenario = scenario_from_args(ns)
     if ns.sweep is not None:
         return sweep(scenario, ns.sweep)

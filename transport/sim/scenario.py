@@ -63,6 +63,11 @@ class Scenario:
     # Issue 16: the last member is banned a third of the way through the write
     # rounds and keeps writing on pre-ban parents (adversary.BannedWriter).
     banned_writer: bool = False
+    # Issue 15's history setting of the private topic, and `late` members (the last
+    # ones) invited only half-way through the write rounds: with `joined` they must
+    # be sent no payload from before their join, and must hold every later one.
+    history: str = "shared"
+    late: int = 0
 
     def argv(self) -> list[str]:
         args = ["--seed", str(self.seed), "--nodes", str(self.nodes), "--loss", str(self.loss),
@@ -77,6 +82,10 @@ class Scenario:
                 "--indexers", str(self.indexers), "--crashes", str(self.crashes)]
         if self.outsiders:
             args += ["--outsiders", str(self.outsiders)]
+        if self.history != "shared":
+            args += ["--history", self.history]
+        if self.late:
+            args += ["--late", str(self.late)]
         if self.partition_at_ms is not None and self.heal_at_ms is not None:
             args += ["--partition-at", str(self.partition_at_ms), "--heal-at", str(self.heal_at_ms)]
         for flag, on in (("--no-push", not self.push), ("--no-peer-state", not self.peer_state),

@@ -45,7 +45,14 @@ from node.replica.ordering import OrderConfig
 from node.replica.replica import Replica, ReplicaConfig
 from node.state.actions import power_levels_content
 from node.state.power_levels import CREATOR_LEVEL
-from node.state.types import RULE_INVITE, RULE_PUBLIC, TYPE_POWER_LEVELS, Membership, user_id
+from node.state.types import (
+    HISTORY_SHARED,
+    RULE_INVITE,
+    RULE_PUBLIC,
+    TYPE_POWER_LEVELS,
+    Membership,
+    user_id,
+)
 from node.state.view import StateView
 from storage.memory import MemoryStore
 from transport.dissemination import Disseminator
@@ -87,11 +94,16 @@ class Cluster:
                  scenario: Scenario | None = None, authorization: bool = False,
                  indexers: int = DEFAULT_INDEXERS, adversary: bool = False,
                  invite: bool = False, outsiders: int = 0,
-                 banned_writer: int | None = None) -> None:
+                 banned_writer: int | None = None, history: str = HISTORY_SHARED,
+                 late: int = 0, late_round: int = 1) -> None:
         if not 2 <= n <= MAX_NODES or not 0 <= outsiders <= MAX_NODES - n:
             raise ValueError(f"n must be in [2, {MAX_NODES}], outsiders in [0, {MAX_NODES} - n]")
         if (invite or outsiders) and not authorization:
             raise ValueError("a private topic (invite, outsiders) needs authorization")
+        if (late or history != HISTORY_SHARED) and not invite:
+            raise ValueError("late members and a history setting need an invite topic")
+        if not 0 <= late < n - 1:
+            raise ValueError("late members must be fewer than the members but the creator")
         if banned_writer is not None and (not authorization or n < 2
                                           or n - 1 < min(indexers, n)):
             raise ValueError("a banned writer needs authorization and a non-indexer member")
@@ -131,8 +143,8 @@ class Cluster:
         creator = Replica.create_topic(
             creator_store, identities[0], now_ms=0, name="sim", d_max=d_max,
             config=self.replica_config, authorization=authorization,
-            **({"join_rule": RULE_INVITE if invite else RULE_PUBLIC, "members_write": True}
-               if authorization else {}))
+            **({"join_rule": RULE_INVITE if invite else RULE_PUBLIC, "members_write": True,
+                "history": history} if authorization else {}))
         self.topic = creator.topic_id
         if authorization:
             self.indexer_keys = frozenset(i.public_key for i in identities[:max(1, indexers)])
@@ -140,8 +152,8 @@ class Cluster:
             for key in sorted(self.indexer_keys):
                 content["users"][user_id(key)] = CREATOR_LEVEL
             creator.set_state(TYPE_POWER_LEVELS, "", content, 0, self.rng)
-            if invite:  # the members; outsiders are never invited
-                for ident in identities[1:n]:
+            if invite:  # the members but the late ones; outsiders are never invited
+                for ident in identities[1:n - late]:
                     creator.invite(ident.public_key, 0, self.rng)
             creator.commit()
         else:
@@ -170,6 +182,9 @@ class Cluster:
                                       self._open_log(log_dir, node_id), store,
                                       PeerPolicy(self.rng), member=i < n))
         self.members = self.nodes[:n]
+        # Late members: invited at write round `late_round`; the full payloads each is sent.
+        self.late_round = late_round
+        self.late_payloads: dict[int, set[bytes]] = {i: set() for i in range(n - late, n)}
         self.exposure = {i: checks.Exposure() for i in range(n, total)}
         self._index = {node.node_id: node.index for node in self.nodes}
         # Members first on the ring: they stay connected among themselves through
@@ -197,7 +212,8 @@ class Cluster:
                       depletion=s.depletion, log_dir=log_dir, scenario=s,
                       authorization=s.authorization, indexers=s.indexers, adversary=s.adversary,
                       invite=s.invite, outsiders=s.outsiders,
-                      banned_writer=max(1, s.rounds // 3) if s.banned_writer else None)
+                      banned_writer=max(1, s.rounds // 3) if s.banned_writer else None,
+                      history=s.history, late=s.late, late_round=max(1, s.rounds // 2))
         if s.partition_at_ms is not None and s.heal_at_ms is not None:
             groups = [set(range(g, s.nodes, s.groups)) for g in range(s.groups)]
             cluster.partition(groups, s.partition_at_ms, s.heal_at_ms)
@@ -321,6 +337,8 @@ class Cluster:
         node = self.nodes[dst]
         if not node.member and src < len(self.nodes) and self.nodes[src].member:
             self.exposure[dst].note(data, self.topic)  # what members leak (outsiders' junk aside)
+        elif dst in self.late_payloads:
+            self.late_payloads[dst] |= checks.payloads_carried(data, self.topic)
         sender = self._peer(src).node_id
         now = self.now_ms
         if not node.alive or (node.policy is not None and node.policy.is_banned(sender, now)):
@@ -375,6 +393,13 @@ class Cluster:
         banned = self.banned
         if banned is not None and round_ == banned.ban_round:
             self._ban(banned)
+        if self.late_payloads and round_ == self.late_round:
+            creator = self.nodes[0]
+            for index in sorted(self.late_payloads):
+                event, _ = creator.replica.invite(self.nodes[index].identity.public_key,
+                                                  self.now_ms, self.rng)
+                self.created.append(event.id)
+                self._apply(creator, creator.engine.on_publish(self.topic, event, self.now_ms))
         for index in sorted(self.rng.sample(range(len(self.members)), writers)):
             node = self.nodes[index]
             if not node.alive:
