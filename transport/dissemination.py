@@ -87,7 +87,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from node.core.event import Event, event_id_of
+from node.core.event import Event, event_id_of, is_withheld_form
 from node.logschema import GOSSIP, SCHEMA_VERSION
 from node.replica.replica import Replica
 from transport.anti_entropy import AntiEntropy
@@ -123,6 +123,13 @@ _STAT_KEYS = {kind: (f"messages_sent_{kind.__name__.lower()}", f"bytes_sent_{kin
 _GUARDED = frozenset({Push, Offer, Reply, Want, Events})
 _CARRIES_EVENTS = frozenset({Push, Reply, Events})  # what history_access may thin out
 NOT_MEMBER = "not_member"  # the log reason of a message dropped by the read filter
+
+
+def _without_withheld(raws: Sequence[bytes]) -> tuple[bytes, ...] | None:
+    """`raws` less any withheld form, or None if there is none (the common case)."""
+    if not any(map(is_withheld_form, raws)):
+        return None
+    return tuple(raw for raw in raws if not is_withheld_form(raw))
 
 
 def key_of_hex_peer(peer: PeerId) -> bytes | None:
@@ -528,10 +535,15 @@ class Disseminator(Intake, AntiEntropy, JoinHandshake):
                 if not self._may_serve(peer, replica):
                     self.stats["not_member_withheld"] += 1
                     return None
-                if type(message) in _CARRIES_EVENTS and replica.limits_history():
+                if type(message) in _CARRIES_EVENTS:
                     # History this reader may not read goes in its withheld form
-                    # (node.replica.history_access); one check per event.
-                    served = replica.served_to(self._key(peer), message.events)
+                    # (node.replica.history_access); one check per event. A node that
+                    # cannot judge (no history in its state yet) passes no withheld form
+                    # on: the peer might be one who may read the payload.
+                    if replica.limits_history():
+                        served = replica.served_to(self._key(peer), message.events)
+                    else:
+                        served = _without_withheld(message.events)
                     if served is not None:
                         self.stats["history_withheld"] += 1
                         if not served and type(message) is Push:

@@ -204,6 +204,19 @@ def _withheld_form(raw: bytes, payload_length: int, digest: bytes) -> bytes:
     return raw[:start] + _WITHHELD_HEADER + digest + raw[-_SIGNATURE_TAIL:]
 
 
+def is_withheld_form(raw: bytes) -> bool:
+    """Does `raw` encode an event in its withheld form? (A cheap test first: the ext
+    header where the digest would start; a decode confirms, so a payload that happens
+    to hold those bytes there is not mistaken for one.)"""
+    at = len(raw) - _SIGNATURE_TAIL - _WITHHELD_TAIL
+    if at <= 0 or raw[at:at + len(_WITHHELD_HEADER)] != _WITHHELD_HEADER:
+        return False
+    try:
+        return decode_event(raw).withheld
+    except EventFormatError:
+        return False
+
+
 def full_event_id(raw: bytes, payload_length: int, digest: bytes) -> bytes:
     """BLAKE2b-256 of the withheld form of a full encoding (`_withheld_form`, inline)."""
     return _blake2b(raw[:_payload_start(raw, payload_length)] + _WITHHELD_HEADER + digest

@@ -51,6 +51,9 @@ class RejectReason(StrEnum):
     ID_MISMATCH = "id_mismatch"
     WRONG_TOPIC = "wrong_topic"  # also the graph's, for an event of another topic
     TIMESTAMP_IN_FUTURE = "timestamp_in_future"
+    # The replica's history rule (`node.replica.history_access`): the payload of a
+    # withheld form is one this node may read, so it waits for the full event.
+    WITHHELD_READABLE = "withheld_readable"
     # The graph, when it applies or buffers the event (`node.core.graph`).
     PARENTS_NOT_ANTICHAIN = "parents_not_antichain"  # `node.core.antichain`
     PARENT_REJECTED = "parent_rejected"  # built on an event rejected there

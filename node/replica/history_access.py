@@ -49,6 +49,7 @@ from node.state.view import StateView
 
 if TYPE_CHECKING:
     from node.core.graph import Graph
+    from node.core.identity import Identity
     from node.state.tracker import StateTracker
 
 HISTORY_READERS_CACHE_SIZE = 256  # state groups whose `joined` readers are kept
@@ -61,6 +62,7 @@ class HistoryAccess:
 
     if TYPE_CHECKING:
         graph: Graph
+        identity: Identity
         _access_epochs: tuple[int, int]
         _history_epoch: tuple[int, bool] | None
         _history_readers_cache: OrderedDict[int, frozenset[bytes] | None]
@@ -96,6 +98,17 @@ class HistoryAccess:
             return False
         readers = self._history_readers(event)
         return readers is _EVERYONE or key in readers
+
+    def takes_withheld(self, event: Event) -> bool:
+        """Do we keep the withheld form `event` from a peer? Only if this topic limits
+        history and we may not read the payload ourselves, so that no peer can hold back
+        content we may read (in an open topic, say) by sending its withheld form first.
+        With part of its past missing we cannot judge yet: it is kept (and buffered)."""
+        if not self.limits_history():
+            return False
+        if not all(map(self.graph.has, event.parents)):
+            return True
+        return not self.may_read_payload(self.identity.public_key, event)
 
     def served_to(self, key: bytes | None,
                   raws: Sequence[bytes]) -> tuple[bytes, ...] | None:

@@ -75,7 +75,7 @@ from collections import Counter, OrderedDict
 from collections.abc import Mapping
 
 from node.core.add_result import AddResult
-from node.core.outcomes import AddStatus
+from node.core.outcomes import AddStatus, RejectReason
 from node.core.event import KIND_CREATE, Event, pack_payload
 from node.core.graph import Graph
 from node.core.identity import Identity, sign_event
@@ -389,6 +389,10 @@ class Replica(StateOperations, Authoring, ReadAccess, HistoryAccess, Joining):
         if isinstance(verdict, Rejected):
             self.counters[f"rejected.{verdict.reason}"] += 1
             return Received(AddStatus.REJECTED, None, reason=verdict.reason)
+        if verdict.withheld and not self.takes_withheld(verdict):
+            # Not remembered as rejected: the full event, same id, is welcome.
+            self.counters[f"rejected.{RejectReason.WITHHELD_READABLE}"] += 1
+            return Received(AddStatus.REJECTED, verdict.id, reason=RejectReason.WITHHELD_READABLE)
         received = self._outcome(self.graph.add(verdict))
         if received.applied and self._authorizing and self.config.soft_fail:
             received = self._soft_fail(received)

@@ -120,7 +120,8 @@ def test_only_members_read_an_invite_topic(tmp_path: Path) -> None:
                             "--history", "joined")["topic"]
         publish(cluster, 0, later, "early")
         cluster.cli(0, "topic", "invite", later, node3)
-        assert cluster.cli(BANNED, "topic", "join", later) == {"topic": later, "ready": True}
+        assert cluster.cli(BANNED, "topic", "join", later) == {"topic": later, "ready": True,
+                                                          "membership": "join"}
         publish(cluster, 0, later, "late")
         deadline = time.monotonic() + WAIT_S
         while not {f"late {n}" for n in range(MESSAGES)} <= set(payloads(cluster, BANNED, later)):

@@ -113,3 +113,32 @@ def test_an_unknown_history_setting_is_refused():
     from node.state.types import RULE_PUBLIC
     with pytest.raises(ValueError):
         Mesh(["a"], join_rule=RULE_PUBLIC, history="sometimes")
+
+
+def unsent(mesh: Mesh, name: str, payload: bytes):
+    """An event `name` writes and sends to no one (its parents are everywhere)."""
+    event, _ = mesh.replicas[name].publish(payload, mesh.now_ms, mesh.rng)
+    return event
+
+
+def test_a_withheld_form_of_a_payload_we_may_read_is_refused_then_the_full_event_taken():
+    """No peer can hold back content from a reader by sending the withheld form first."""
+    mesh, _, _ = late_join(HISTORY_JOINED, before=2, after=1)
+    event = unsent(mesh, "a", b"for every member")
+    c = mesh.replicas["c"]  # joined by now: it may read this payload
+    refused = c.receive(event.withheld_form(), mesh.now_ms)
+    assert refused.status is AddStatus.REJECTED and refused.reason == "withheld_readable"
+    assert not c.graph.knows(event.id)  # not remembered as rejected ...
+    assert c.receive(event.raw, mesh.now_ms).status is AddStatus.APPLIED  # ... the full one is
+
+
+def test_an_open_topic_refuses_every_withheld_form():
+    from node.state.types import RULE_PUBLIC
+    mesh = Mesh(["a", "b"], join_rule=RULE_PUBLIC)
+    mesh.connect_all()
+    mesh.publish("a", b"open")
+    event = unsent(mesh, "a", b"open too")
+    outcome = mesh.replicas["b"].receive(event.withheld_form(), mesh.now_ms)
+    assert outcome.reason == "withheld_readable"
+    taken = mesh.replicas["b"].receive(event.raw, mesh.now_ms).status
+    assert taken in (AddStatus.APPLIED, AddStatus.BUFFERED)  # the full event is welcome
