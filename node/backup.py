@@ -28,6 +28,7 @@ import lmdb
 
 from node.core.store import STORE_FORMAT, TABLE_META, TABLES, StoreError
 from storage.lmdb_data_dir import fsync_dir, lock_data_dir, unlock_data_dir
+from storage.lmdb_meta import check_data_file
 from storage.memory import STORE_FORMAT_KEY, encode_store_format
 
 DATA_FILE = "data.mdb"  # LMDB's data file; a backup directory holds just this
@@ -80,6 +81,11 @@ def backup_offline(store_dir: Path, out: Path) -> dict[str, object]:
 
 
 def _open_read_only(path: Path) -> lmdb.Environment:
+    try:
+        # A truncated file would make LMDB's first read past its end a SIGBUS.
+        check_data_file(path, extend=False)
+    except StoreError as exc:
+        raise BackupError(str(exc)) from None
     try:
         # lock=False: the caller holds the data dir's flock (or owns the copy).
         return lmdb.open(str(path), readonly=True, lock=False, subdir=True, max_dbs=len(TABLES))

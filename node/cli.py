@@ -62,7 +62,7 @@ from node.cli_surface import (  # the user surface: errors, exit statuses, publi
     TOPIC_VIEW_COMMANDS, UserError, _control, _data_dir, _positive_seconds, _print_json,
     add_publish_arguments, add_subscribe_arguments, add_topic_view_parsers, cmd_topic_view,
     finish_help, publish_command, subscribe_command)
-from node.config import FAST_PATHS, ConfigError, load_config
+from node.config import FAST_PATHS, RUN_DEFAULTS, ConfigError, load_config
 from node.control_client import CONTROL_SOCKET
 from node.daemon_log import LogFileError, setup_daemon_log
 from node.sd_notify import Notice, notify
@@ -105,7 +105,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     # its user only, whatever umask it was started with (docs/store.md).
     os.umask(DAEMON_UMASK)
     try:
-        config = load_config(args.config).with_overrides(
+        config = load_config(args.config, RUN_DEFAULTS).with_overrides(
             listen=args.listen or None, bootstrap=args.bootstrap or None,
             fast_path=args.fast_path, log_dir=args.log_dir)
     except ConfigError as exc:
@@ -231,6 +231,12 @@ def cmd_status(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_peers(args: argparse.Namespace) -> int:
+    reply = _control(args, {"op": "peers"})
+    print(json.dumps(reply["peers"], indent=2))
+    return EXIT_OK
+
+
 def cmd_connect(args: argparse.Namespace) -> int:
     reply = _control(args, {"op": "connect", "address": args.address})
     _print_json({"peer": reply["peer"]})
@@ -338,7 +344,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = with_data_dir(commands.add_parser("run", help="run the daemon"))
     p.add_argument("--config", help="a TOML config file (see deploy/examples/node.toml)")
-    p.add_argument("--listen", action="append", help="multiaddr to listen on (repeatable)")
+    p.add_argument("--listen", action="append",
+                   help="multiaddr to listen on (repeatable; default /ip4/0.0.0.0/tcp/4001, "
+                        "every interface; /ip4/127.0.0.1/tcp/0 for this machine only)")
     p.add_argument("--bootstrap", action="append", help="peer /p2p/ address to dial (repeatable)")
     p.add_argument("--fast-path", choices=FAST_PATHS, help="how new events spread quickly")
     p.add_argument("--log-dir", help="dissemination log dir, relative to the data dir")
@@ -416,6 +424,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = with_data_dir(commands.add_parser("status", help="the daemon's state as JSON"))
     p.set_defaults(func=cmd_status)
+
+    p = with_data_dir(commands.add_parser(
+        "peers", help="connected and known peers: addresses, topics, last seen, backoff (JSON)"))
+    p.set_defaults(func=cmd_peers)
 
     p = with_data_dir(commands.add_parser("connect", help="dial a peer"))
     p.add_argument("address")

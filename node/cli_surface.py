@@ -440,6 +440,7 @@ EXAMPLES = {
     "megnode relay-publish": f"megnode relay-publish {T} '21.5C' --key device.key "
                              "--relay /ip4/192.0.2.10/tcp/4001/p2p/12D3Koo...",
     "megnode status": "megnode status --data-dir D",
+    "megnode peers": "megnode peers --data-dir D",
     "megnode connect": "megnode connect /ip4/192.0.2.10/tcp/4001/p2p/12D3Koo... --data-dir D",
     "megnode export-logs": "megnode export-logs out/ --data-dir D",
     "megnode check": "megnode check --data-dir D",

@@ -15,6 +15,10 @@ Example (deploy/examples/node.toml)::
     ack_interval_ms = 250     # an indexer's empty acknowledgements, at most one per interval
     log_dir = "logs"
     metrics_port = 0          # 0 = Prometheus exporter off
+    connections_low = 16      # the connection manager's water marks and limits
+    connections_high = 48
+    max_connections = 128
+    max_connections_per_ip = 8
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from typing import Any
 
 from transport.defaults import (
     DEFAULT_LISTEN,
+    DEFAULT_RUN_LISTEN,
     DEFAULT_SYNC_INTERVAL_MS,
     DEFAULT_SYNC_JITTER_MS,
     MISBEHAVIOUR_THRESHOLD,
@@ -40,6 +45,12 @@ DEFAULT_WIDTH_SAMPLE_INTERVAL_MS = 1_000
 DEFAULT_PEER_MISBEHAVIOUR_LIMIT = MISBEHAVIOUR_THRESHOLD  # invalid messages before a disconnect
 DEFAULT_TRANSPORT_TIMEOUT_MS = 10_000  # transport.libp2p_streams / libp2p_patches defaults
 MAX_CONFIG_BYTES = 256 * 1024
+# The connection manager's defaults (node.core.connection_manager's LOW_WATER,
+# HIGH_WATER, MAX_CONNECTIONS, MAX_CONNECTIONS_PER_IP; a test checks they agree).
+DEFAULT_CONNECTIONS_LOW = 16
+DEFAULT_CONNECTIONS_HIGH = 48
+DEFAULT_MAX_CONNECTIONS = 128
+DEFAULT_MAX_CONNECTIONS_PER_IP = 8
 
 
 class FastPath(StrEnum):
@@ -83,6 +94,25 @@ class NodeConfig:
     ack_interval_ms: int | None = None
     log_dir: str | None = "logs"  # relative to the data dir; None = no dissemination log
     metrics_port: int = 0
+    # The connection manager (node.core.connection_manager): below `connections_low` the
+    # node dials more peers from its peer book; above `connections_high` it closes the
+    # least wanted down to `connections_low`; past `max_connections` (node-wide) or
+    # `max_connections_per_ip` (one IP address, loopback exempt) a new connection is closed.
+    # Dial the peers this node met before (its peer book, node.core.peer_book) at start
+    # and whenever it holds fewer than `connections_low` connections. Off: only the
+    # bootstrap list, mDNS and peer exchange bring peers (e.g. to look at a store alone).
+    dial_known_peers: bool = True
+    connections_low: int = DEFAULT_CONNECTIONS_LOW
+    connections_high: int = DEFAULT_CONNECTIONS_HIGH
+    max_connections: int = DEFAULT_MAX_CONNECTIONS
+    max_connections_per_ip: int = DEFAULT_MAX_CONNECTIONS_PER_IP
+
+    def connection_limits(self) -> Any:
+        """The connection manager's limits (node.core.connection_manager.Limits)."""
+        from node.core.connection_manager import Limits
+
+        return Limits(self.connections_low, self.connections_high, self.max_connections,
+                      self.max_connections_per_ip)
 
     def with_overrides(self, **overrides: Any) -> "NodeConfig":
         """A copy with the non-None overrides applied and validated."""
@@ -99,16 +129,23 @@ def _coerce(values: dict[str, Any]) -> dict[str, Any]:
 
 
 def validate(config: NodeConfig) -> NodeConfig:
-    def positive(name: str) -> None:
+    def positive(name: str, unit: str = "milliseconds") -> None:
         value = getattr(config, name)
         if type(value) is not int or value <= 0:
-            raise ConfigError(f"{name} must be a positive integer (milliseconds), got {value!r}")
+            raise ConfigError(f"{name} must be a positive integer ({unit}), got {value!r}")
 
     for name in ("anti_entropy_interval_ms", "commit_interval_ms", "width_sample_interval_ms",
                  "peer_misbehaviour_limit", "transport_timeout_ms"):
         positive(name)
     if config.ack_interval_ms is not None:
         positive("ack_interval_ms")
+    for name in ("connections_high", "max_connections", "max_connections_per_ip"):
+        positive(name, "connections")
+    if type(config.connections_low) is not int or config.connections_low < 0:
+        raise ConfigError("connections_low must be a non-negative integer")
+    if not config.connections_low <= config.connections_high <= config.max_connections:
+        raise ConfigError("connection limits must satisfy connections_low <= connections_high "
+                          "<= max_connections")
     if type(config.anti_entropy_jitter_ms) is not int or config.anti_entropy_jitter_ms < 0:
         raise ConfigError("anti_entropy_jitter_ms must be a non-negative integer")
     for name in ("listen", "bootstrap"):
@@ -128,6 +165,8 @@ def validate(config: NodeConfig) -> NodeConfig:
         raise ConfigError(f"fast_path must be one of {', '.join(FAST_PATHS)}, got {config.fast_path!r}")
     if type(config.mdns) is not bool:
         raise ConfigError("mdns must be true or false")
+    if type(config.dial_known_peers) is not bool:
+        raise ConfigError("dial_known_peers must be true or false")
     if type(config.metrics_port) is not int or not 0 <= config.metrics_port <= 65535:
         raise ConfigError("metrics_port must be a port number (0 turns the exporter off)")
     if config.log_dir is not None and not isinstance(config.log_dir, str):
@@ -151,10 +190,15 @@ def _check_multiaddr(name: str, address: str, peer: bool) -> None:
                           "(`megnode status` on that node prints its full addresses)")
 
 
-def load_config(path: str | Path | None) -> NodeConfig:
-    """Defaults, overridden by the TOML file at `path` if given."""
+# `megnode run`'s defaults: the library's, but listening on every interface on a
+# fixed port (transport.defaults.DEFAULT_RUN_LISTEN), so a device is reachable from the LAN.
+RUN_DEFAULTS = NodeConfig(listen=(DEFAULT_RUN_LISTEN,))
+
+
+def load_config(path: str | Path | None, defaults: NodeConfig = NodeConfig()) -> NodeConfig:
+    """`defaults`, overridden by the TOML file at `path` if given."""
     if path is None:
-        return NodeConfig()
+        return defaults
     path = Path(path)
     try:
         data = path.read_bytes()
@@ -174,6 +218,6 @@ def load_config(path: str | Path | None) -> NodeConfig:
         raise ConfigError(f"config file {path}: unknown setting(s) {', '.join(unknown)}; "
                           f"known: {', '.join(sorted(known))}")
     try:
-        return validate(replace(NodeConfig(), **_coerce(values)))
+        return validate(replace(defaults, **_coerce(values)))
     except TypeError as exc:
         raise ConfigError(f"config file {path}: {exc}") from None

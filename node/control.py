@@ -34,6 +34,7 @@ Requests:
         a subscription that ends on the node's side (topic left, banned) ends
         with one {"ok": false, "code": ..., "error": ...} line)
     {"op": "connect", "address": "/ip4/.../p2p/..."}
+    {"op": "peers"}   (connected and known peers: node.fleet.peers_report)
     {"op": "state", "topic": ...}
     {"op": "set_state", "topic": ..., "type": "app.config", "state_key": "", "content": {...}}
     {"op": "invite" | "add_writer" | "ban", "topic": ..., "member": "<node id hex>"}
@@ -449,6 +450,8 @@ async def _handle(node: Node, request: dict[str, Any], client: _Client) -> None:
         await client.send({"ok": True, "peer": peer})
     elif op in TOPIC_VIEWS:
         await client.send({"ok": True} | TOPIC_VIEWS[op](node, request))
+    elif op == "peers":
+        await client.send({"ok": True, "peers": node.peers_report()})
     else:
         raise NodeError(f"unknown op {op!r}")
 

@@ -6,8 +6,10 @@ effects). This module is its I/O half: it turns libp2p's peer up/down events
 and the transport's misbehaviour reports into policy calls, and carries out
 what comes back — aborting a banned peer's connections, counting, logging,
 scheduling and making redials (transport.libp2p_redial knows the addresses).
-It also tells the dissemination engine which replicas are connected, and
-keeps relayed devices (node.relay) out of all of it: they are not replicas.
+It also tells the dissemination engine which replicas are connected, keeps
+the peer book (node.core.peer_book) up to date with each connection and
+failed redial, and keeps relayed devices (node.relay) out of all of it: they
+are not replicas.
 """
 
 from __future__ import annotations
@@ -17,13 +19,15 @@ from collections.abc import Callable, Sequence
 
 import trio
 
+from node.core.peer_book import PeerBook
+from node.core.peer_exchange import PROTOCOL_PX
 from node.core.peer_policy import Abort, Count, Dial, Note, PeerPolicy, Redial
 from node.peer_ids import node_id_of, now_ms, peer_id_of
 from transport.dissemination import Disseminator
 from transport.libp2p_host import P2PHost
 from transport.libp2p_liveness import PeerEvent
 from transport.libp2p_redial import Redialer
-from transport.libp2p_streams import Misbehaviour
+from transport.libp2p_streams import REQUEST_READ_TIMEOUT, Misbehaviour
 
 logger = logging.getLogger("megnode")
 
@@ -33,8 +37,9 @@ class PeerExecutor:
 
     def __init__(self, policy: PeerPolicy, host: P2PHost, redialer: Redialer,
                  disseminator: Disseminator, nursery: trio.Nursery, stats: dict[str, int],
-                 carry_out: Callable[[Sequence[object]], None]) -> None:
+                 carry_out: Callable[[Sequence[object]], None], book: PeerBook) -> None:
         self.policy = policy
+        self.book = book
         self._host = host
         self._redialer = redialer
         self._disseminator = disseminator
@@ -43,6 +48,10 @@ class PeerExecutor:
         self._carry_out = carry_out  # the dissemination engine's effects (node.effects)
         self._dropping: set[str] = set()  # banned node ids whose connections are being aborted
         self._relay_clients: set[str] = set()  # node ids of connected relay clients
+        self.on_replica_up: Callable[[str], None] | None = None  # peer exchange asks it (node.fleet)
+        # The connection manager's say on each connection (node.fleet.ConnectionKeeper).
+        self.admit: Callable[[str], bool] | None = None
+        self.on_down: Callable[[str], bool] | None = None  # True: it closed the connection
 
     # ------------------------------------------------------------------ relayed devices
 
@@ -67,6 +76,8 @@ class PeerExecutor:
             # Connection churn, refreshed on every peer event (status reads the stats).
             self._stats["connections_aborted"] = self._host.connections_aborted
             if event.up:
+                if self.admit is not None and not self.admit(event.peer_id):
+                    continue  # over a connection limit: being closed (node.fleet)
                 if node_id in self._relay_clients:
                     continue  # a relayed device: no replica to gossip or sync with
                 verdict = self.policy.peer_up(node_id, now_ms())
@@ -74,10 +85,20 @@ class PeerExecutor:
                     self.run(verdict)
                     continue
                 self._redialer.peer_up(event.peer_id)
+                self.book.connected(event.peer_id, self._redialer.addresses(event.peer_id),
+                                    now_ms())
                 self._carry_out(self._disseminator.on_peer_up(node_id, now_ms()))
+                if self.on_replica_up is not None:
+                    self.on_replica_up(event.peer_id)
             else:
-                if node_id not in self._relay_clients:
+                # A connection the connection manager closed (a limit, trimming) is not
+                # redialled: that would undo it.
+                dropped = self.on_down is not None and self.on_down(event.peer_id)
+                if node_id not in self._relay_clients and not dropped:
                     self._redialer.peer_down(event.peer_id)  # identify may have added addresses
+                    if event.peer_id in self.book:  # identify's addresses, for the next start
+                        self.book.connected(event.peer_id,
+                                            self._redialer.addresses(event.peer_id), now_ms())
                     self.run(self.policy.peer_down(
                         node_id, now_ms(), dialable=bool(self._redialer.addresses(event.peer_id))))
                 self._relay_clients.discard(node_id)
@@ -94,11 +115,32 @@ class PeerExecutor:
             node_id = node_id_of(report.peer_id)
             if node_id is None:
                 continue
-            if report.is_protocol_fault:
+            if report.is_protocol_fault and not self._spurious(report):
                 self.run(self.policy.protocol_fault(
                     node_id, report.reason, now_ms(), report.detail))
             else:
                 self.run(self.policy.breakage(node_id, report.reason, report.detail))
+
+    @staticmethod
+    def _spurious(report: Misbehaviour) -> bool:
+        """A peer-exchange request that did not arrive in time is not held against the peer.
+
+        Its handler's read deadline runs on our clock: a node stopped (SIGSTOP, a
+        suspended laptop) just after a peer opened the stream finds the deadline past
+        when it resumes, with the request waiting in its buffer. Discovery chatter is
+        no evidence worth a ban; it is counted as a breakage.
+        """
+        return report.protocol_id == PROTOCOL_PX and report.reason == REQUEST_READ_TIMEOUT
+
+    def reset_redial(self, peer_id: str) -> None:
+        """News that `peer_id` is reachable (peer exchange): a running redial dials now."""
+        node_id = node_id_of(peer_id)
+        if node_id is not None:
+            self.run(self.policy.reset(node_id, now_ms()))
+
+    def is_banned(self, peer_id: str) -> bool:
+        node_id = node_id_of(peer_id)
+        return node_id is not None and self.policy.is_banned(node_id, now_ms())
 
     def misbehaved(self, node_id: str, reason: str) -> None:
         """The dissemination engine caught a peer breaking the protocol (`Disconnect`)."""
@@ -153,7 +195,9 @@ class PeerExecutor:
 
     async def _redial(self, node_id: str) -> None:
         """One redial attempt (every known address once); the policy decides what next."""
-        if await self._redialer.dial(peer_id_of(node_id)):
+        peer_id = peer_id_of(node_id)
+        if await self._redialer.dial(peer_id):
             self.run(self.policy.dial_succeeded(node_id))
         else:
+            self.book.failed(peer_id, now_ms())
             self.run(self.policy.dial_failed(node_id, now_ms()))

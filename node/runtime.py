@@ -62,7 +62,9 @@ from node.core.peer_policy import TRANSPORT_FAULTS_BEFORE_BAN, PeerPolicy
 from node.backup import BackupError, finish_backup, prepare_target
 from node.check import quick_check_topic
 from node.core.store import DamagedTopicError, Op, StoreError, damaged_topic_message
+from node.core.peer_book import PeerBook
 from node.dialer import Dialer
+from node.fleet import BookKeeper, ConnectionKeeper, PeerExchange, peers_report
 from node.effects import (GOSSIP_TOPIC_PREFIX, PROTOCOL_DISSEMINATION, EffectRunner,
                           gossip_message_topic, gossip_topic)
 from node.errors import JoinRefusedError, NodeError, TopicNotFound, sole_exception
@@ -178,8 +180,10 @@ class Node:
         # peer policy (node.core.peer_policy); the executor feeds it events and
         # carries out its effects (node.peer_executor).
         self.peer_policy = PeerPolicy(rng)
+        # Every peer met, kept across restarts (node.core.peer_book; node.fleet writes it).
+        self.peer_book = PeerBook.load(store)
         self._peers = PeerExecutor(self.peer_policy, host, redialer, self.disseminator,
-                                   nursery, self.stats, self._run)
+                                   nursery, self.stats, self._run, self.peer_book)
         self._effects = EffectRunner(host, nursery, self._topics, self.stats, log_writer,
                                      on_misbehaving=self._peers.misbehaved)
         self._dialer = Dialer(host, redialer, nursery)
@@ -195,6 +199,24 @@ class Node:
                                          self._writes.acknowledge, rng,
                                          lambda peer: remote_ip(host.libp2p, peer))
         self.relay = self._relay_intake.server
+        self._book_keeper = BookKeeper(self.peer_book, self.committer, host, self._dialer,
+                                       nursery, dial=config.dial_known_peers)
+        # Peers tell each other where the peers of shared topics are (node.fleet).
+        self._peer_exchange = PeerExchange(
+            self.peer_book, host, self._dialer, nursery,
+            topics=lambda: [(t, topic.replica.may_read) for t, topic in self._topics.items()
+                            if topic.ready],
+            wanted=lambda: self._connections.wants_more(), is_banned=self._peers.is_banned,
+            reset_redial=self._peers.reset_redial, stats=self.stats)
+        # How many connections, and which (node.core.connection_manager; node.fleet).
+        self._connections = ConnectionKeeper(
+            config.connection_limits(), self.peer_book, host, self._dialer, nursery,
+            our_topics=lambda: {t.hex() for t in self._topics},
+            remote_ip=lambda peer: remote_ip(host.libp2p, peer), stats=self.stats,
+            fill=config.dial_known_peers)
+        self._peers.on_replica_up = self._peer_exchange.peer_up
+        self._peers.admit = self._connections.peer_up
+        self._peers.on_down = self._connections.peer_down
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -329,6 +351,9 @@ class Node:
             self._nursery.start_soon(self.metrics.serve)
         for address in self.config.bootstrap:
             self._nursery.start_soon(self._dialer.dial_with_retry, address)
+        self._book_keeper.start()  # dials the peer book too (node.fleet)
+        self._peer_exchange.start()
+        self._connections.start()
         if self.config.mdns:
             self._nursery.start_soon(self._dialer.discover_on_lan)
 
@@ -688,6 +713,9 @@ class Node:
             "peer_id": self.host.peer_id,
             "addresses": list(self.addresses),
             "peers": sorted(self.host.peers()),
+            "bootstrap": self._dialer.bootstrap_status(),
+            "peer_book": self._book_keeper.status(),
+            "connections": self._connections.status(),
             "fast_path": self.config.fast_path,
             "banned_peers": self._banned_peers(now_ms()),
             "rejected": most_common(dict(rejected), MAX_REJECT_REASONS_SHOWN),
@@ -696,6 +724,10 @@ class Node:
             "stats": dict(self.stats) | {k: v for k, v in self.disseminator.stats.items()}
             | {f"relay.{k}": v for k, v in self.relay.stats.items()},
         }
+
+    def peers_report(self) -> dict[str, Any]:
+        """What `megnode peers` prints (node.fleet.peers_report)."""
+        return peers_report(self.peer_book, self.host.peers(), self.peer_policy, now_ms())
 
     def _banned_peers(self, now: int) -> dict[str, Any]:
         """The peers banned now, the longest remaining first (at most MAX_BANS_SHOWN listed)."""

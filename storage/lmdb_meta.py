@@ -125,8 +125,11 @@ def _parse_meta(raw: bytes) -> MetaPage:
                     free_root=fields[_FREE_DB_ROOT], main_root=fields[_MAIN_DB_ROOT])
 
 
-def check_data_file(store_dir: Path) -> None:
+def check_data_file(store_dir: Path, *, extend: bool = True) -> None:
     """Raise StoreCorruptError unless `<store_dir>/data.mdb` is safe to map.
+
+    `extend=False` for readers that must not write (`megnode check`, backups): a
+    healthy file short by free pages is then left as it is.
 
     A missing or empty (0-byte) file passes: LMDB makes a fresh store of it,
     and whether a fresh store is welcome is the caller's decision (the node
@@ -171,10 +174,10 @@ def check_data_file(store_dir: Path) -> None:
             f"store file {path} is damaged: its meta page records a map of "
             f"{newest.map_size} bytes, smaller than the {needed} bytes it uses")
     if needed > size:
-        _check_short_file(path, newest, size)
+        _check_short_file(path, newest, size, extend)
 
 
-def _check_short_file(path: Path, newest: MetaPage, size: int) -> None:
+def _check_short_file(path: Path, newest: MetaPage, size: int, extend: bool) -> None:
     """A file that ends before the newest meta's last page: refuse it only if a page
     the newest meta's trees reference is missing; else extend it to that page."""
     needed = (newest.last_page + 1) * newest.page_size
@@ -183,6 +186,8 @@ def _check_short_file(path: Path, newest: MetaPage, size: int) -> None:
             _check_referenced_pages(path, handle.fileno(), newest, size)
     except OSError as exc:
         raise StoreCorruptError(f"cannot read store file {path}: {exc.strerror or exc}") from None
+    if not extend:
+        return
     # Every page past the end is free: extend the file over them so the next
     # open passes the quick check. posix_fallocate only ever grows a file, so
     # a writer that got further meanwhile loses nothing; failing (read-only

@@ -20,5 +20,11 @@ DEFAULT_SYNC_JITTER_MS: Final = 500
 # peer before the engine asks to disconnect it: a correct peer never causes one.
 MISBEHAVIOUR_THRESHOLD: Final = 20
 
-# Where a node listens unless told otherwise: loopback, any free port.
+# Where an embedded node (`Node.open`, tests) listens unless told otherwise:
+# loopback, any free port.
 DEFAULT_LISTEN: Final = "/ip4/127.0.0.1/tcp/0"
+# Where `megnode run` listens unless its config or `--listen` says otherwise:
+# every IPv4 interface, on a fixed port a fleet's bootstrap lists can name.
+# (A host bound to 0.0.0.0 advertises its interfaces' addresses: transport.libp2p_listen.)
+DEFAULT_RUN_PORT: Final = 4001
+DEFAULT_RUN_LISTEN: Final = f"/ip4/0.0.0.0/tcp/{DEFAULT_RUN_PORT}"

@@ -26,14 +26,15 @@ reads the engine's state listed in its class body.
 
 from __future__ import annotations
 
-from collections import Counter
+from collections import Counter, deque
+from dataclasses import dataclass
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from node.core.event import Event, event_id_of
+from node.core.event import Event, event_id_of, trusted_event
 from node.core.outcomes import AddStatus
 from node.logschema import SYNC
-from node.replica.replica import Replica
+from node.replica.replica import Received, Replica
 from transport.dissemination_config import DisseminationConfig
 from transport.effects import Disconnect, Effect, Log, PeerId
 from transport.misbehaviour import (
@@ -52,8 +53,30 @@ _DUPLICATE = AddStatus.DUPLICATE
 _BUFFERED = AddStatus.BUFFERED
 
 
+MAX_REJECTIONS_KEPT = 1_024  # newest refusals by the auth rules kept for diagnostics
+
+
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    """One event the auth rules refused here, for diagnostics (never its payload)."""
+
+    topic: bytes
+    event_id: bytes
+    reason: str
+    peer: PeerId  # who handed it over
+
+
 class Intake:
     """Received events and peer faults; a mixin of `Disseminator` (module docstring)."""
+
+    @property
+    def refusals(self) -> deque[Refusal]:
+        """The newest MAX_REJECTIONS_KEPT events the auth rules refused here (id, reason,
+        peer). The event itself is not kept: it never entered the graph."""
+        kept = self.__dict__.get("_refusals")
+        if kept is None:
+            kept = self.__dict__["_refusals"] = deque(maxlen=MAX_REJECTIONS_KEPT)
+        return kept
 
     # The engine's state this part reads (set by `Disseminator.__init__`).
     config: DisseminationConfig
@@ -89,8 +112,17 @@ class Intake:
                     out.append(self._log("duplicate", now_ms, topic, event_id=event_id,
                                          channel=channel))
                 continue
+            if graph.rejected_count and graph.rejected_reason(event_id) is not None:
+                self.stats["rejected_again"] += 1  # refused before: no signature check again
+                continue
             outcome = replica.receive(raw, now_ms)
             if outcome.status is _REJECTED:
+                unauthorized = dict(outcome.unauthorized)
+                if event_id in unauthorized:  # refused by the auth rules: kept out of the graph
+                    out += self._unauthorized(peer, raw, event_id, unauthorized[event_id],
+                                              topic, now_ms)
+                    self._log_cascade(outcome, event_id, topic, now_ms, out)
+                    continue
                 reason = outcome.reason or "rejected"
                 out.append(self._log("rejected", now_ms, topic, event_id=event_id, reason=reason))
                 if reason in MISBEHAVIOUR_REASONS:
@@ -108,20 +140,13 @@ class Intake:
                 out.append(self._log("buffered", now_ms, topic, event_id=event_id))
                 for parent in outcome.missing:
                     self._note_want_source(topic, parent, peer)
-            # Events failing the topic's auth rules stay vertices (and are still
-            # gossiped) but are never delivered to subscribers: log them as rejected.
+            # Events failing the topic's auth rules never become vertices here (the
+            # replica's gate): nothing of them is forwarded, offered or delivered.
             unauthorized = dict(outcome.unauthorized)
             for event in outcome.applied:
-                if event.id in unauthorized:
-                    reason = unauthorized[event.id]
-                    out.append(self._log("rejected", now_ms, topic, event=event, reason=reason))
-                    # Only the author is accountable for its own event, and only for a
-                    # verdict on its own past (transport.misbehaviour says why): a relay
-                    # whose state differs from ours for a while is never blamed.
-                    if (event.id == event_id and reason in AUTH_BLAMED_REASONS
-                            and event.author == self._key(peer)):
-                        out += self._blame(peer, now_ms, topic, f"unauthorized:{reason}",
-                                           log=False, fault=Fault.UNAUTHORIZED)
+                if event.id in unauthorized:  # judged after the fact (a store without the gate)
+                    out.append(self._log("rejected", now_ms, topic, event=event,
+                                         reason=unauthorized[event.id]))
                 elif event.id in soft_failed:  # node.state.soft_fail: kept, not delivered
                     self.stats["soft_failed"] += 1
                     out.append(self._log("rejected", now_ms, topic, event=event,
@@ -131,10 +156,7 @@ class Intake:
                         self._trust(peer)  # useful traffic: an authorized event new here
                     out.append(self._log("delivered", now_ms, topic, event=event,
                                          channel=channel, depth=graph.depth(event.id)))
-            for rejected_id, reason in outcome.rejected_ids:
-                if rejected_id != event_id:
-                    out.append(self._log("rejected", now_ms, topic, event_id=rejected_id,
-                                         reason=reason))
+            self._log_cascade(outcome, event_id, topic, now_ms, out)
         if graph.pending_ops and self._commits and not self._deferring:
             # Durable before anything is forwarded or answered (in a batch,
             # on_batch commits once at its end, before returning any effect;
@@ -143,6 +165,33 @@ class Intake:
         if fresh and channel == SYNC:
             self._note_news(topic, peer)
         return fresh
+
+    def _log_cascade(self, outcome: Received, event_id: bytes, topic: bytes, now_ms: int,
+                     out: list[Effect]) -> None:
+        """Log the events of a cascade refused besides the one received (buffered descendants)."""
+        for rejected_id, reason in outcome.rejected_ids:
+            if rejected_id != event_id:
+                self.stats["rejected_in_cascade"] += 1
+                out.append(self._log("rejected", now_ms, topic, event_id=rejected_id,
+                                     reason=reason))
+
+    def _unauthorized(self, peer: PeerId, raw: bytes, event_id: bytes, reason: str,
+                      topic: bytes, now_ms: int) -> list[Effect]:
+        """Log an event the auth rules refused; blame `peer` if it is the author.
+
+        Only the author is accountable for its own event, and only for a verdict on
+        its own past (transport.misbehaviour says why): a relay is never blamed.
+        """
+        self.stats["unauthorized"] += 1
+        self.refusals.append(Refusal(topic, event_id, reason, peer))
+        out: list[Effect] = []
+        log = self._log("rejected", now_ms, topic, event_id=event_id, reason=reason)
+        if log is not None:
+            out.append(log)
+        if reason in AUTH_BLAMED_REASONS and trusted_event(raw).author == self._key(peer):
+            out += self._blame(peer, now_ms, topic, f"unauthorized:{reason}",
+                               log=False, fault=Fault.UNAUTHORIZED)
+        return out
 
     def _blame(self, peer: PeerId, now_ms: int, topic: bytes | None, reason: str,
                log: bool = True, fault: Fault = Fault.HARD) -> list[Effect]:

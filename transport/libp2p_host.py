@@ -31,7 +31,8 @@ What we configure on py-libp2p 0.8.1 and why:
   would undo our `disconnect` of a misbehaving peer. The node chooses whom to
   dial (bootstrap, mDNS).
 * Identify's observed-address discovery is off so `listen_addrs()` reports
-  what we bound, not what loopback peers saw.
+  what we bound, not what loopback peers saw; a host bound to `0.0.0.0`/`::`
+  advertises its interfaces' addresses instead (`libp2p_listen.advertised_addresses`).
 * Secure-channel writes are whole-or-abort (`transport.libp2p_patches`):
   py-libp2p lets a cancelled write leave half a Noise message on the wire,
   which silently wedges or breaks the connection.
@@ -55,6 +56,7 @@ from libp2p.abc import IHost
 from libp2p.crypto.x25519 import create_new_key_pair as create_noise_key_pair
 from libp2p.custom_types import TProtocol
 from libp2p.network.config import ConnectionConfig
+from libp2p.peer.id import ID
 from libp2p.peer.peerinfo import info_from_p2p_addr
 from libp2p.peer.peerstore import PeerStoreError
 from libp2p.security.noise.transport import PROTOCOL_ID as NOISE_PROTOCOL_ID
@@ -66,6 +68,7 @@ from libp2p.tools.anyio_service import background_trio_service
 from transport import libp2p_patches
 from transport.libp2p_gossip import GossipConfig, GossipHandler, GossipStats, GossipTopics, build_pubsub
 from transport.libp2p_identity import key_pair_from_seed, peer_id_of_key_pair
+from transport.libp2p_listen import advertised_addresses
 from transport.defaults import DEFAULT_LISTEN
 from transport.libp2p_liveness import (
     CLOSE_TIMEOUT_S,
@@ -98,6 +101,13 @@ DIAL_TIMEOUT_S = 10.0
 GOSSIP_MESH_TIMEOUT_S = 10.0
 DEFAULT_GOSSIP = GossipConfig()
 DEFAULT_LIMITS = StreamLimits()
+
+
+def forget_failed_dials(host: IHost, peer_id: ID) -> None:
+    """Lift py-libp2p's negative dial cache entry for `peer_id` (if this version has one)."""
+    unblock = getattr(host.get_network(), "unblock_peer", None)
+    if unblock is not None:
+        unblock(peer_id)
 
 
 class ConnectError(Exception):
@@ -170,6 +180,8 @@ class P2PHost:
                 max_connections_per_peer=MAX_CONNECTIONS_PER_PEER, dial_timeout=DIAL_TIMEOUT_S
             ),
             disable_identify_address_discovery=True,
+            # Bound to 0.0.0.0 / ::: advertise the interfaces' addresses instead.
+            addrs_factory=advertised_addresses,
         )
         self._host = host
         host.get_network().register_notifee(self._tracker)
@@ -292,6 +304,11 @@ class P2PHost:
             # "Connected" but dead: py-libp2p's connect would return at once.
             logger.info("connection to %s does not answer; redialling", peer_id)
             await self.abort(peer_id)
+        # py-libp2p refuses, for 60 s, every dial of a peer whose addresses all
+        # failed once (its negative dial cache): a peer that restarted would stay
+        # out a minute. When to dial is the node's choice (the peer policy's
+        # backoff, an explicit `connect`), so the block is lifted before each dial.
+        forget_failed_dials(host, info.peer_id)
         try:
             with trio.fail_after(timeout_s):
                 await host.connect(info)

@@ -12,7 +12,9 @@ module is the part that touches libp2p:
   successfully (bootstrap, `connect`, mDNS) and the ones the peerstore holds
   while the peer is connected (for a peer that dialled us: its identify);
 * `dial(peer_id)` tries each remembered address once and says whether one
-  answered.
+  answered; a DNS name is resolved anew at each dial (transport.libp2p_dns),
+  and an unspecified address (0.0.0.0, ::, which an old peer may announce) is
+  never remembered.
 
 At most `MAX_REMEMBERED_PEERS` peers' addresses (`MAX_ADDRESSES_PER_PEER`
 each) are kept; the oldest peer goes first.
@@ -22,7 +24,9 @@ from __future__ import annotations
 
 import logging
 
+from transport.libp2p_dns import ResolveError, resolve
 from transport.libp2p_host import ConnectError, P2PHost
+from transport.libp2p_listen import is_unspecified
 
 logger = logging.getLogger(__name__)
 
@@ -46,6 +50,8 @@ class Redialer:
                 self._addresses.pop(next(iter(self._addresses)))  # the oldest entry
             known = self._addresses[peer_id] = []
         for address in addresses:
+            if is_unspecified(address):
+                continue
             if address in known:
                 known.remove(address)
             known.insert(0, address)
@@ -67,11 +73,17 @@ class Redialer:
             return True  # it dialled us meanwhile
         for address in self.addresses(peer_id):
             try:
-                await self._host.connect(address)
-            except (ConnectError, ValueError) as exc:
+                resolved = await resolve(address)
+            except ResolveError as exc:
                 logger.info("redial %s: %s", address, exc)
                 continue
-            self.redials += 1
-            logger.info("redialled %s at %s", peer_id, address)
-            return True
+            for candidate in resolved:
+                try:
+                    await self._host.connect(candidate)
+                except (ConnectError, ValueError) as exc:
+                    logger.info("redial %s: %s", candidate, exc)
+                    continue
+                self.redials += 1
+                logger.info("redialled %s at %s", peer_id, candidate)
+                return True
         return False

@@ -76,6 +76,7 @@ from node.check.tables import (
 )
 from node.topic_records import TOPIC_META_PREFIX, stored_topics, topic_record
 from storage.lmdb_data_dir import lock_data_dir, unlock_data_dir
+from storage.lmdb_meta import check_data_file
 from storage.lmdb_store import LmdbStore
 from storage.memory import STORE_FORMAT_KEY, encode_store_format
 
@@ -118,6 +119,11 @@ def check_data_dir(store_dir: Path) -> StoreReport:
 
 
 def _open_read_only(store_dir: Path) -> lmdb.Environment:
+    try:
+        # A truncated file would make LMDB's first read past its end a SIGBUS.
+        check_data_file(store_dir, extend=False)
+    except StoreError as exc:
+        raise CheckError(str(exc)) from None
     try:
         # lock=False: we hold the data dir's flock, so no process writes.
         return lmdb.open(str(store_dir), readonly=True, lock=False, subdir=True,

@@ -5,7 +5,11 @@ becomes a vertex (and may release buffered children: a cascade); one that
 lacks parents waits in the buffer (`node.core.buffer`). `add` is idempotent
 and commutative, never raises on bad events, and validates what needs the
 ancestry at application time (`node.core.antichain`, `node.core.rejections`);
-its answer is an `AddResult` (`node.core.outcomes`). Depth is computed here,
+its answer is an `AddResult` (`node.core.outcomes`). A *gate* (`set_gate`:
+the replica's authorization, node.replica) judges each event about to become
+a vertex; an event it refuses never does: it is remembered as rejected like
+an antichain failure (`node.core.rejections`), so it is never an extremity,
+a parent, forwarded, offered or delivered. Depth is computed here,
 never taken from the wire; the delivery table is the order events were
 applied in, a topological order subscribers resume from a cursor.
 
@@ -142,6 +146,7 @@ class Graph(GraphCommit, GraphWalks):
         self._event_cache_size = EVENT_CACHE_SIZE
         self._latest_seq_cache_size = LATEST_SEQ_CACHE_SIZE
         self._discard_listeners: list[Callable[[], None]] = []
+        self._gate: Callable[[Event], str | None] | None = None
         # Mirrors of persistent counters (None: read from the store on next use).
         self._delivered: int | None = None
         # The delivered count last handed to the store (None: not known here).
@@ -180,6 +185,12 @@ class Graph(GraphCommit, GraphWalks):
                             (self._latest_seq, latest_seq)):
             while len(cache) > size:
                 cache.popitem(last=False)
+
+    def set_gate(self, gate: Callable[[Event], str | None] | None) -> None:
+        """Judge every event about to become a vertex (parents applied): a reason keeps it
+        out, remembered as rejected with its buffered descendants. The verdict must
+        depend on the event's ancestry alone, or replicas would hold different graphs."""
+        self._gate = gate
 
     def on_discard(self, listener: Callable[[], None]) -> None:
         """Call `listener` whenever pending writes are discarded (its caches are stale)."""
@@ -280,6 +291,10 @@ class Graph(GraphCommit, GraphWalks):
         Remembered across restarts, the newest `limits.rejected_remembered`.
         """
         return self._rejections.reason(event_id)
+
+    def rejections(self) -> list[tuple[bytes, RejectReason | str]]:
+        """The remembered application-time rejections (id, reason), oldest first (bounded)."""
+        return [(event_id, reason) for event_id, (_, reason) in self._rejections.entries.items()]
 
     @property
     def rejected_count(self) -> int:
@@ -469,6 +484,11 @@ class Graph(GraphCommit, GraphWalks):
                 return False
             if verdict is antichain.Verdict.SEARCH_EXHAUSTED:
                 self.antichain_searches_exhausted += 1
+        if self._gate is not None:
+            refused = self._gate(event)
+            if refused is not None:
+                self._rejections.reject(event.id, refused, self._buffer, cascade.rejected)
+                return False
         nodes = self._nodes
         depth = 0
         infos = [nodes.get(parent) or self._node(parent) for parent in parents]

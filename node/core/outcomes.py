@@ -66,4 +66,4 @@ class Rejection:
     """One event refused at application time, and why."""
 
     event_id: bytes
-    reason: RejectReason
+    reason: RejectReason | str  # str: the gate's reason (an auth rule, node.state.types)

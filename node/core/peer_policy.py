@@ -21,6 +21,8 @@ caller to carry out:
     redial_due(peer)                          Dial(peer), or nothing (up / banned /
                                               given up)
     dial_failed(peer) / dial_succeeded(peer)  Redial later or GaveUp / nothing
+    reset(peer)   (news that the peer is      Dial(peer) now if it is being redialled;
+        reachable: a fresh address)           its backoff and give-up clock start over
     tick(connected peers)                     Abort for every connected banned peer;
                                               expired bans are forgotten
 
@@ -49,6 +51,11 @@ Why each rule:
   from REDIAL_FIRST_MS (jittered: both sides of a dead connection redial, and
   the jitter keeps their dials from crossing every time) to REDIAL_MAX_MS,
   until it is up, banned, or REDIAL_GIVE_UP_MS passed since it went down.
+  The backoff is per outage: a connection that comes up (we dialled, or it
+  dialled us: an inbound connection, an explicit `connect`) ends the
+  redial, so the next outage starts again from REDIAL_FIRST_MS. News that
+  the peer is reachable (peer exchange or mDNS naming an address for it)
+  `reset`s a running redial: dialled at once, backoff from the start.
 * Every table is bounded by a named constant; when full, expired entries go
   first, then the oldest.
 """
@@ -221,6 +228,11 @@ class PeerPolicy:
     def redialling(self) -> tuple[str, ...]:
         return tuple(self._redials)
 
+    def redial_state(self, peer: str) -> tuple[int, int, int] | None:
+        """(down since, current backoff delay, next dial due), all ms; None if not redialled."""
+        state = self._redials.get(peer)
+        return None if state is None else (state.down_ms, state.delay_ms, state.due_ms)
+
     def faults(self, peer: str) -> int:
         """Protocol faults of `peer` still inside the window (as of its last fault)."""
         return len(self._faults.get(peer, ()))
@@ -325,6 +337,17 @@ class PeerPolicy:
         state.delay_ms = self.config.redial.next(state.delay_ms)
         state.due_ms = now_ms + state.delay_ms
         return [Redial(peer, state.due_ms)]
+
+    def reset(self, peer: str, now_ms: int) -> list[Effect]:
+        """News that `peer` is reachable: a running redial dials now, its backoff and
+        give-up clock start over. Nothing for a peer not being redialled."""
+        state = self._redials.get(peer)
+        if state is None or self.is_banned(peer, now_ms):
+            return []
+        state.down_ms = now_ms
+        state.delay_ms = self.config.redial.first_ms
+        state.due_ms = now_ms
+        return [Dial(peer)]
 
     def dial_succeeded(self, peer: str) -> list[Effect]:
         self._redials.pop(peer, None)

@@ -1,7 +1,8 @@
 """Remembered application-time rejections: what the graph refused for good, and why.
 
 Why: an event rejected at application time (its parents do not form an
-antichain, `node.core.antichain`) can never become a vertex on any correct
+antichain, `node.core.antichain`, or the graph's gate refused it: the
+topic's auth rules on its own past, `Graph.set_gate`) can never become a vertex on any correct
 replica — the verdict depends on its ancestry alone — and neither can
 anything built on it. So the graph remembers such rejections, persistently
 and the newest `GraphLimits.rejected_remembered` only, and:
@@ -80,7 +81,7 @@ class RememberedRejections:
     def __len__(self) -> int:
         return len(self.entries)
 
-    def remember(self, event_id: bytes, reason: RejectReason) -> None:
+    def remember(self, event_id: bytes, reason: RejectReason | str) -> None:
         """Persist an application-time rejection; forget the oldest beyond the bound."""
         entries = self.entries
         if event_id in entries:
@@ -96,14 +97,14 @@ class RememberedRejections:
             forgotten, _ = entries.popitem(last=False)
             w.delete(TABLE_BUFFER_INDEX, t + _REJECTED + forgotten)
 
-    def reject(self, event_id: bytes, reason: RejectReason, buffer: DeliveryBuffer,
+    def reject(self, event_id: bytes, reason: RejectReason | str, buffer: DeliveryBuffer,
                out: list[Rejection]) -> None:
         """Reject `event_id` with every buffered event built on it; append them all to `out`.
 
         Breadth first, children in id order: the same rejections, in the same
         order, on every replica holding the same buffer.
         """
-        queue = [(event_id, reason)]
+        queue: list[tuple[bytes, RejectReason | str]] = [(event_id, reason)]
         for current, why in queue:  # the list grows while it is walked
             out.append(Rejection(current, why))
             self.remember(current, why)

@@ -17,9 +17,9 @@ the two siblings of a fork that arrive together are decided together):
 
     event e, judged by the auth rules          node given to the linearizer
     ----------------------------------------   ---------------------------------
-    rejected (unauthorized)                     none: e is a *proxy* for its
-                                                parents; children that name e
-                                                depend on e's parents instead
+    rejected (unauthorized; only a vertex in     none: e is a *proxy* for its
+    a store from before the replica's gate,     parents; children that name e
+    docs/state.md "Rejected events")            depend on e's parents instead
     author RELAYED in the state before e        OrderNode, kept aside (relayed)
     anything else                               OrderNode(e.id, e.author, n, deps)
 
@@ -391,9 +391,10 @@ class TopicOrder(OrderDuties):
         self._lin_tail = update.tentative
         base = self._confirmed_count
         appended: list[bytes] = []
-        for event_id in update.confirmed_appended:
-            event = self._unconfirmed.pop(event_id, None) or self._event(event_id)
-            reason = self._bans.admit(event)
+        reasons, tentative = self._bans.advance(update.confirmed_appended, update.tentative,
+                                                self._unconfirmed_event)
+        for event_id, reason in zip(update.confirmed_appended, reasons):
+            self._unconfirmed.pop(event_id, None)
             if reason is None:
                 appended.append(event_id)
                 continue
@@ -404,7 +405,6 @@ class TopicOrder(OrderDuties):
         confirmed = tuple(appended)
         if confirmed:
             self._append_confirmed(confirmed, replaying)
-        tentative = self._bans.survivors(update.tentative, self._unconfirmed_event)
         excluded = len(update.tentative) - len(tentative)
         if excluded:
             self.stats["excluded_tentative"] += excluded

@@ -30,11 +30,12 @@ Topic state and authorization
 -----------------------------
 A topic created with `authorization=True` is a Matrix-style room: every
 applied event gets a state before and after it and is checked against the
-auth rules (`node.state.tracker`). An event that fails stays a vertex of the
-graph (its children are not blocked, and it is still gossiped), but it is
-*rejected*: listed in `Received.unauthorized`, counted as
-`counters["rejected.<reason>"]`, never in state, and skipped by
-`deliveries()`. Whether a topic is authorized is fixed by its create event
+auth rules (`node.state.tracker`), before it becomes a vertex (`_gate`). An
+event that fails is *rejected* and never enters the graph (nor do events
+built on it): listed in `Received.unauthorized`, counted as
+`counters["rejected.<reason>"]`, remembered by the graph (bounded). A
+rejected vertex from a store older than the gate stays, never in state and
+skipped by `deliveries()`. Whether a topic is authorized is fixed by its create event
 (`TopicParams.authorization`; absent means authorized, as in Matrix), so every
 replica of a topic agrees; `ReplicaConfig.authorization=False` turns state
 tracking off in one replica (pure MEG: the dissemination simulator's and the CRDT
@@ -110,6 +111,7 @@ from node.state.types import (
     HISTORY_SETTINGS,
     HISTORY_SHARED,
     RULE_INVITE,
+    AuthReason,
     TYPE_HISTORY,
     TYPE_JOIN_RULES,
     TYPE_MEMBER,
@@ -120,6 +122,8 @@ from node.state.types import (
 from node.core.store import TABLE_STATE, Store
 
 _ACCESS_RULE_KINDS = frozenset({TYPE_JOIN_RULES, TYPE_POWER_LEVELS, TYPE_HISTORY})
+
+_AUTH_REASONS = frozenset(str(reason) for reason in AuthReason)
 
 __all__ = [
     "NotAuthorizedError", "NotReadyError", "OrderingDisabledError", "PublishError", "Received",
@@ -163,6 +167,10 @@ class Replica(StateOperations, Authoring, ReadAccess, HistoryAccess, Joining):
         # resolved at: only member, power-levels and join-rules events change who stands
         # (the same argument as read_access's), so other events reuse it unresolved.
         self._standing_state: tuple[tuple[int, int], int, Mapping[StateKey, bytes]] | None = None
+        # Events the gate refused during the current `graph.add` (id, reason): rejected
+        # events never become vertices (`_gate`, docs/state.md "Rejected events").
+        self._refused: list[tuple[bytes, str]] = []
+        self.graph.set_gate(self._gate)
         self.graph.on_discard(self._forget_state_caches)
         self.graph.on_discard(self._forget_order)
         if config.caches != self._caches:
@@ -216,6 +224,8 @@ class Replica(StateOperations, Authoring, ReadAccess, HistoryAccess, Joining):
         assert result.status is AddStatus.APPLIED, result
         if authorization:
             replica.tracker.apply(result.applied)
+            if config.soft_fail:
+                replica.soft_fails.note_applied(create, {})
             # One extremity at each step: the parent choice draws nothing from this rng.
             rng = random.Random(0)
             for spec in (
@@ -301,18 +311,31 @@ class Replica(StateOperations, Authoring, ReadAccess, HistoryAccess, Joining):
         return indexers_in(self._current_state(), self.graph)
 
     def is_rejected(self, event_id: bytes) -> bool:
-        """True if the event is here and failed the auth rules (always False without state)."""
-        return self.authorizing and self.tracker.is_rejected(event_id)
+        """True if the event failed the auth rules here (always False without state).
+
+        Such an event is not in the graph (the gate refused it; remembered, the newest
+        `GraphLimits.rejected_remembered`), or, applied before the gate existed, a
+        vertex recorded as rejected.
+        """
+        return self.rejection_reason(event_id) is not None
 
     def rejection_reason(self, event_id: bytes) -> str | None:
         if not self.authorizing:
             return None
+        remembered = self.graph.rejected_reason(event_id)
+        if remembered is not None:
+            return str(remembered) if str(remembered) in _AUTH_REASONS else None
         record = self.tracker.event_state(event_id)
         return None if record is None else record.reason
 
     def rejected_events(self, limit: int | None = None) -> list[bytes]:
-        """Ids of the events stored as rejected (by id), at most `limit`."""
-        return self.tracker.groups.rejected_ids(limit) if self.authorizing else []
+        """Ids of the events refused by the auth rules: remembered ones (oldest first), then
+        vertices stored as rejected (by id); at most `limit`."""
+        if not self.authorizing:
+            return []
+        out = [i for i, reason in self.graph.rejections() if str(reason) in _AUTH_REASONS]
+        out += self.tracker.groups.rejected_ids(None if limit is None else max(0, limit - len(out)))
+        return out if limit is None else out[:limit]
 
     def deliveries(self, since: int = 0, limit: int = 1_000,
                    include_rejected: bool = False) -> list[tuple[int, Event]]:
@@ -346,6 +369,7 @@ class Replica(StateOperations, Authoring, ReadAccess, HistoryAccess, Joining):
 
     def _forget_state_caches(self) -> None:
         self._authorizing = None  # the root itself may have been among the discarded writes
+        self._refused = []
         self._readers_cache = None  # group ids are only meaningful with the writes that made them
         self._history_epoch = None
         self._history_readers_cache.clear()
@@ -377,6 +401,8 @@ class Replica(StateOperations, Authoring, ReadAccess, HistoryAccess, Joining):
     def _soft_fail(self, received: Received) -> Received:
         """Judge the applied, authorized events of a received batch against the current
         state (node.state.soft_fail); the soft-failed ones are reported and counted."""
+        if not self.soft_fails.restricted:
+            return received  # nobody can have lost its standing here (the guard)
         unauthorized = {event_id for event_id, _ in received.unauthorized}
         judged = [e for e in received.applied if e.id not in unauthorized]
         if not judged:
@@ -400,7 +426,27 @@ class Replica(StateOperations, Authoring, ReadAccess, HistoryAccess, Joining):
             received.missing, received.dropped, received.equivocations, received.rejected_ids,
             received.unauthorized, received.order, tuple((i, str(r)) for i, r in failed))
 
+    def _gate(self, event: Event) -> str | None:
+        """The graph's gate: the auth rules against the event's own past, before it becomes
+        a vertex. Refused: it stays out of the graph (remembered as rejected, with its
+        buffered descendants), so it is never an extremity, a parent, forwarded, offered
+        or delivered. The verdict depends on the event's ancestry alone, so every correct
+        replica refuses the same events and their graphs still converge."""
+        if event.is_create:
+            return None  # the root: nothing to judge it against yet
+        authorizing = self._authorizing
+        if authorizing is None:
+            authorizing = self.authorizing
+        if not authorizing:
+            return None
+        reason = self.tracker.admit(event)
+        if reason is None:
+            return None
+        self._refused.append((event.id, str(reason)))
+        return str(reason)
+
     def _outcome(self, result: AddResult) -> Received:
+        refused, self._refused = tuple(self._refused), []
         self.counters[result.status] += 1
         for rejection in result.rejected:
             self.counters[f"rejected.{rejection.reason}"] += 1
@@ -409,23 +455,28 @@ class Replica(StateOperations, Authoring, ReadAccess, HistoryAccess, Joining):
         for event in result.applied:
             if event.withheld:  # history this member may not read (history_access)
                 self.counters["withheld"] += 1
-        unauthorized: tuple[tuple[bytes, str], ...] = ()
+        unauthorized: tuple[tuple[bytes, str], ...] = refused
+        if refused:
+            self.counters["unauthorized"] += len(refused)  # `rejected.<reason>` counted above
         order: OrderUpdate | None = None
         authorizing = self._authorizing  # the property's cached answer: this runs per event
         if authorizing is None:
             authorizing = self.authorizing
         if result.applied and authorizing:
             # Same write-set as the graph's: state commits with the events.
-            unauthorized = tuple(self.tracker.apply(result.applied))
+            judged_late = tuple(self.tracker.apply(result.applied))  # without the gate only
             for event in result.applied:
                 kind = event.kind
                 if kind in _ACCESS_RULE_KINDS:  # who may read may have changed
                     self._access_epochs = (self._access_epochs[0] + 1, self._access_epochs[1])
                 elif kind == TYPE_MEMBER:
                     self._access_epochs = (self._access_epochs[0], self._access_epochs[1] + 1)
-            for _, reason in unauthorized:
+            if self.config.soft_fail and self.soft_fails.watching:
+                self._note_state_changes(result.applied, judged_late)
+            for _, reason in judged_late:
                 self.counters[f"rejected.{reason}"] += 1
-            self.counters["unauthorized"] += len(unauthorized)
+            self.counters["unauthorized"] += len(judged_late)
+            unauthorized = refused + judged_late
             order = self._order_applied(result.applied)
         # Positional (in field order): keywords cost a third of building it, once per event.
         return Received(
@@ -434,6 +485,18 @@ class Replica(StateOperations, Authoring, ReadAccess, HistoryAccess, Joining):
             tuple((r.event_id, r.reason) for r in result.rejected) if result.rejected else (),
             unauthorized, order,
         )
+
+    def _note_state_changes(self, applied: tuple[Event, ...],
+                            unauthorized: tuple[tuple[bytes, str], ...]) -> None:
+        """Show soft fail's guard the authorized state events just applied."""
+        refused = {event_id for event_id, _ in unauthorized}
+        tracker, soft_fails = self.tracker, self.soft_fails
+        for event in applied:
+            if event.state_key is None or event.id in refused:
+                continue
+            record = tracker.event_state(event.id)
+            if record is not None:
+                soft_fails.note_applied(event, tracker.state(record.before))
 
     def commit(self) -> int:
         """Commit the pending writes (standalone use; a running node's committer commits)."""

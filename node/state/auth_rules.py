@@ -9,7 +9,7 @@ These are the Matrix room version 11 authorization rules (matrix-spec,
     beyond their count and form (it holds no state). The state tracker
     (`node.state.tracker`) asks more than Matrix: the refs must be *exactly*
     `select_auth_refs(event, state before)`; when they are not, the event
-    becomes a rejected vertex, with the reason `check_auth_refs` gives (every
+    is rejected (never a vertex, `node.replica.replica`'s gate), with the reason `check_auth_refs` gives (every
     ref known, a state event of this topic, at most one per state key, only
     keys the selection would pick, the create event among them) or, if the
     refs are well formed but not the selection, `auth_refs_not_selected`.

@@ -29,9 +29,9 @@ order, or on anything but the events (ids compare bytewise).
 
 What it leaves to the caller: events are not marked rejected here, and
 rejected events are never reached. The `EventSource` is the graph, which
-does hold rejected events (an event that fails its auth refs or the auth
-rules stays a vertex, marked rejected by `node.state.tracker`; the Reference
-Monitor does not check auth refs). But the input states hold accepted events
+may hold rejected events from a store older than the replica's gate (a
+vertex marked rejected by `node.state.tracker`; the Reference Monitor does
+not check auth refs). But the input states hold accepted events
 only, and an accepted event's auth refs are exactly `select_auth_refs` of
 its state before (the tracker rejects anything else), which holds accepted
 events only - so every walk through auth refs from the input states stays

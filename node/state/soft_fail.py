@@ -40,8 +40,23 @@ received the ban yet accepts and forwards the events. The total order does
 not depend on it: `node.replica.order_bans` excludes a banned author's
 events at the ban's position identically on every node.
 
-Records: `s|id -> reason` in the topic's state table (TABLE_STATE; the
-other prefixes are `node.state.store`'s), written with the events.
+The guard. Until a restrictive state change (`node.state.restrictive`: a
+ban, kick, leave, knock, power-level decrease or join-rule change) was
+applied here, no author can have lost its standing, so nothing is judged and
+the current state is not resolved (`SoftFails.restricted`). One more case
+trips it: a power-levels event that does not replace the last one applied
+here (two concurrent edits), since resolution may then keep a version that
+grants less than one an event was judged by. The guard only ever trips (it
+is recorded with the events), and `SHORTCUTS = False` judges every batch,
+for the equivalence test.
+
+The guard needs to have seen every state event since the create event, so it
+starts closed and opens when the create event is noted (`V`): a store from
+before it, or a topic that ran with soft fail off, is judged in full.
+
+Records: `s|id -> reason`, `V` (the guard watched from the create event),
+`R` (it tripped) and `P -> id` (the last power levels applied) in the topic's state table (TABLE_STATE; the other
+prefixes are `node.state.store`'s), written with the events.
 """
 
 from __future__ import annotations
@@ -51,7 +66,9 @@ from collections.abc import Callable, Iterable, Mapping
 
 from node.core.event import KIND_DUMMY, Event
 from node.core.topic_table import TopicTable
+from node.state.restrictive import restricts
 from node.state.types import (
+    POWER_LEVELS_KEY,
     TYPE_MEMBER,
     TYPE_POWER_LEVELS,
     AuthReason,
@@ -65,6 +82,13 @@ from node.state.view import StateView
 VERDICT_CACHE_SIZE = 4_096  # (state group, author, kind, is_state) -> verdict
 
 _SOFT_FAILED = b"s"
+_RESTRICTED = b"R"
+_WATCHED = b"V"
+_LAST_POWER_LEVELS = b"P"
+
+# Off: every received batch is judged against the current state (the definition);
+# on: nothing is judged until a restrictive change was applied. Same verdicts.
+SHORTCUTS = True
 
 
 def standing(event: Event, state: Mapping[StateKey, bytes], source: EventSource,
@@ -95,6 +119,42 @@ class SoftFails:
         self._source = source
         self._verdicts: dict[tuple[int, bytes, str, bool], AuthReason | None] = {}
         self.stats: Counter[str] = Counter()
+        self._load_guard()
+
+    def _load_guard(self) -> None:
+        self._tripped = self._table.get(_RESTRICTED) is not None
+        self._watched = self._table.get(_WATCHED) is not None
+        self._last_power_levels = self._table.get(_LAST_POWER_LEVELS)
+
+    @property
+    def restricted(self) -> bool:
+        """False while no author can have lost its standing here (module docstring)."""
+        return self._tripped or not self._watched or not SHORTCUTS
+
+    @property
+    def watching(self) -> bool:
+        """True while applied state events should be noted (`note_applied`)."""
+        return not self._tripped and SHORTCUTS
+
+    def note_applied(self, event: Event, before: Mapping[StateKey, bytes]) -> None:
+        """Note an applied, authorized state event (`before`: the state it was judged by)."""
+        if self._tripped or event.state_key is None:
+            return
+        if event.is_create:  # the first event applied anywhere: the guard has seen all
+            self._watched = True
+            self._table.put(_WATCHED, b"")
+            return
+        if not self._watched:
+            return
+        trips = restricts(event, before, self._source)
+        if event.kind == TYPE_POWER_LEVELS and event.state_key == POWER_LEVELS_KEY[1]:
+            trips = trips or before.get(POWER_LEVELS_KEY) != self._last_power_levels
+            self._last_power_levels = event.id
+            self._table.put(_LAST_POWER_LEVELS, event.id)
+        if trips:
+            self._tripped = True
+            self._table.put(_RESTRICTED, b"")
+            self.stats["guard_tripped"] += 1
 
     def judge(self, events: Iterable[Event], group: int, state: Mapping[StateKey, bytes],
               position: Callable[[bytes], int | None]) -> list[tuple[bytes, AuthReason]]:
@@ -153,3 +213,4 @@ class SoftFails:
 
     def clear_caches(self) -> None:
         self._verdicts.clear()  # group ids are only meaningful with the writes that made them
+        self._load_guard()  # discarded writes may have tripped it

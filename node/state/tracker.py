@@ -30,10 +30,14 @@ application order); `StateTracker.apply` follows it, event by event:
    events other than create / member / power levels / join rules kinds),
    the verdict is cached per (state group, author, kind, auth refs).
 3. **State after.** A state event that passed becomes the value of its key
-   in a new group derived from the state before. A rejected event, or any
-   non-state event, has state after = state before: rejected events stay
-   vertices of the graph (their children are not blocked) but never enter
-   state, and the caller never delivers them.
+   in a new group derived from the state before; a non-state event has state
+   after = state before. A rejected event never enters state. The replica
+   judges each event *before* it becomes a vertex (`admit`, the graph's
+   gate): a rejected one is then not recorded here at all and never enters
+   the graph (remembered by the graph as a rejection, `node.core.rejections`).
+   Events applied without the gate (a store from before it, or a replica that
+   ran without authorization) are judged after the fact by `apply`, and a
+   rejected one stays a vertex with a record saying why, as it always did.
 
 The records (`StateGroups`) are written through the graph's write-set and
 commit with the events; after a restart nothing is recomputed. If an applied
@@ -213,19 +217,32 @@ class StateTracker:
 
     # ---------------------------------------------------------------- updates
 
+    def admit(self, event: Event) -> AuthReason | None:
+        """Judge an event about to become a vertex (the graph's gate): record its state
+        groups if it passes; if not, record nothing (it never enters the graph)."""
+        self._caught_up.clear()
+        if self.groups.event_state(event.id) is not None:
+            return self.groups.event_state(event.id).reason  # type: ignore[union-attr]
+        return self._process(event, keep_rejected=False)
+
     def apply(self, events: Sequence[Event]) -> list[tuple[bytes, str]]:
-        """Process newly applied events (in application order); returns the rejected ones."""
+        """Process newly applied events (in application order); returns the rejected ones.
+
+        Events the gate admitted (`admit`) have their records already and are skipped.
+        """
         rejected: list[tuple[bytes, str]] = []
         self._caught_up.clear()
         for event in events:
             if event.id in self._caught_up:
                 continue  # processed already, as the ancestor of an event without a record
+            if self.groups.event_state(event.id) is not None:
+                continue  # admitted by the gate
             reason = self._process(event)
             if reason is not None:
                 rejected.append((event.id, reason))
         return rejected
 
-    def _process(self, event: Event) -> AuthReason | None:
+    def _process(self, event: Event, keep_rejected: bool = True) -> AuthReason | None:
         key = state_key_of(event)
         if event.is_create:
             before = EMPTY_GROUP
@@ -237,6 +254,9 @@ class StateTracker:
             except StateResolutionError:
                 before = self._after(max(event.parents))
                 reason = AuthReason.STATE_UNRESOLVABLE
+        if reason is not None and not keep_rejected:
+            self.stats["refused"] += 1
+            return reason
         after = before
         if reason is None and key is not None:
             after = self.groups.derive(before, {key: event.id})

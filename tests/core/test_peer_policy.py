@@ -232,3 +232,33 @@ def test_backoff_without_jitter_doubles_to_its_bound(backoff, expected):
     for _ in range(len(expected) - 1):
         delays.append(backoff.next(delays[-1]))
     assert delays == expected
+
+
+def test_an_outage_ends_the_backoff_the_next_one_starts_from_the_first_delay():
+    p = policy()
+    (redial,) = p.peer_down("peer", T0)
+    now = redial.at_ms
+    for _ in range(5):  # the delay grows to its bound
+        p.redial_due("peer", now)
+        (redial,) = p.dial_failed("peer", now)
+        now = redial.at_ms
+    assert redial.at_ms - now >= 0 and p.redialling() == ("peer",)
+    assert p.peer_up("peer", now) == []  # it dialled us (inbound) or `connect` reached it
+    (redial,) = p.peer_down("peer", now + 1)
+    assert redial.at_ms - (now + 1) <= REDIAL_FIRST_MS * (1 + REDIAL_JITTER)
+
+
+def test_news_of_a_reachable_peer_resets_its_redial():
+    p = policy()
+    assert p.reset("unknown", T0) == []
+    (redial,) = p.peer_down("peer", T0)
+    now = redial.at_ms
+    for _ in range(6):
+        p.redial_due("peer", now)
+        (redial,) = p.dial_failed("peer", now)
+        now = redial.at_ms
+    assert p.reset("peer", now + 5) == [Dial("peer")]
+    (redial,) = p.dial_failed("peer", now + 6)
+    assert redial.at_ms - (now + 6) == 2 * REDIAL_FIRST_MS  # the backoff started over
+    p.misbehaviour("peer", "x", now + 7)
+    assert p.reset("peer", now + 8) == []  # banned: never dialled

@@ -121,8 +121,12 @@ def test_stopped_node_catches_up_and_killed_node_loses_nothing(tmp_path):
         assert cluster.cli_raw(0, "publish", topic, "-", "--lines", input_text=lines,
                                timeout_s=120).returncode == 0
         cluster.signal(1, signal.SIGCONT)
-        # Node 2 comes back alone (a new port: nobody redials it), so what it
-        # holds now is what its own store kept through the SIGKILL.
+        # Node 2 comes back alone (a new port: nobody redials it; it does not dial
+        # its peer book), so what it holds now is what its own store kept through
+        # the SIGKILL.
+        alone = tmp_path / "alone.toml"
+        alone.write_text("dial_known_peers = false\n")
+        cluster.extra_args = ("--config", str(alone))
         cluster.start_node(2, bootstrap=[])
         assert cluster.status(2)["peers"] == []
         assert acknowledged <= {e["id"] for e in all_delivered(cluster, 2, topic)}

@@ -11,6 +11,7 @@ come back. Every wait is bounded and waits on a condition.
 
 from __future__ import annotations
 
+import os
 import random
 import subprocess
 import sys
@@ -322,3 +323,22 @@ def test_a_missing_state_or_order_record_costs_its_topic_one_line_and_no_other(
                     nursery.cancel_scope.cancel()
 
     trio.run(serve)
+
+
+def test_check_and_backup_refuse_a_truncated_store_instead_of_mapping_it(tmp_path: Path) -> None:
+    """A file cut inside its pages is a clear error for `check` and offline backups, never a
+    SIGBUS (they open LMDB themselves, read-only, and must not extend the file either)."""
+    from node.backup import BackupError, backup_offline
+    from node.check import CheckError
+
+    store_dir = tmp_path / "store"
+    build_store(store_dir)
+    data = store_dir / "data.mdb"
+    page = 4096
+    os.truncate(data, max(2 * page, (data.stat().st_size // 2) // page * page))
+    size = data.stat().st_size
+    with pytest.raises(CheckError, match="truncated"):
+        check_data_dir(store_dir)
+    with pytest.raises(BackupError, match="truncated"):
+        backup_offline(store_dir, tmp_path / "copy")
+    assert data.stat().st_size == size  # read-only: nothing extended

@@ -66,7 +66,12 @@ def build_store(store_dir: Path) -> tuple[bytes, bytes]:
             not_antichain = sign_event(identity(name), topic=topic, seq=51,
                                        parents=sorted([heads[0], ancestor]), timestamp_ms=3_000,
                                        kind=KIND_MESSAGE, payload=b"x", auth=(topic,))
-            for event in (stranger, orphan, not_antichain):
+            # The stranger's event as a store from before the replica's gate holds it: a
+            # rejected vertex (judged after the fact), which the order stands a proxy for.
+            replica.graph.set_gate(None)
+            replica.receive(stranger.raw, 10_000)
+            replica.graph.set_gate(replica._gate)
+            for event in (orphan, not_antichain):
                 replica.receive(event.raw, 10_000)
             replica.commit()
             topics.append(topic)

@@ -172,23 +172,25 @@ def test_ban_gets_the_banned_members_next_event_rejected(world: World) -> None:
     with pytest.raises(NotAuthorizedError) as refused:
         bob.publish(b"after the ban", world.tick(), world.rng)
     assert refused.value.reason == AuthReason.SENDER_NOT_JOINED
-    # ...and a forged event on top of the ban is stored as rejected, never delivered.
+    # ...and a forged event on top of the ban is refused: never a vertex, never a head,
+    # never delivered; the graph remembers why (docs/state.md, "Rejected events").
     heads = bob.graph.extremities()
     state = bob.tracker.state(bob.tracker.current_group())
     forged = sign_event(BOB, topic=alice.topic_id, seq=50, parents=heads,
                         timestamp_ms=world.tick(), kind="message", payload=b"still here",
                         auth=select_auth_refs(EventFields("message", BOB.public_key), state))
     outcome = alice.receive(forged.raw, world.tick())
-    assert outcome.status is AddStatus.APPLIED
+    assert outcome.status is AddStatus.REJECTED and not alice.graph.has(forged.id)
     assert outcome.unauthorized == ((forged.id, AuthReason.SENDER_NOT_JOINED),)
     assert alice.counters["rejected.sender_not_joined"] == 1
     assert alice.is_rejected(forged.id) and alice.rejected_events() == [forged.id]
-    assert forged.id not in [e.id for _, e in alice.deliveries()]
-    # The rejected event is a head: the next event merges it, and is accepted.
+    assert forged.id not in alice.graph.extremities()
+    # The next event does not build on it; sent again, it is refused from memory.
     reply, merged = alice.publish(b"bye", world.tick(), world.rng)
-    assert forged.id in reply.parents and merged.unauthorized == ()
+    assert forged.id not in reply.parents and merged.unauthorized == ()
+    assert alice.receive(forged.raw, world.tick()).status is AddStatus.REJECTED
     sync(alice, carol)
-    assert carol.is_rejected(forged.id) and not carol.is_rejected(reply.id)
+    assert not carol.graph.has(forged.id) and carol.graph.has(reply.id)
 
 
 def test_non_admins_get_a_clear_refusal(world: World) -> None:

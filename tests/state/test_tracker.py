@@ -17,7 +17,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from node.core.outcomes import AddStatus
+from node.core.outcomes import AddStatus, RejectReason
 import node.state.tracker as tracker_module
 from node.core.event import Event, pack_payload
 from node.core.graph import Graph as CoreGraph
@@ -63,7 +63,8 @@ ORDERS = {"parents_first": parents_first, "children_first": children_first, "shu
 def replica_of(graph: Graph, order: Order, seed: int = 0, strict: bool = True) -> Replica:
     """A replica (as a bystander identity) fed every event of `graph` in `order`.
 
-    `strict`: every event must become a vertex. Random forks may give an event
+    `strict`: every event must become a vertex or be refused by the auth rules (the
+    event itself, or a descendant of such an event). Random forks may give an event
     parents that are not an antichain, which the graph refuses (and whose
     descendants then wait in the buffer); the property test allows that.
     """
@@ -71,7 +72,8 @@ def replica_of(graph: Graph, order: Order, seed: int = 0, strict: bool = True) -
     events = [e for e in graph.events.values() if e.parents or e.is_create]  # no orphan END
     for n, event in enumerate(order(events, random.Random(seed))):
         outcome = replica.receive(event.raw, NOW_MS)
-        assert not strict or outcome.status in (AddStatus.APPLIED, AddStatus.BUFFERED), outcome
+        assert not strict or outcome.status in (AddStatus.APPLIED, AddStatus.BUFFERED) or (
+            outcome.unauthorized or outcome.reason == RejectReason.PARENT_REJECTED), outcome
         if n % 5 == 4:
             replica.commit()
     replica.commit()
@@ -167,14 +169,16 @@ def test_writer_cut_off_in_a_branch_is_rejected_after_the_merge(
         # Concurrent with the cut, B1 is authorised (not rejected). Whether it is delivered
         # depends on arrival: applied after the cut, soft fail holds it back (docs/state.md).
         assert (graph.id("B1") in delivered) != replica.is_soft_failed(graph.id("B1"))
-        assert graph.id("B2") not in delivered
-        # The rejected event is a vertex: its child is applied, accepted and delivered.
-        assert graph.id("A3") in delivered
-        assert replica.graph.parents_of(graph.id("A3")) == (graph.id("B2"),)
-        assert replica.graph.extremities() == [graph.id("A3")]
+        # The rejected event never becomes a vertex, and neither does its child: the
+        # graph remembers both refusals (docs/state.md, "Rejected events").
+        for name in ("B2", "A3"):
+            assert not replica.graph.has(graph.id(name))
+            assert graph.id(name) not in delivered
+        assert replica.graph.rejected_reason(graph.id("A3")) == RejectReason.PARENT_REJECTED
+        assert graph.id("B2") not in replica.graph.extremities()
         everything = [e.id for _, e in replica.deliveries(limit=10_000, include_rejected=True)]
         assert everything == [e.id for _, e in replica.graph.deliveries(limit=10_000)]
-        assert graph.id("B2") in everything
+        assert set(everything) - set(delivered) <= {graph.id("B1")}  # soft fail, no more
 
 
 def test_unauthorized_events_are_reported_by_receive(topic_builder: BuildTopic) -> None:
@@ -182,8 +186,9 @@ def test_unauthorized_events_are_reported_by_receive(topic_builder: BuildTopic) 
     replica = replica_of(graph, parents_first)
     again = Replica(MemoryStore(), graph.topic_id, identity("again"))
     outcomes = {n: again.receive(e.raw, NOW_MS) for n, e in graph.events.items()}
-    assert outcomes["B2"].status is AddStatus.APPLIED  # a vertex of the graph, gossiped on
+    assert outcomes["B2"].status is AddStatus.REJECTED  # never a vertex, never gossiped on
     assert outcomes["B2"].unauthorized == ((graph.id("B2"), AuthReason.SENDER_NOT_JOINED),)
+    assert outcomes["A3"].reason == RejectReason.PARENT_REJECTED  # built on it
     assert all(not o.unauthorized for n, o in outcomes.items() if n != "B2")
     assert again.state() == replica.state()
 
@@ -195,7 +200,8 @@ def test_stale_auth_refs_are_rejected(topic_builder: BuildTopic) -> None:
     bob = CAST["bob"]
     stale = graph.state_after["B1"]
     fields = EventFields("message", bob.public_key)
-    forged = sign_event(bob, topic=graph.topic_id, seq=99, parents=[graph.id("A3")],
+    # (on the heads here: A3, built on the rejected B2, is not in the graph)
+    forged = sign_event(bob, topic=graph.topic_id, seq=99, parents=replica.graph.extremities(),
                         timestamp_ms=500, kind="message", payload=b"",
                         auth=select_auth_refs(fields, stale))
     outcome = replica.receive(forged.raw, NOW_MS)
@@ -205,14 +211,14 @@ def test_stale_auth_refs_are_rejected(topic_builder: BuildTopic) -> None:
 # ------------------------------------------------------------ malformed content
 
 
-def test_control_events_without_map_content_are_rejected_vertices() -> None:
+def test_control_events_without_map_content_are_refused() -> None:
     origin = authorized_topic()
     levels = origin.state()[("m.room.power_levels", "")]
     rng = random.Random(0)
     with pytest.raises(NotAuthorizedError) as refused:  # the creator, at 100: content only
         origin.publish(pack_payload([0]), 2_000, rng, kind="m.room.power_levels", state_key="")
     assert refused.value.reason == AuthReason.BAD_CONTENT
-    # Signed anyway and received: a rejected vertex; the levels stay.
+    # Signed anyway and received: refused, never a vertex; the levels stay.
     alice = identity("alice")
     state = origin.tracker.state(origin.tracker.current_group())
     seq = origin.graph.author_latest_seq(alice.public_key) + 1
@@ -222,7 +228,7 @@ def test_control_events_without_map_content_are_rejected_vertices() -> None:
                          auth=select_auth_refs(EventFields("m.room.power_levels",
                                                            alice.public_key, ""), state))
     outcome = origin.receive(garbled.raw, NOW_MS)
-    assert outcome.status is AddStatus.APPLIED
+    assert outcome.status is AddStatus.REJECTED and not origin.graph.has(garbled.id)
     assert outcome.unauthorized == ((garbled.id, AuthReason.BAD_CONTENT),)
     assert origin.state()[("m.room.power_levels", "")] == levels
     # The verdict of a non-state join rules event reads its content: not cached
@@ -267,11 +273,10 @@ def test_unresolvable_forks_are_read_as_the_greatest_heads_state_and_tried_once(
         with pytest.raises(StateResolutionError, match="refused by the test"):
             tracker.group_before(heads)
     assert calls == [1] and tracker.stats["unresolvable_memo_hits"] == 3
-    # END merges the same heads: rejected, and it takes the state the reads showed.
+    # END merges the same heads: refused (never a vertex), without a second walk.
     outcome = replica.receive(graph.events["END"].raw, NOW_MS)
     assert outcome.unauthorized == ((graph.id("END"), AuthReason.STATE_UNRESOLVABLE),)
-    assert state_after(replica, graph.id("END")) == fallback
-    assert calls == [1]
+    assert not replica.graph.has(graph.id("END")) and calls == [1]
     # Gids die with discarded writes, so the memo of refusals goes with the caches.
     tracker.clear_caches()
     with pytest.raises(StateResolutionError):
@@ -428,8 +433,13 @@ def test_state_does_not_depend_on_arrival_order_or_replica(plan, seeds, tick_ms)
     for replica in replicas:
         assert replica.graph.extremities() == heads
         assert {k: e.id for k, e in replica.state().items()} == reference
+        # Refused events never become vertices: the ones judged are those whose
+        # parents were all applied (a descendant of a refused one is refused unjudged).
         assert rejected_names(replica, graph) == {
-            n: r for n, r in graph.rejected.items() if n in applied}
+            n: r for n, r in graph.rejected.items()
+            if graph.events[n].parents
+            and all(names[p] in applied for p in graph.events[n].parents)
+            and not isinstance(replica.graph.rejected_reason(graph.id(n)), RejectReason)}
         for name in applied:
             assert state_after(replica, graph.id(name)) == graph.state_after[name]
         delivered = {names[e.id] for _, e in replica.deliveries(limit=10_000)}

@@ -17,6 +17,7 @@ from dataclasses import replace
 import pytest
 
 from node.replica import order_bans
+from node.state import soft_fail
 from node.replica.replica import Replica
 from transport.sim import Cluster, Scenario
 
@@ -42,8 +43,8 @@ def test_a_banned_writer_s_later_events_are_in_no_correct_node_s_order(seed):
 def test_the_check_fails_a_world_whose_order_ignores_the_ban(monkeypatch):
     # The order without the ban rule and no soft fail (the behaviour before issue
     # 16): the banned writer's post-ban chain is confirmed everywhere.
-    monkeypatch.setattr(order_bans.OrderBans, "admit", lambda self, event: None)
-    monkeypatch.setattr(order_bans.OrderBans, "survivors", lambda self, ids, get: tuple(ids))
+    monkeypatch.setattr(order_bans.OrderBans, "advance",
+                        lambda self, appended, tail, get: ([None] * len(appended), tuple(tail)))
     monkeypatch.setattr(Replica, "_soft_fail", lambda self, received: received)
     cluster = Cluster.from_scenario(replace(BANNED, seed=0))
     with pytest.raises(AssertionError, match="post-ban events in its order"):
@@ -57,3 +58,30 @@ def test_the_banned_writer_scenario_replays_from_its_command_line():
     scenario = replace(BANNED, seed=5)
     assert "--banned-writer" in scenario.argv()
     assert scenario_from_args(build_parser().parse_args(scenario.argv())) == scenario
+
+
+def _views(cluster: Cluster) -> list[tuple]:
+    """Per correct node: confirmed and tentative views, and the events it soft-failed."""
+    out = []
+    for node in cluster.members:
+        replica = node.replica
+        soft = sorted(i for i in cluster.event_ids(node.index) if replica.is_soft_failed(i))
+        out.append((replica.ordering.confirmed, replica.ordering.tentative, tuple(soft)))
+    return out
+
+
+@pytest.mark.parametrize("seed", [1, 4])
+def test_the_shortcuts_give_the_views_of_the_full_checks(seed, monkeypatch):
+    # The order's incremental tail and no-restriction guard and soft fail's guard
+    # (order_bans.SHORTCUTS, soft_fail.SHORTCUTS) only skip work: the same world run
+    # with every event judged in full gives every node the same views.
+    scenario = replace(BANNED, seed=seed)
+    guarded = Cluster.from_scenario(scenario)
+    fast = guarded.run()
+    monkeypatch.setattr(order_bans, "SHORTCUTS", False)
+    monkeypatch.setattr(soft_fail, "SHORTCUTS", False)
+    full = Cluster.from_scenario(scenario)
+    slow = full.run()
+    assert fast.digest == slow.digest
+    assert _views(guarded) == _views(full)
+    assert slow.soft_failed == fast.soft_failed > 0

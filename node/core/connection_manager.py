@@ -1,0 +1,104 @@
+"""The connection manager: how many connections a node keeps, and which. Sans-IO.
+
+Peer exchange and the peer book could connect a node to every peer of a big
+fleet, and anyone may dial a node: its connections need bounds, and a choice
+of which to keep. The rules (the runtime, node.fleet, carries them out):
+
+* A connection that comes up is refused (closed at once) when the node
+  already holds `max_connections` (node-wide) or `max_per_ip` from the same
+  IP address (issue 16: a flood of connections costs the flooder, not the
+  node). Loopback is exempt from the per-IP bound (a local cluster, tests);
+  the node-wide bound holds for it too.
+* Above the high water mark the manager trims down to the low water mark,
+  closing first peers that share no topic with us, then the most recently
+  connected; a peer connected less than GRACE_MS ago is spared (it has not
+  had time to tell us its topics), and so is one we share topics with while
+  others can go.
+* Below the low water mark the node dials more (from the peer book); peer
+  exchange dials only while under the high water mark (`wants_more`).
+
+py-libp2p 0.8.1 ships a resource manager (`libp2p.rcmgr`) with connection
+limits, but it counts connections per process, knows nothing of topics and
+its per-IP limits cannot exempt a local cluster; deciding here keeps the
+simulator and the node on one rule.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+
+LOW_WATER = 16  # below this many connections, dial more from the peer book
+HIGH_WATER = 48  # above this many, trim down to LOW_WATER
+MAX_CONNECTIONS = 128  # node-wide: a connection past this is closed at once
+MAX_CONNECTIONS_PER_IP = 8  # from one IP address (loopback exempt)
+GRACE_MS = 30_000  # a new connection is not trimmed for this long
+
+
+class Refusal(str, Enum):
+    """Why a connection was closed as soon as it came up (the string is what logs show)."""
+
+    NODE_LIMIT = "node_connection_limit"
+    IP_LIMIT = "ip_connection_limit"
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    low_water: int = LOW_WATER
+    high_water: int = HIGH_WATER
+    max_connections: int = MAX_CONNECTIONS
+    max_per_ip: int = MAX_CONNECTIONS_PER_IP
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.low_water <= self.high_water <= self.max_connections:
+            raise ValueError("connection limits must satisfy 0 <= low <= high <= max")
+        if self.max_per_ip < 1:
+            raise ValueError("max_per_ip must be at least 1")
+
+
+@dataclass(frozen=True, slots=True)
+class Connection:
+    """One connected peer as the manager sees it."""
+
+    peer: str
+    ip: str | None  # None: unknown (never counted against an IP bound)
+    since_ms: int
+    shares_topics: bool = False
+
+
+def is_loopback(ip: str) -> bool:
+    return ip.startswith("127.") or ip == "::1"
+
+
+def admit(new: Connection, others: list[Connection], limits: Limits) -> Refusal | None:
+    """None to keep the connection `new` just made; else why it is closed. `others`:
+    the other connections held now."""
+    if len(others) >= limits.max_connections:
+        return Refusal.NODE_LIMIT
+    if new.ip is not None and not is_loopback(new.ip):
+        same = sum(1 for c in others if c.ip == new.ip)
+        if same >= limits.max_per_ip:
+            return Refusal.IP_LIMIT
+    return None
+
+
+def to_trim(connections: list[Connection], now_ms: int, limits: Limits) -> list[str]:
+    """The peers to disconnect now: none at or under the high water mark; else down to
+    the low water mark, the least wanted first, never one inside its grace period."""
+    if len(connections) <= limits.high_water:
+        return []
+    excess = len(connections) - limits.low_water
+    candidates = [c for c in connections if now_ms - c.since_ms >= GRACE_MS]
+    # Sharing no topic goes first; then the most recent (older links have proven useful).
+    candidates.sort(key=lambda c: (c.shares_topics, -c.since_ms, c.peer))
+    return [c.peer for c in candidates[:excess]]
+
+
+def wants_more(count: int, limits: Limits) -> bool:
+    """Whether discovery (peer exchange) may add a connection."""
+    return count < limits.high_water
+
+
+def needs_more(count: int, limits: Limits) -> bool:
+    """Whether the node should dial more peers from its book."""
+    return count < limits.low_water

@@ -1,0 +1,78 @@
+"""The connection manager: node-wide and per-IP limits, water marks, which peers are trimmed."""
+
+from __future__ import annotations
+
+import pytest
+import trio
+
+from node import config as node_config
+from node.config import ConfigError, NodeConfig
+from node.core import connection_manager as cm
+from node.core.connection_manager import (GRACE_MS, Connection, Limits, Refusal, admit,
+                                          needs_more, to_trim, wants_more)
+from node.runtime import Node
+
+WAIT_S = 15.0
+POLL_S = 0.05
+
+
+def conns(n: int, ip: str = "10.0.0.1", since: int = 0, shares: bool = False) -> list[Connection]:
+    return [Connection(f"{ip}-{i}", ip, since, shares) for i in range(n)]
+
+
+def test_the_defaults_agree_with_the_settings() -> None:
+    assert NodeConfig().connection_limits() == Limits()
+    assert (node_config.DEFAULT_CONNECTIONS_LOW, node_config.DEFAULT_CONNECTIONS_HIGH,
+            node_config.DEFAULT_MAX_CONNECTIONS, node_config.DEFAULT_MAX_CONNECTIONS_PER_IP) == (
+        cm.LOW_WATER, cm.HIGH_WATER, cm.MAX_CONNECTIONS, cm.MAX_CONNECTIONS_PER_IP)
+    with pytest.raises(ConfigError):
+        NodeConfig().with_overrides(connections_low=50, connections_high=10)
+    with pytest.raises(ConfigError):
+        NodeConfig().with_overrides(max_connections_per_ip=0)
+
+
+def test_node_wide_and_per_ip_limits() -> None:
+    limits = Limits(low_water=2, high_water=4, max_connections=6, max_per_ip=2)
+    new = Connection("new", "10.0.0.1", 0)
+    assert admit(new, conns(1), limits) is None
+    assert admit(new, conns(2), limits) == Refusal.IP_LIMIT
+    assert admit(new, conns(2, ip="10.0.0.2"), limits) is None
+    assert admit(Connection("l", "127.0.0.1", 0), conns(5, ip="127.0.0.1"), limits) is None
+    assert admit(Connection("l", "127.0.0.1", 0), conns(6, ip="127.0.0.1"), limits) == \
+        Refusal.NODE_LIMIT
+    assert admit(Connection("u", None, 0), conns(2), limits) is None  # unknown IP: node-wide only
+
+
+def test_above_the_high_water_mark_the_least_wanted_go_down_to_the_low_one() -> None:
+    limits = Limits(low_water=2, high_water=4, max_connections=10, max_per_ip=10)
+    now = 10 * GRACE_MS
+    sharing = [Connection(f"s{i}", None, i, True) for i in range(2)]
+    strangers = [Connection(f"x{i}", None, 100 + i) for i in range(3)]
+    assert to_trim(sharing + strangers[:2], now, limits) == []  # at the high water mark
+    trimmed = to_trim(sharing + strangers, now, limits)
+    assert sorted(trimmed) == ["x0", "x1", "x2"]  # topic peers stay
+    fresh = [Connection("new", None, now - 1)]
+    assert "new" not in to_trim(sharing + strangers + fresh, now, limits)  # grace period
+    assert wants_more(3, limits) and not wants_more(4, limits)
+    assert needs_more(1, limits) and not needs_more(2, limits)
+
+
+async def test_a_connection_past_the_node_limit_is_closed(tmp_path) -> None:
+    limited = NodeConfig().with_overrides(connections_low=0, connections_high=1,
+                                          max_connections=1)
+    async with Node.open(tmp_path / "hub", config=limited, seed=1) as hub, \
+            Node.open(tmp_path / "a", seed=2) as a, Node.open(tmp_path / "b", seed=3) as b:
+        await a.connect(hub.addresses[0])
+        with trio.fail_after(WAIT_S):
+            while a.host.peer_id not in hub.host.peers():
+                await trio.sleep(POLL_S)
+        try:
+            await b.connect(hub.addresses[0])
+        except Exception:
+            pass  # closed while it was being set up: as good
+        with trio.fail_after(WAIT_S):
+            while hub.stats["connections_refused"] < 1 or b.host.peer_id in hub.host.peers():
+                await trio.sleep(POLL_S)
+        assert a.host.peer_id in hub.host.peers()
+        assert hub.status()["connections"]["max"] == 1
+        assert b.node_id not in hub.peer_policy.redialling()  # refused: never redialled
