@@ -277,7 +277,7 @@ class Topic:
         Positions are those of the whole order, filtered or not, so a position + 1
         resumes a filtered subscription too. It ends with TopicLeft when the topic is
         left and Banned once this node's own state holds its ban (an open topic's
-        members send it; an invite topic's send a banned node nothing, its ban included).
+        members send it; an invite topic's hand a banned node its own ban and nothing after).
 
         order="causal": every delivered event, never before its parents (default).
         order="confirmed": the quorum-confirmed total order; positions never change.

@@ -90,6 +90,7 @@ from typing import Any
 from node.core.event import Event, event_id_of, is_withheld_form
 from node.logschema import GOSSIP, SCHEMA_VERSION
 from node.replica.replica import Replica
+from node.state.types import TYPE_MEMBER, Membership, content_of, user_id
 from transport.anti_entropy import AntiEntropy
 from transport.depletion import DepletionTimer
 from transport.dissemination_config import DisseminationConfig
@@ -121,7 +122,8 @@ _STAT_KEYS = {kind: (f"messages_sent_{kind.__name__.lower()}", f"bytes_sent_{kin
                            JoinSubmit)}
 # Messages that carry a topic's events or event ids: the read filter applies to them.
 _GUARDED = frozenset({Push, Offer, Reply, Want, Events})
-_CARRIES_EVENTS = frozenset({Push, Reply, Events})  # what history_access may thin out
+_CARRIES_EVENTS = frozenset({Push, Reply, Events})
+_REMOVALS = frozenset({Membership.BAN, Membership.LEAVE})  # set by another: a ban or a kick  # what history_access may thin out
 NOT_MEMBER = "not_member"  # the log reason of a message dropped by the read filter
 
 
@@ -359,7 +361,45 @@ class Disseminator(Intake, AntiEntropy, JoinHandshake):
             holders = self._holders(replica, peer, fresh)
             out += self._push(replica.topic_id, fresh, exclude=holders,
                               fanout=self.config.forward_fanout)
+        if fresh:
+            out += self._tell_removed(replica, fresh)
         return out
+
+    def _tell_removed(self, replica: Replica, raws: Sequence[bytes]) -> list[Effect]:
+        """Hand a member that was just banned or kicked its own removal, if connected.
+
+        The read filter sends a removed member nothing more, its removal included, so
+        its node could never tell it was removed (`subscribe` would wait forever).
+        The removal is the one event it may still read: it was joined in the state
+        before it (Matrix sends the ban to the banned user too). It arrives as a push;
+        if the member lacks some of its parents it stays buffered there.
+        """
+        if not replica.is_private():
+            return []  # an open topic's removed members still read it all
+        out: list[Effect] = []
+        for raw in raws:
+            event = replica.graph.get(event_id_of(raw))
+            if event is None or event.kind != TYPE_MEMBER or not event.state_key \
+                    or event.state_key == user_id(event.author):
+                continue
+            if content_of(event).get("membership") not in _REMOVALS:
+                continue
+            peer = self._peer_of_key(event.state_key)
+            if peer is not None:
+                data = encode(Push(replica.topic_id, (event.raw,)))
+                self.stats["removals_told"] += 1
+                self.stats["messages_sent"] += 1
+                self.stats["bytes_sent"] += len(data)
+                out.append(Send(peer, data))
+        return out
+
+    def _peer_of_key(self, user: str) -> PeerId | None:
+        """The connected peer whose key is the user id `user` (hex), if any."""
+        for peer in self._peers:
+            key = self._key(peer)
+            if key is not None and key.hex() == user:
+                return peer
+        return None
 
     def _stray_fault(self, peer: PeerId, now_ms: int, fault: Fault) -> list[Effect]:
         """A stray message (unknown topic, non-member): free within the peer's allowance."""
@@ -493,6 +533,7 @@ class Disseminator(Intake, AntiEntropy, JoinHandshake):
     def _spread_local(self, topic: bytes, raws: list[bytes]) -> list[Effect]:
         """The fast path for events authored here: push them, and announce them if asked."""
         out = self._push(topic, raws, exclude=(), fanout=self.config.push_fanout)
+        out += self._tell_removed(self._replicas[topic], raws)
         if self.config.announce and raws and not self._replicas[topic].is_private():
             out.append(Announce(topic, tuple(raws)))  # never for a private topic
         return out

@@ -111,6 +111,10 @@ def test_only_members_read_an_invite_topic(tmp_path: Path) -> None:
             assert {f"after ban {n}" for n in range(MESSAGES)} <= set(payloads(cluster, i, topic))
         assert not [p for p in payloads(cluster, BANNED, topic) if p.startswith("after ban")]
         assert messages_delivered(cluster, BANNED, topic) == before_ban
+        # Its node was handed its own ban, so its subscribe ends, with one line and status 7.
+        ended = cluster.cli_raw(BANNED, "subscribe", topic, timeout_s=WAIT_S)
+        assert ended.returncode == 7 and "banned" in ended.stderr, ended.stderr
+        assert len(ended.stderr.strip().splitlines()) == 1, ended.stderr
 
         # history = joined (a topic of its own): a late member reads from its join on only.
         wrong = cluster.cli_raw(0, "topic", "create", "x", "--history", "joined")

@@ -210,3 +210,20 @@ def test_bad_join_messages_are_rejected(body):
 
     with pytest.raises(MessageError):
         decode(msgpack.packb(body, use_bin_type=True))
+
+
+def test_a_banned_member_is_handed_its_own_ban_and_nothing_after_it():
+    mesh = Mesh(["a", "b"])
+    mesh.invite("a", "b")
+    mesh.connect_all()
+    mesh.request_join("b")
+    b = mesh.replicas["b"]
+    assert b.membership_of(mesh.key("b")) is Membership.JOIN
+    ban, _ = mesh.replicas["a"].ban(mesh.key("b"), mesh.now_ms, random.Random(2))
+    mesh.pump([("a", e) for e in mesh.engines["a"].on_publish(mesh.topic, ban, mesh.now_ms)])
+    assert b.graph.has(ban.id)  # its node can tell (subscribe ends with "banned")
+    assert b.membership_of(mesh.key("b")) is Membership.BAN
+    assert mesh.engines["a"].stats["removals_told"] == 1
+    after = mesh.publish("a", b"after the ban")
+    mesh.tick(times=3)
+    assert not b.graph.has(after) and after not in mesh.received["b"].events
