@@ -47,6 +47,7 @@ from node.replica.precheck import Verdict, precheck
 from node.replica.replica import Received, Replica
 from transport.dissemination_config import DisseminationConfig
 from transport.effects import Disconnect, Effect, Log, PeerId
+from transport.intake_budget import IntakeBudget
 from transport.messages import MessageError, Push, decode
 from transport.misbehaviour import (
     AUTH_BLAMED_REASONS,
@@ -106,7 +107,9 @@ class Intake:
         def _key(self, peer: PeerId) -> bytes | None: ...
         def _trust(self, peer: PeerId) -> None: ...
         def _stray_fault(self, peer: PeerId, now_ms: int, fault: Fault) -> list[Effect]: ...
+        def _over_budget(self, peer: PeerId, now_ms: int, what: str) -> list[Effect]: ...
         _replicas: dict[bytes, Replica]
+        intake_budget: IntakeBudget
 
     def check_gossip(self, peer: PeerId, data: bytes, now_ms: int) -> tuple[bool, list[Effect]]:
         """May this GossipSub message, handed over by `peer`, be taken in and forwarded?
@@ -117,6 +120,8 @@ class Intake:
         and the effects of blaming `peer` (a `Disconnect` at the threshold).
         """
         self.stats["gossip_checked"] += 1
+        if not self.intake_budget.take_bytes(peer, len(data), now_ms):  # as its own frame's
+            return False, self._gossip_over_budget(peer, now_ms, "bytes")
         try:
             message = decode(data)
         except MessageError as error:
@@ -129,6 +134,8 @@ class Intake:
         if replica is None:
             self.stats["gossip_refused_unknown_topic"] += 1
             return False, self._stray_fault(peer, now_ms, Fault.UNKNOWN_TOPIC)
+        if not self.intake_budget.take_events(peer, len(message.events), now_ms):
+            return False, self._gossip_over_budget(peer, now_ms, "events")
         earlier: set[bytes] = set()
         for raw in message.events:
             check = precheck(replica, raw, now_ms, earlier)
@@ -148,6 +155,10 @@ class Intake:
                     Fault.UNAUTHORIZED if own else Fault.INVALID_RELAYED)
             earlier.add(check.event.id if check.event is not None else event_id_of(raw))
         return True, []
+
+    def _gossip_over_budget(self, peer: PeerId, now_ms: int, what: str) -> list[Effect]:
+        self.stats["gossip_refused"] += 1
+        return self._over_budget(peer, now_ms, what)
 
     def _gossip_refused(self, peer: PeerId, now_ms: int, topic: bytes | None, reason: str,
                         fault: Fault | None) -> list[Effect]:

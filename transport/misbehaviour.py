@@ -53,6 +53,11 @@ What counts, and why each weight is what it is:
   signature) in gossip weigh a hard fault on the forwarder: every relay
   checks those whatever it holds (`transport.intake.Intake.check_gossip`).
 
+* **Over its intake budget** (`OVER_BUDGET_WEIGHT`): each frame dropped
+  because the peer used up a whole burst of its events or bytes per second
+  (`transport.intake_budget`), a tenth of a hard fault: honest traffic
+  never reaches the burst, a flood past it is dropped after 200 frames.
+
 `Scores` keeps the per-peer scores, bounded by MAX_BLAMED_PEERS (the least
 suspect go first); a score is reset when it reaches the threshold, so a peer
 that comes back after its ban and misbehaves again is dropped again.
@@ -82,6 +87,7 @@ class Fault(StrEnum):
     UNAUTHORIZED = "unauthorized"  # its own event, refused by the auth rules on its own past
     UNKNOWN_TOPIC = "unknown_topic"  # beyond the stray allowance
     NOT_MEMBER = "not_member"  # a private topic's message from a non-reader, beyond the allowance
+    OVER_BUDGET = "over_budget"  # a frame beyond its intake budget (transport.intake_budget)
     INVALID_RELAYED = "invalid_relayed"  # gossip it forwarded, refused here, not its own; beyond the allowance
 
 
@@ -92,6 +98,7 @@ UNAUTHORIZED_WEIGHT: Final = 0.25
 UNKNOWN_TOPIC_WEIGHT: Final = 0.1
 NOT_MEMBER_WEIGHT: Final = 0.1
 INVALID_RELAYED_WEIGHT: Final = 0.1
+OVER_BUDGET_WEIGHT: Final = 0.1
 FAULT_WEIGHTS: Final = {
     Fault.HARD: HARD_FAULT_WEIGHT,
     Fault.IMPOSSIBLE_OFFER: IMPOSSIBLE_OFFER_WEIGHT,
@@ -99,6 +106,7 @@ FAULT_WEIGHTS: Final = {
     Fault.UNKNOWN_TOPIC: UNKNOWN_TOPIC_WEIGHT,
     Fault.NOT_MEMBER: NOT_MEMBER_WEIGHT,
     Fault.INVALID_RELAYED: INVALID_RELAYED_WEIGHT,
+    Fault.OVER_BUDGET: OVER_BUDGET_WEIGHT,
 }
 # Stray messages (unknown topic, non-member) a peer may send free: a token
 # bucket of this rate and burst. An honest peer's stray traffic is its pushes
