@@ -169,7 +169,7 @@ class Node:
         # Stored topics the start check found damaged (node.check): not opened, not served.
         self.damaged_topics: dict[bytes, str] = {}
         self.stats: dict[str, int] = {"outbox_dropped": 0, "send_failed": 0, "log_failed": 0,
-                                      "redials": 0, "gossip_ignored": 0}
+                                      "redials": 0, "gossip_ignored": 0, "frames_from_banned": 0}
         self.metrics: MetricsExporter | None = None  # set by open() when metrics_port > 0
         self._peer_receive = peer_events
         self._misbehaviour_receive = misbehaviour
@@ -639,8 +639,14 @@ class Node:
 
     async def _on_frame(self, peer: str, data: bytes) -> None:
         node_id = node_id_of(peer)
-        if node_id is not None:
-            await self.committer.receive(node_id, data)  # applied in the next group commit
+        if node_id is None:
+            return
+        if self._peers.policy.is_banned(node_id, now_ms()):
+            # Read off its stream while its connection is being dropped: not worth a
+            # signature check, and blaming it again would only repeat the ban.
+            self.stats["frames_from_banned"] += 1
+            return
+        await self.committer.receive(node_id, data)  # applied in the next group commit
 
     def _validate_gossip(self, topic_name: str, forwarder: str, data: bytes) -> bool:
         """GossipSub's topic validator: forward and take in only what the engine would keep.
@@ -655,7 +661,7 @@ class Node:
             self.stats["gossip_ignored"] += 1
             return False
         node_id = node_id_of(forwarder)
-        if node_id is None:
+        if node_id is None or self._peers.policy.is_banned(node_id, now_ms()):
             return False
         accepted, effects = self.disseminator.check_gossip(node_id, data, now_ms())
         if effects:
