@@ -33,7 +33,9 @@ libp2p connections from 200 identities.
 
     .venv/bin/python -m pytest -q -s tests/bench/test_adversary_bench.py
 
-Writes bench-results/adversary.json.
+Writes bench-results/adversary.json. `test_gossip_junk_bench` (daemons on the
+GossipSub fast path) writes bench-results/adversary_gossip.json: a non-member's
+junk published to node0 must never reach node1.
 """
 
 from __future__ import annotations
@@ -337,3 +339,80 @@ async def test_adversary_bench(tmp_path, record_figures):
         await trio.to_thread.run_sync(cluster.close)
     record_figures("adversary", figures)
     assert figures["daemon_running_at_end"]
+
+
+# ---------------------------------------------------------------- gossip junk (fast path gossipsub)
+
+GOSSIP_COUNTERS = ("gossip_checked", "gossip_refused", "unauthorized", "misbehaviour",
+                   "frames_from_banned")
+
+
+def gossip_counters(path: Path) -> dict[str, int]:
+    stats = control_call(path, {"op": "status"})["status"].get("stats", {})
+    return {key: stats.get(key, 0) for key in GOSSIP_COUNTERS}
+
+
+async def test_gossip_junk_bench(tmp_path, record_figures):
+    """A non-member publishes its own signed events on the topic's GossipSub topic, meshed
+    with node0 only: node0's validator refuses them, so node1 (meshed with node0) must see
+    none of them (its validator's counters do not move), and node0 bans the attacker."""
+    from node.effects import gossip_topic  # the daemon's naming of a topic's gossip topic
+
+    cluster = LocalCluster(tmp_path, 2, fast_path="gossipsub")
+    await trio.to_thread.run_sync(cluster.__enter__)
+    figures: dict = {"attack_s": ATTACK_S, "cpus": os.cpu_count()}
+    try:
+        run = lambda *a: trio.to_thread.run_sync(lambda: cluster.cli(*a))  # noqa: E731
+        topic = (await run(0, "topic", "create", "gossiped", "--access", "open"))["topic"]
+        await run(1, "topic", "join", topic)
+        await trio.to_thread.run_sync(cluster.wait_joined, topic, SETUP_BOUND_S)
+        victim = Victim(cluster, topic)
+        figures["baseline_probe_s"] = statistics.median(
+            p for p in [await victim.probe_once() for _ in range(BASELINE_PROBES)] if p is not None)
+        before0 = await trio.to_thread.run_sync(gossip_counters, victim.control0)
+        before1 = await trio.to_thread.run_sync(gossip_counters, victim.control1)
+        topic_id = bytes.fromhex(topic)
+        name = gossip_topic(topic_id)
+        seed = os.urandom(32)
+        me = Identity.from_seed(seed)
+        messages = [encode(Push(topic_id, tuple(
+            sign_event(me, topic=topic_id, seq=m * FLOOD_EVENTS_PER_MESSAGE + k + 1,
+                       parents=[topic_id], timestamp_ms=int(time.time() * 1000),
+                       kind="message", payload=b"gossip junk", auth=(topic_id,)).raw
+            for k in range(FLOOD_EVENTS_PER_MESSAGE)))) for m in range(200)]
+        async with P2PHost(seed, limits=BIG) as host:
+            peer = await host.connect(cluster.nodes[0].address)
+            await host.join(name)
+            with trio.move_on_after(SETUP_BOUND_S):
+                await host.wait_gossip_mesh_peer(name, peer, SETUP_BOUND_S)
+            figures["attacker_meshed"] = peer in host.gossip_mesh_peers(name)
+            start = trio.current_time()
+            published = 0
+
+            async def publish() -> None:
+                nonlocal published
+                for data in messages:  # distinct messages: the seen-cache would drop repeats
+                    if trio.current_time() > start + ATTACK_S:
+                        break
+                    try:
+                        await host.publish(name, data)
+                        published += 1
+                    except Exception:
+                        await trio.sleep(0.05)
+                    await trio.sleep(0.01)
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(publish)
+                nursery.start_soon(victim.watch, start + ATTACK_S, figures,
+                                   me.public_key.hex())
+            figures["messages_published"] = published
+        await trio.sleep(2)  # anything forwarded would have reached node1 by now
+        after0 = await trio.to_thread.run_sync(gossip_counters, victim.control0)
+        after1 = await trio.to_thread.run_sync(gossip_counters, victim.control1)
+        figures["node0"] = {k: after0[k] - before0[k] for k in GOSSIP_COUNTERS}
+        figures["node1"] = {k: after1[k] - before1[k] for k in GOSSIP_COUNTERS}
+        figures["probe_after_s"] = await victim.probe_once()
+    finally:
+        await trio.to_thread.run_sync(cluster.close)
+    record_figures("adversary_gossip", figures)
+    assert figures["node1"]["gossip_refused"] == 0 and figures["node1"]["unauthorized"] == 0
