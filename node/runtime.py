@@ -169,7 +169,7 @@ class Node:
         # Stored topics the start check found damaged (node.check): not opened, not served.
         self.damaged_topics: dict[bytes, str] = {}
         self.stats: dict[str, int] = {"outbox_dropped": 0, "send_failed": 0, "log_failed": 0,
-                                      "redials": 0, "gossip_ignored": 0}
+                                      "redials": 0, "gossip_ignored": 0, "frames_from_banned": 0}
         self.metrics: MetricsExporter | None = None  # set by open() when metrics_port > 0
         self._peer_receive = peer_events
         self._misbehaviour_receive = misbehaviour
@@ -332,6 +332,7 @@ class Node:
         host.set_request_handler(PROTOCOL_RELAY, self._relay_intake.on_request)
         if host.gossip_enabled:
             host.set_gossip_handler(self._on_gossip)
+            host.set_gossip_validator(self._validate_gossip)
         self._nursery.start_soon(self.committer.run)  # first: opening topics writes through it
         for topic_id, wants_membership in stored_topics(self.store):
             damage = quick_check_topic(self.store, topic_id)  # node.check: a few reads
@@ -638,8 +639,34 @@ class Node:
 
     async def _on_frame(self, peer: str, data: bytes) -> None:
         node_id = node_id_of(peer)
-        if node_id is not None:
-            await self.committer.receive(node_id, data)  # applied in the next group commit
+        if node_id is None:
+            return
+        if self._peers.policy.is_banned(node_id, now_ms()):
+            # Read off its stream while its connection is being dropped: not worth a
+            # signature check, and blaming it again would only repeat the ban.
+            self.stats["frames_from_banned"] += 1
+            return
+        await self.committer.receive(node_id, data)  # applied in the next group commit
+
+    def _validate_gossip(self, topic_name: str, forwarder: str, data: bytes) -> bool:
+        """GossipSub's topic validator: forward and take in only what the engine would keep.
+
+        Runs before the library forwards anything (transport.libp2p_gossip), on
+        the trio thread between committer steps, so it sees committed state
+        alone and writes nothing (`Disseminator.check_gossip`). Unlike the
+        message's origin, the forwarder handed it to us itself: its faults count.
+        """
+        topic_id = gossip_message_topic(data)
+        if topic_id not in self._gossip_subscribed or topic_name != gossip_topic(topic_id):
+            self.stats["gossip_ignored"] += 1
+            return False
+        node_id = node_id_of(forwarder)
+        if node_id is None or self._peers.policy.is_banned(node_id, now_ms()):
+            return False
+        accepted, effects = self.disseminator.check_gossip(node_id, data, now_ms())
+        if effects:
+            self._run(effects)
+        return accepted
 
     async def _on_gossip(self, topic_name: str, origin: str, data: bytes) -> None:
         # Only topics this node subscribed (open ones) are taken from gossip, and

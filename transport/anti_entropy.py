@@ -333,7 +333,13 @@ class AntiEntropy:
             source = self._want_source.get((topic, parent))
             if source not in sources:
                 source = rng.choice(sources)
-            by_peer.setdefault(source, []).append(parent)
+            asked = by_peer.setdefault(source, [])
+            if len(asked) >= self.config.wants_in_flight_per_peer:
+                # transport.intake_budget: the rest waits for the next round, so a
+                # buffer flood of made-up parents draws a bounded number of wants.
+                self.stats["wants_deferred"] += 1
+                continue
+            asked.append(parent)
         self.stats["wants_sent"] += sum(len(v) for v in by_peer.values())
         if not by_peer:
             return []

@@ -97,6 +97,7 @@ from transport.dissemination_config import DisseminationConfig
 from transport.effects import Announce, Effect, Log, PeerId, Send
 from transport.join_handshake import JoinHandshake
 from transport.misbehaviour import Fault, Scores
+from transport.intake_budget import IntakeBudget
 from transport.peer_budget import AnswerBudget, RateBucket
 from transport.messages import (
     EVENT_FRAMING_BYTES,
@@ -181,6 +182,9 @@ class Disseminator(Intake, AntiEntropy, JoinHandshake):
                                      config.answer_refill_bytes_per_s)
         self._offer_rate = RateBucket(config.offers_per_s, config.offer_burst)
         self._stray = RateBucket(config.stray_allowance_per_s, config.stray_allowance_burst)
+        # What one peer may make us take in (transport.intake_budget).
+        self.intake_budget = IntakeBudget(config.peer_bytes_per_s, config.peer_bytes_burst,
+                                          config.peer_events_per_s, config.peer_events_burst)
         self.stats: Counter[str] = Counter()
         self._deferring = False  # inside on_batch: commits wait for the end of the batch
         self._accountable = True  # the frame being handled came from its sender (on_message)
@@ -323,6 +327,8 @@ class Disseminator(Intake, AntiEntropy, JoinHandshake):
         self.stats["bytes_received"] += len(data)
         self._accountable = accountable
         if accountable:  # bytes a peer sent itself earn it answer bytes (transport.peer_budget)
+            if not self.intake_budget.take_bytes(peer, len(data), now_ms):
+                return self._clean(self._over_budget(peer, now_ms, "bytes"))
             self._answers.received(peer, len(data), now_ms)
         try:
             try:
@@ -346,6 +352,9 @@ class Disseminator(Intake, AntiEntropy, JoinHandshake):
                 return self._clean([self._log("rejected", now_ms, replica.topic_id,
                                               reason=NOT_MEMBER, peer=peer)]
                                    + self._stray_fault(peer, now_ms, Fault.NOT_MEMBER))
+            if accountable and kind in _CARRIES_EVENTS and not self.intake_budget.take_events(
+                    peer, len(message.events), now_ms):  # type: ignore[union-attr]
+                return self._clean(self._over_budget(peer, now_ms, "events"))
             handler = self._HANDLERS[kind]
             return self._clean(handler(self, peer, replica, message, now_ms))
         finally:
@@ -400,6 +409,13 @@ class Disseminator(Intake, AntiEntropy, JoinHandshake):
             if key is not None and key.hex() == user:
                 return peer
         return None
+
+    def _over_budget(self, peer: PeerId, now_ms: int, what: str) -> list[Effect]:
+        """A frame beyond `peer`'s intake budget (transport.intake_budget): dropped unread."""
+        self.stats["intake_throttled"] += 1
+        self.stats[f"intake_throttled_{what}"] += 1
+        return self._blame(peer, now_ms, None, f"over_budget:{what}", log=False,
+                           fault=Fault.OVER_BUDGET)
 
     def _stray_fault(self, peer: PeerId, now_ms: int, fault: Fault) -> list[Effect]:
         """A stray message (unknown topic, non-member): free within the peer's allowance."""

@@ -21,6 +21,8 @@ from transport.defaults import (
     MISBEHAVIOUR_THRESHOLD,
 )
 from transport.depletion import DEFAULT_DEPLETION_BACKOFF_MS
+from transport.intake_budget import (PEER_BYTES_BURST, PEER_BYTES_PER_S, PEER_EVENTS_BURST,
+                                     PEER_EVENTS_PER_S, WANTS_IN_FLIGHT_PER_PEER)
 from transport.misbehaviour import STRAY_ALLOWANCE_BURST, STRAY_ALLOWANCE_PER_S
 from transport.messages import (
     FRAME_HEADROOM_BYTES,
@@ -100,6 +102,11 @@ class DisseminationConfig:
     offer_burst: int = OFFER_BURST
     stray_allowance_per_s: float = STRAY_ALLOWANCE_PER_S
     stray_allowance_burst: int = STRAY_ALLOWANCE_BURST
+    peer_bytes_per_s: float = PEER_BYTES_PER_S  # transport.intake_budget
+    peer_bytes_burst: int = PEER_BYTES_BURST
+    peer_events_per_s: float = PEER_EVENTS_PER_S
+    peer_events_burst: int = PEER_EVENTS_BURST
+    wants_in_flight_per_peer: int = WANTS_IN_FLIGHT_PER_PEER
     log: bool = True  # build Log effects (the simulator turns this off when nobody reads them)
 
     def __post_init__(self) -> None:
@@ -119,6 +126,11 @@ class DisseminationConfig:
             raise ValueError("depletion_backoff_ms must be >= 1")
         if self.amplification_factor < 0 or self.answer_allowance_bytes < 0:
             raise ValueError("amplification_factor and answer_allowance_bytes must be >= 0")
+        if min(self.peer_bytes_per_s, self.peer_events_per_s) <= 0 \
+                or min(self.peer_bytes_burst, self.peer_events_burst) < 1:
+            raise ValueError("the intake budgets' rates must be > 0 and bursts >= 1")
+        if self.wants_in_flight_per_peer < 1:
+            raise ValueError("wants_in_flight_per_peer must be >= 1")
         if self.offers_per_s <= 0 or self.offer_burst < 1:
             raise ValueError("offers_per_s must be > 0 and offer_burst >= 1")
         if self.push_fanout < 0 or self.forward_fanout < 0:

@@ -20,6 +20,15 @@ it. An event that is applied, authorized and new here is useful traffic: it
 makes its sender trusted (`_trust`), which lifts the anti-entropy answer
 budget (`transport.peer_budget`).
 
+Gossip is judged before it is forwarded (`check_gossip`, the GossipSub
+topic validator's question): the events of a message are prechecked
+against the replica without a write (`node.replica.precheck`), and a
+message holding one the replica would refuse is neither forwarded nor
+taken in; the peer that handed it over is blamed as for a frame of its
+own: a hard fault for what every relay checks (decoding, signature), the
+author's own unauthorized event as `UNAUTHORIZED`, someone else's as
+`INVALID_RELAYED` beyond the stray allowance.
+
 `Intake` is a mixin of `Disseminator`, like `transport.anti_entropy`: it
 reads the engine's state listed in its class body.
 """
@@ -34,9 +43,12 @@ from typing import TYPE_CHECKING, Any
 from node.core.event import Event, event_id_of, trusted_event
 from node.core.outcomes import AddStatus
 from node.logschema import SYNC
+from node.replica.precheck import Verdict, precheck
 from node.replica.replica import Received, Replica
 from transport.dissemination_config import DisseminationConfig
 from transport.effects import Disconnect, Effect, Log, PeerId
+from transport.intake_budget import IntakeBudget
+from transport.messages import MessageError, Push, decode
 from transport.misbehaviour import (
     AUTH_BLAMED_REASONS,
     FAULT_WEIGHTS,
@@ -94,6 +106,70 @@ class Intake:
         def _note_news(self, topic: bytes, peer: PeerId) -> None: ...
         def _key(self, peer: PeerId) -> bytes | None: ...
         def _trust(self, peer: PeerId) -> None: ...
+        def _stray_fault(self, peer: PeerId, now_ms: int, fault: Fault) -> list[Effect]: ...
+        def _over_budget(self, peer: PeerId, now_ms: int, what: str) -> list[Effect]: ...
+        _replicas: dict[bytes, Replica]
+        intake_budget: IntakeBudget
+
+    def check_gossip(self, peer: PeerId, data: bytes, now_ms: int) -> tuple[bool, list[Effect]]:
+        """May this GossipSub message, handed over by `peer`, be taken in and forwarded?
+
+        Pure for the replicas (nothing is inserted or written; the committer
+        ingests the message later if it is accepted); only the misbehaviour
+        scores, the stray buckets and the stats change. Returns the verdict
+        and the effects of blaming `peer` (a `Disconnect` at the threshold).
+        """
+        self.stats["gossip_checked"] += 1
+        if not self.intake_budget.take_bytes(peer, len(data), now_ms):  # as its own frame's
+            return False, self._gossip_over_budget(peer, now_ms, "bytes")
+        try:
+            message = decode(data)
+        except MessageError as error:
+            return False, self._gossip_refused(peer, now_ms, None, f"bad_message:{error.reason}",
+                                               Fault.HARD)
+        if type(message) is not Push:  # the fast path carries pushes alone
+            return False, self._gossip_refused(peer, now_ms, message.topic, "gossip_not_push",
+                                               Fault.HARD)
+        replica = self._replicas.get(message.topic)
+        if replica is None:
+            self.stats["gossip_refused_unknown_topic"] += 1
+            return False, self._stray_fault(peer, now_ms, Fault.UNKNOWN_TOPIC)
+        if not self.intake_budget.take_events(peer, len(message.events), now_ms):
+            return False, self._gossip_over_budget(peer, now_ms, "events")
+        earlier: set[bytes] = set()
+        for raw in message.events:
+            check = precheck(replica, raw, now_ms, earlier)
+            verdict = check.verdict
+            if verdict is Verdict.REFUSED:
+                fault = Fault.HARD if check.reason in MISBEHAVIOUR_REASONS else None
+                return False, self._gossip_refused(peer, now_ms, replica.topic_id,
+                                                   check.reason, fault)
+            if verdict is Verdict.UNAUTHORIZED or verdict is Verdict.REFUSED_BEFORE:
+                event_id = event_id_of(raw)
+                if verdict is Verdict.UNAUTHORIZED:
+                    self.refusals.append(Refusal(replica.topic_id, event_id, check.reason, peer))
+                own = (check.reason in AUTH_BLAMED_REASONS
+                       and trusted_event(raw).author == self._key(peer))
+                return False, self._gossip_refused(
+                    peer, now_ms, replica.topic_id, f"unauthorized:{check.reason}",
+                    Fault.UNAUTHORIZED if own else Fault.INVALID_RELAYED)
+            earlier.add(check.event.id if check.event is not None else event_id_of(raw))
+        return True, []
+
+    def _gossip_over_budget(self, peer: PeerId, now_ms: int, what: str) -> list[Effect]:
+        self.stats["gossip_refused"] += 1
+        return self._over_budget(peer, now_ms, what)
+
+    def _gossip_refused(self, peer: PeerId, now_ms: int, topic: bytes | None, reason: str,
+                        fault: Fault | None) -> list[Effect]:
+        """Count a refused gossip message; blame `peer` for `fault` (None: no one's fault)."""
+        self.stats["gossip_refused"] += 1
+        self.stats[f"gossip_refused:{reason}"] += 1
+        if fault is None:
+            return []
+        if fault is Fault.INVALID_RELAYED:  # honest relays pass on what they cannot judge yet
+            return self._stray_fault(peer, now_ms, fault)
+        return self._blame(peer, now_ms, topic, f"gossip:{reason}", log=False, fault=fault)
 
     def _ingest(self, peer: PeerId, replica: Replica, raws: Sequence[bytes], channel: str,
                 now_ms: int, out: list[Effect]) -> list[bytes]:

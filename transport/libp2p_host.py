@@ -66,7 +66,8 @@ from libp2p.stream_muxer.yamux.yamux import Yamux
 from libp2p.tools.anyio_service import background_trio_service
 
 from transport import libp2p_patches
-from transport.libp2p_gossip import GossipConfig, GossipHandler, GossipStats, GossipTopics, build_pubsub
+from transport.libp2p_gossip import (GossipConfig, GossipHandler, GossipStats, GossipTopics,
+                                     GossipValidator, build_pubsub)
 from transport.libp2p_identity import key_pair_from_seed, peer_id_of_key_pair
 from transport.libp2p_listen import advertised_addresses
 from transport.defaults import DEFAULT_LISTEN
@@ -407,6 +408,11 @@ class P2PHost:
     def set_gossip_handler(self, handler: GossipHandler) -> None:
         """`async handler(topic, origin_peer_id, data)` for others' gossip messages."""
         self._running_gossip().handler = handler
+
+    def set_gossip_validator(self, validator: GossipValidator) -> None:
+        """`validator(topic, forwarder_peer_id, data) -> bool`, run before the library
+        forwards or delivers a message of a joined topic (transport.libp2p_gossip)."""
+        self._running_gossip().validator = validator
 
     async def join(self, topic: str) -> None:
         await self._running_gossip().join(topic)

@@ -44,6 +44,20 @@ What counts, and why each weight is what it is:
   only messages beyond it count, a tenth of a hard fault each. A peer
   flooding at 1,000 messages/s is dropped after ~0.7 s (500 free, then 200).
 
+* **Invalid gossip relayed** (`INVALID_RELAYED_WEIGHT`): a GossipSub message
+  whose events the topic validator refuses by the auth rules (or refused
+  before), handed over by a peer that is not their author. A correct relay
+  validates before it forwards, but it passes on what it cannot judge yet
+  (a parent it lacks), so like stray traffic it is free within the stray
+  allowance and a tenth of a hard fault beyond it. Hard verdicts (decoding,
+  signature) in gossip weigh a hard fault on the forwarder: every relay
+  checks those whatever it holds (`transport.intake.Intake.check_gossip`).
+
+* **Over its intake budget** (`OVER_BUDGET_WEIGHT`): each frame dropped
+  because the peer used up a whole burst of its events or bytes per second
+  (`transport.intake_budget`), a tenth of a hard fault: honest traffic
+  never reaches the burst, a flood past it is dropped after 200 frames.
+
 `Scores` keeps the per-peer scores, bounded by MAX_BLAMED_PEERS (the least
 suspect go first); a score is reset when it reaches the threshold, so a peer
 that comes back after its ban and misbehaves again is dropped again.
@@ -73,6 +87,8 @@ class Fault(StrEnum):
     UNAUTHORIZED = "unauthorized"  # its own event, refused by the auth rules on its own past
     UNKNOWN_TOPIC = "unknown_topic"  # beyond the stray allowance
     NOT_MEMBER = "not_member"  # a private topic's message from a non-reader, beyond the allowance
+    OVER_BUDGET = "over_budget"  # a frame beyond its intake budget (transport.intake_budget)
+    INVALID_RELAYED = "invalid_relayed"  # gossip it forwarded, refused here, not its own; beyond the allowance
 
 
 # In units of one hard fault; `misbehaviour_threshold` is in the same unit.
@@ -81,12 +97,16 @@ IMPOSSIBLE_OFFER_WEIGHT: Final = 1.0
 UNAUTHORIZED_WEIGHT: Final = 0.25
 UNKNOWN_TOPIC_WEIGHT: Final = 0.1
 NOT_MEMBER_WEIGHT: Final = 0.1
+INVALID_RELAYED_WEIGHT: Final = 0.1
+OVER_BUDGET_WEIGHT: Final = 0.1
 FAULT_WEIGHTS: Final = {
     Fault.HARD: HARD_FAULT_WEIGHT,
     Fault.IMPOSSIBLE_OFFER: IMPOSSIBLE_OFFER_WEIGHT,
     Fault.UNAUTHORIZED: UNAUTHORIZED_WEIGHT,
     Fault.UNKNOWN_TOPIC: UNKNOWN_TOPIC_WEIGHT,
     Fault.NOT_MEMBER: NOT_MEMBER_WEIGHT,
+    Fault.INVALID_RELAYED: INVALID_RELAYED_WEIGHT,
+    Fault.OVER_BUDGET: OVER_BUDGET_WEIGHT,
 }
 # Stray messages (unknown topic, non-member) a peer may send free: a token
 # bucket of this rate and burst. An honest peer's stray traffic is its pushes

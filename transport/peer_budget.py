@@ -65,13 +65,21 @@ class RateBucket:
         self._burst = burst
         self._max_keys = max_keys
         self._buckets: OrderedDict[object, tuple[float, int]] = OrderedDict()
+        self._low_water = float(burst)  # the fewest tokens any key had left after a take
+
+    def low_water_fraction(self) -> float:
+        """The least headroom any key had left, as a fraction of the burst (measurement)."""
+        return self._low_water / self._burst if self._burst else 0.0
 
     def take(self, key: object, now_ms: int, amount: float = 1) -> bool:
         """Take `amount` tokens if there are that many; False (nothing taken) if not."""
         tokens, since = self._buckets.pop(key, (self._burst, now_ms))
         tokens = min(self._burst, tokens + max(0, now_ms - since) * self._per_s / 1_000)
         taken = tokens >= amount
-        self._buckets[key] = (tokens - amount if taken else tokens, max(now_ms, since))
+        left = tokens - amount if taken else tokens
+        if left < self._low_water:
+            self._low_water = left
+        self._buckets[key] = (left, max(now_ms, since))
         while len(self._buckets) > self._max_keys:
             self._buckets.popitem(last=False)
         return taken

@@ -1,0 +1,418 @@
+"""Attacks on a real daemon, and what the honest side feels (issue 16). Not part of `make test`.
+
+Two real `megnode run` daemons on 127.0.0.1 (victim node0, honest node1) share
+an open topic; an attacker in this process (a py-libp2p host speaking the
+node's own frames, as in tests/e2e/test_adversary.py) runs each attack for
+ATTACK_S against node0. Per attack, measured in the same run:
+
+* `probe_s`: node1 publishes one event, seconds until node0's subscription
+  shows it (the max over the probes during the attack) vs `baseline_probe_s`
+  (no attack, same run, median of BASELINE_PROBES);
+* `status_max_s`: the slowest `status` round trip on node0's control socket
+  during the attack (sampled every STATUS_EVERY_S);
+* `rss_max_mb`: node0's resident set (VmRSS) at its highest during the attack;
+* `ban_s`: seconds from the attack's start until node0's `status` listed the
+  attacker as banned (None: not within the attack; sampled with `status`),
+  `first_drop_s` until the attacker first saw its connection dropped, `drops`
+  how often (py-libp2p dials again on the next send; a banned peer's new
+  connection is dropped at once), `frames_sent` by the attacker.
+
+The attacker's host dials again whenever a send finds no connection, so a
+banned attacker keeps coming back: `victim.connections_refused` counts how
+often node0 refused it, `victim.frames_from_banned` the frames it read off a
+banned peer's stream and dropped unjudged.
+
+The 200-connection flood opens 200 py-libp2p hosts in this process (one
+identity each); its probe and status figures include this process's own
+load (the probe's reader thread shares the interpreter with 200 hosts).
+
+Attacks: signed non-member flood on the open topic (Pushes of the attacker's
+own events), offer flood (512 made-up heads, empty filter), want flood
+(1,024 unknown ids), unknown-topic flood, oversize frames (8 MiB), and 200
+libp2p connections from 200 identities.
+
+    .venv/bin/python -m pytest -q -s tests/bench/test_adversary_bench.py
+
+Writes bench-results/adversary.json. `test_gossip_junk_bench` (daemons on the
+GossipSub fast path) writes bench-results/adversary_gossip.json: a non-member's
+junk published to node0 must never reach node1.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import threading
+import time
+from collections.abc import Awaitable, Callable
+from contextlib import AsyncExitStack
+from pathlib import Path
+
+import trio
+
+from deploy.cluster import LocalCluster
+from node.control_client import CONTROL_SOCKET, control_call, control_lines
+from node.core.identity import Identity, sign_event
+from node.runtime import PROTOCOL_DISSEMINATION
+from transport.libp2p_gossip import GossipConfig
+from transport.libp2p_host import P2PHost
+from transport.libp2p_streams import StreamLimits
+from transport.messages import BLOOM_SALT_BYTES, BloomFilter, Offer, Push, Want, encode
+
+ATTACK_S = 6.0
+PROBES_PER_ATTACK = 3
+BASELINE_PROBES = 5
+PROBE_BOUND_S = 30.0
+STATUS_EVERY_S = 0.25
+CONNECTIONS = 200
+FLOOD_EVENTS_PER_MESSAGE = 50
+OVERSIZE_BYTES = 8 << 20
+NO_GOSSIP = GossipConfig(enabled=False)
+BIG = StreamLimits(max_message_bytes=16 << 20)
+SETUP_BOUND_S = 60.0
+
+Attack = Callable[[P2PHost, str, bytes, bytes], Awaitable[int]]
+
+
+class Probe:
+    """node0's subscription, read in a thread: when each payload arrived there."""
+
+    def __init__(self, path: Path, topic: str) -> None:
+        self.arrived: dict[str, float] = {}
+        self._changed = threading.Condition()
+        request = {"op": "subscribe", "topic": topic, "since": 0, "payload": "text"}
+        self._lines = control_lines(path, request, timeout_s=3_600)
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        try:
+            for line in self._lines:
+                payload = line.get("payload")
+                if isinstance(payload, str):
+                    with self._changed:
+                        self.arrived[payload] = time.monotonic()
+                        self._changed.notify_all()
+        except Exception:
+            pass  # the daemon went away at the end
+
+    def measure(self, publisher: Path, topic: str, tag: str) -> float | None:
+        """Publish `tag` on node1; seconds until node0 delivered it (None past PROBE_BOUND_S)."""
+        start = time.monotonic()
+        control_call(publisher, {"op": "publish", "topic": topic, "payload": tag})
+        with self._changed:
+            self._changed.wait_for(lambda: tag in self.arrived, PROBE_BOUND_S)
+        arrived = self.arrived.get(tag)
+        return None if arrived is None else round(arrived - start, 4)
+
+
+def status_seconds(path: Path, banned: set[str] | None = None) -> float | None:
+    """Seconds for one `status` round trip (None: no answer); adds the banned node ids to `banned`."""
+    start = time.monotonic()
+    try:
+        status = control_call(path, {"op": "status"}, timeout_s=PROBE_BOUND_S)["status"]
+    except Exception:
+        return None
+    if banned is not None:
+        banned.update(entry["peer"] for entry in status.get("banned_peers", {}).get("peers", []))
+    return round(time.monotonic() - start, 4)
+
+
+def rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return round(int(line.split()[1]) / 1024, 1)
+    return 0.0
+
+
+# ---------------------------------------------------------------- the attacks
+
+
+async def _send_until(host: P2PHost, victim: str, deadline: float,
+                      frame: Callable[[int], bytes]) -> int:
+    sent = 0
+    while trio.current_time() < deadline and victim in host.peers():
+        try:
+            await host.send(victim, PROTOCOL_DISSEMINATION, frame(sent))
+            sent += 1
+        except Exception:
+            await trio.sleep(0.05)  # the stream was reset (dropped): see whether we are banned
+        await trio.sleep(0)
+    return sent
+
+
+async def nonmember_flood(host: P2PHost, victim: str, topic: bytes, seed: bytes) -> int:
+    me = Identity.from_seed(seed)  # the attacker signs with its own peer key
+    frames = [encode(Push(topic, tuple(
+        sign_event(me, topic=topic, seq=m * FLOOD_EVENTS_PER_MESSAGE + k + 1, parents=[topic],
+                   timestamp_ms=int(time.time() * 1000), kind="message", payload=b"flood",
+                   auth=(topic,)).raw for k in range(FLOOD_EVENTS_PER_MESSAGE))))
+        for m in range(100)]
+    return await _send_until(host, victim, trio.current_time() + ATTACK_S,
+                             lambda n: frames[n % len(frames)])
+
+
+async def offer_flood(host: P2PHost, victim: str, topic: bytes, seed: bytes) -> int:
+    bloom = BloomFilter.build([], os.urandom(BLOOM_SALT_BYTES), 10, 7)
+    return await _send_until(host, victim, trio.current_time() + ATTACK_S, lambda n: encode(
+        Offer(topic, n + 1, tuple(os.urandom(32) for _ in range(512)), (), 0, False, bloom)))
+
+
+async def want_flood(host: P2PHost, victim: str, topic: bytes, seed: bytes) -> int:
+    return await _send_until(host, victim, trio.current_time() + ATTACK_S, lambda n: encode(
+        Want(topic, tuple(os.urandom(32) for _ in range(1024)))))
+
+
+async def unknown_topic_flood(host: P2PHost, victim: str, topic: bytes, seed: bytes) -> int:
+    other = os.urandom(32)
+    me = Identity.from_seed(seed)
+    raw = sign_event(me, topic=other, seq=1, parents=[other], timestamp_ms=1, kind="message",
+                     payload=b"stray", auth=(other,)).raw
+    return await _send_until(host, victim, trio.current_time() + ATTACK_S,
+                             lambda n: encode(Push(other, (raw,))))
+
+
+async def oversize_frames(host: P2PHost, victim: str, topic: bytes, seed: bytes) -> int:
+    frame = b"\x00" * OVERSIZE_BYTES
+    return await _send_until(host, victim, trio.current_time() + ATTACK_S, lambda n: frame)
+
+
+ATTACKS: dict[str, Attack] = {
+    "nonmember_flood_open_topic": nonmember_flood,
+    "offer_flood": offer_flood,
+    "want_flood": want_flood,
+    "unknown_topic_flood": unknown_topic_flood,
+    "oversize_frames": oversize_frames,
+}
+
+
+# ---------------------------------------------------------------- the harness
+
+
+class Victim:
+    def __init__(self, cluster: LocalCluster, topic: str) -> None:
+        self.cluster = cluster
+        self.topic = topic
+        self.control0 = cluster.nodes[0].data_dir / CONTROL_SOCKET
+        self.control1 = cluster.nodes[1].data_dir / CONTROL_SOCKET
+        self.pid = cluster.nodes[0].process.pid
+        self.probe = Probe(self.control0, topic)
+        self._probes = 0
+
+    async def probe_once(self) -> float | None:
+        self._probes += 1
+        tag = f"probe {self._probes}"
+        return await trio.to_thread.run_sync(self.probe.measure, self.control1, self.topic, tag)
+
+    async def watch(self, until: float, figures: dict, attacker: str | None = None) -> None:
+        """Sample `status` latency and RSS until `until`; probe PROBES_PER_ATTACK times;
+        `ban_s`: when node0's status first listed `attacker` (a node id) as banned."""
+        start = trio.current_time()
+        banned: set[str] = set()
+        figures["ban_s"] = None
+        probes: list[float | None] = []
+        statuses: list[float | None] = []
+        rss: list[float] = []
+        spacing = ATTACK_S / (PROBES_PER_ATTACK + 1)
+        next_probe = trio.current_time() + spacing / 2
+        while trio.current_time() < until:
+            statuses.append(await trio.to_thread.run_sync(status_seconds, self.control0, banned))
+            if attacker in banned and figures["ban_s"] is None:
+                figures["ban_s"] = round(trio.current_time() - start, 3)
+            rss.append(rss_mb(self.pid))
+            if trio.current_time() >= next_probe and len(probes) < PROBES_PER_ATTACK:
+                probes.append(await self.probe_once())
+                next_probe += spacing
+            await trio.sleep(STATUS_EVERY_S)
+        figures["probe_s"] = max((p for p in probes), default=None,
+                                 key=lambda p: float("inf") if p is None else p)
+        figures["probes_s"] = probes
+        figures["status_max_s"] = max(statuses, default=None,
+                                      key=lambda s: float("inf") if s is None else s)
+        figures["rss_max_mb"] = max(rss, default=0.0)
+
+
+VICTIM_COUNTERS = ("connections_refused", "frames_from_banned", "intake_throttled",
+                   "misbehaviour", "unauthorized", "unknown_topic", "offers_throttled",
+                   "answers_throttled", "wants_served", "bytes_sent", "bytes_received")
+
+
+def victim_counters(path: Path) -> dict[str, int]:
+    stats = control_call(path, {"op": "status"})["status"].get("stats", {})
+    return {key: stats.get(key, 0) for key in VICTIM_COUNTERS}
+
+
+async def run_attack(victim: Victim, name: str, attack: Attack) -> dict:
+    figures: dict = {"rss_before_mb": rss_mb(victim.pid)}
+    before = await trio.to_thread.run_sync(victim_counters, victim.control0)
+    seed = os.urandom(32)
+    async with P2PHost(seed, gossip=NO_GOSSIP, limits=BIG) as host:
+        peer = await host.connect(victim.cluster.nodes[0].address)
+        start = trio.current_time()
+        drops: list[float] = []
+
+        async def attacker() -> None:
+            figures["frames_sent"] = await attack(host, peer, bytes.fromhex(victim.topic), seed)
+
+        async def drop_watch() -> None:  # the victim dropped us (the host may dial again)
+            connected = True
+            while True:
+                now_connected = peer in host.peers()
+                if connected and not now_connected:
+                    drops.append(trio.current_time())
+                connected = now_connected
+                await trio.sleep(0.01)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(attacker)
+            nursery.start_soon(victim.watch, start + ATTACK_S, figures,
+                               Identity.from_seed(seed).public_key.hex())
+            nursery.start_soon(drop_watch)
+            await trio.sleep(ATTACK_S + 1)
+            nursery.cancel_scope.cancel()
+        figures["first_drop_s"] = round(drops[0] - start, 3) if drops else None
+        figures["drops"] = len(drops)
+    figures["probe_after_s"] = await victim.probe_once()
+    figures["status_after_s"] = await trio.to_thread.run_sync(status_seconds, victim.control0)
+    after = await trio.to_thread.run_sync(victim_counters, victim.control0)
+    figures["victim"] = {key: after[key] - before[key] for key in VICTIM_COUNTERS}
+    return figures
+
+
+async def connection_flood(victim: Victim) -> dict:
+    figures: dict = {"rss_before_mb": rss_mb(victim.pid)}
+    address = victim.cluster.nodes[0].address
+    connected = 0
+    start = trio.current_time()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(victim.watch, start + ATTACK_S, figures)
+        async with AsyncExitStack() as stack:
+            hosts = []
+            for _ in range(CONNECTIONS):
+                host = await stack.enter_async_context(P2PHost(os.urandom(32), gossip=NO_GOSSIP))
+                hosts.append(host)
+                try:
+                    with trio.fail_after(5):
+                        await host.connect(address)
+                    connected += 1
+                except Exception:
+                    pass
+            figures["connect_s"] = round(trio.current_time() - start, 2)
+            figures["connected"] = connected
+            await trio.sleep(1)
+            # How many the victim kept (a node-wide limit would drop the excess).
+            figures["still_connected"] = sum(
+                1 for h in hosts if any(True for _ in h.peers()))
+            status = await trio.to_thread.run_sync(
+                lambda: control_call(victim.control0, {"op": "status"})["status"])
+            figures["victim_peers"] = len(status.get("peers", []))
+    figures["probe_after_s"] = await victim.probe_once()
+    return figures
+
+
+async def test_adversary_bench(tmp_path, record_figures):
+    cluster = LocalCluster(tmp_path, 2)
+    await trio.to_thread.run_sync(cluster.__enter__)
+    try:
+        run = lambda *a: trio.to_thread.run_sync(lambda: cluster.cli(*a))  # noqa: E731
+        topic = (await run(0, "topic", "create", "attacked", "--access", "open"))["topic"]
+        await run(1, "topic", "join", topic)
+        await trio.to_thread.run_sync(cluster.wait_joined, topic, SETUP_BOUND_S)
+        victim = Victim(cluster, topic)
+        baseline = [await victim.probe_once() for _ in range(BASELINE_PROBES)]
+        figures: dict = {
+            "baseline_probe_s": statistics.median(p for p in baseline if p is not None),
+            "baseline_status_s": await trio.to_thread.run_sync(status_seconds, victim.control0),
+            "attack_s": ATTACK_S, "cpus": os.cpu_count(), "attacks": {},
+        }
+        only = os.environ.get("MEGNODE_ATTACKS", "").split(",") if os.environ.get(
+            "MEGNODE_ATTACKS") else None  # e.g. MEGNODE_ATTACKS=offer_flood,want_flood
+        for name, attack in ATTACKS.items():
+            if only is None or name in only:
+                figures["attacks"][name] = await run_attack(victim, name, attack)
+                print(name, figures["attacks"][name], flush=True)
+        if only is None or "connection_flood" in only:
+            figures["attacks"]["connection_flood"] = await connection_flood(victim)
+        figures["victim_stats"] = await trio.to_thread.run_sync(
+            lambda: control_call(victim.control0, {"op": "status"})["status"].get("stats"))
+        figures["daemon_running_at_end"] = cluster.alive(0)
+    finally:
+        await trio.to_thread.run_sync(cluster.close)
+    record_figures("adversary", figures)
+    assert figures["daemon_running_at_end"]
+
+
+# ---------------------------------------------------------------- gossip junk (fast path gossipsub)
+
+GOSSIP_COUNTERS = ("gossip_checked", "gossip_refused", "unauthorized", "misbehaviour",
+                   "frames_from_banned")
+
+
+def gossip_counters(path: Path) -> dict[str, int]:
+    stats = control_call(path, {"op": "status"})["status"].get("stats", {})
+    return {key: stats.get(key, 0) for key in GOSSIP_COUNTERS}
+
+
+async def test_gossip_junk_bench(tmp_path, record_figures):
+    """A non-member publishes its own signed events on the topic's GossipSub topic, meshed
+    with node0 only: node0's validator refuses them, so node1 (meshed with node0) must see
+    none of them (its validator's counters do not move), and node0 bans the attacker."""
+    from node.effects import gossip_topic  # the daemon's naming of a topic's gossip topic
+
+    cluster = LocalCluster(tmp_path, 2, fast_path="gossipsub")
+    await trio.to_thread.run_sync(cluster.__enter__)
+    figures: dict = {"attack_s": ATTACK_S, "cpus": os.cpu_count()}
+    try:
+        run = lambda *a: trio.to_thread.run_sync(lambda: cluster.cli(*a))  # noqa: E731
+        topic = (await run(0, "topic", "create", "gossiped", "--access", "open"))["topic"]
+        await run(1, "topic", "join", topic)
+        await trio.to_thread.run_sync(cluster.wait_joined, topic, SETUP_BOUND_S)
+        victim = Victim(cluster, topic)
+        figures["baseline_probe_s"] = statistics.median(
+            p for p in [await victim.probe_once() for _ in range(BASELINE_PROBES)] if p is not None)
+        before0 = await trio.to_thread.run_sync(gossip_counters, victim.control0)
+        before1 = await trio.to_thread.run_sync(gossip_counters, victim.control1)
+        topic_id = bytes.fromhex(topic)
+        name = gossip_topic(topic_id)
+        seed = os.urandom(32)
+        me = Identity.from_seed(seed)
+        messages = [encode(Push(topic_id, tuple(
+            sign_event(me, topic=topic_id, seq=m * FLOOD_EVENTS_PER_MESSAGE + k + 1,
+                       parents=[topic_id], timestamp_ms=int(time.time() * 1000),
+                       kind="message", payload=b"gossip junk", auth=(topic_id,)).raw
+            for k in range(FLOOD_EVENTS_PER_MESSAGE)))) for m in range(200)]
+        async with P2PHost(seed, limits=BIG) as host:
+            peer = await host.connect(cluster.nodes[0].address)
+            await host.join(name)
+            with trio.move_on_after(SETUP_BOUND_S):
+                await host.wait_gossip_mesh_peer(name, peer, SETUP_BOUND_S)
+            figures["attacker_meshed"] = peer in host.gossip_mesh_peers(name)
+            start = trio.current_time()
+            published = 0
+
+            async def publish() -> None:
+                nonlocal published
+                for data in messages:  # distinct messages: the seen-cache would drop repeats
+                    if trio.current_time() > start + ATTACK_S:
+                        break
+                    try:
+                        await host.publish(name, data)
+                        published += 1
+                    except Exception:
+                        await trio.sleep(0.05)
+                    await trio.sleep(0.01)
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(publish)
+                nursery.start_soon(victim.watch, start + ATTACK_S, figures,
+                                   me.public_key.hex())
+            figures["messages_published"] = published
+        await trio.sleep(2)  # anything forwarded would have reached node1 by now
+        after0 = await trio.to_thread.run_sync(gossip_counters, victim.control0)
+        after1 = await trio.to_thread.run_sync(gossip_counters, victim.control1)
+        figures["node0"] = {k: after0[k] - before0[k] for k in GOSSIP_COUNTERS}
+        figures["node1"] = {k: after1[k] - before1[k] for k in GOSSIP_COUNTERS}
+        figures["probe_after_s"] = await victim.probe_once()
+    finally:
+        await trio.to_thread.run_sync(cluster.close)
+    record_figures("adversary_gossip", figures)
+    assert figures["node1"]["gossip_refused"] == 0 and figures["node1"]["unauthorized"] == 0
