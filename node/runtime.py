@@ -169,7 +169,8 @@ class Node:
         # Stored topics the start check found damaged (node.check): not opened, not served.
         self.damaged_topics: dict[bytes, str] = {}
         self.stats: dict[str, int] = {"outbox_dropped": 0, "send_failed": 0, "log_failed": 0,
-                                      "redials": 0, "gossip_ignored": 0, "frames_from_banned": 0}
+                                      "redials": 0, "gossip_ignored": 0, "frames_from_banned": 0,
+                                      "connections_gated": 0}
         self.metrics: MetricsExporter | None = None  # set by open() when metrics_port > 0
         self._peer_receive = peer_events
         self._misbehaviour_receive = misbehaviour
@@ -328,6 +329,7 @@ class Node:
 
     async def _start(self) -> None:
         host = self.host
+        host.set_connection_gate(self._refuse)  # before any frame is read
         host.set_message_handler(PROTOCOL_DISSEMINATION, self._on_frame)
         host.set_request_handler(PROTOCOL_RELAY, self._relay_intake.on_request)
         if host.gossip_enabled:
@@ -636,6 +638,18 @@ class Node:
             if self._gossip_undecided:
                 await self._decide_gossip()
             await trio.sleep(TICK_INTERVAL_S)
+
+    def _refuse(self, peer_id: str) -> bool:
+        """The host's connection gate: a banned peer's new connection is closed at once.
+
+        Asked inside py-libp2p's notifee as each connection is reported, so a
+        banned flooder that redials is cut off before its frames are read,
+        not at the next policy tick (node.peer_executor.enforce_bans).
+        """
+        if not self._peers.is_banned(peer_id):
+            return False
+        self.stats["connections_gated"] += 1
+        return True
 
     async def _on_frame(self, peer: str, data: bytes) -> None:
         node_id = node_id_of(peer)

@@ -7,7 +7,9 @@ so the peer id embeds the author key), and offers:
 
 * `connect`, `disconnect`, `peers()`, and peer up/down notifications through a
   synchronous callback `on_peer(PeerEvent)` (`transport.libp2p_liveness`,
-  which also finds and drops dead connections);
+  which also finds and drops dead connections), and a connection gate
+  `refuse(peer_id)` asked of every new connection (a banned peer's is closed
+  as soon as py-libp2p reports it, before it makes an "up");
 * request/response (`transport.libp2p_requests`) and one-way message streams
   (`transport.libp2p_messages`) for our own protocols, with misbehaviour
   reports (`transport.libp2p_streams`);
@@ -45,7 +47,7 @@ fixed port is not already taken, in `transport.libp2p_listen`.
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
 from types import TracebackType
 
@@ -127,6 +129,7 @@ class P2PHost:
         limits: StreamLimits = DEFAULT_LIMITS,
         on_peer: PeerCallback | None = None,
         on_misbehaviour: MisbehaviourCallback | None = None,
+        refuse: Callable[[str], bool] | None = None,
     ) -> None:
         self._key_pair = key_pair_from_seed(seed)
         self._listen = [multiaddr.Multiaddr(address) for address in listen]
@@ -136,7 +139,8 @@ class P2PHost:
         self.peer_id = peer_id_of_key_pair(self._key_pair)
         self._misbehaviour_counts: dict[str, int] = {}
         self.stale_aborts = 0  # connections we aborted because they looked dead
-        self._tracker = PeerTracker(on_peer, self._peer_went_down)
+        # The connection gate (`refuse(peer_id)`: True closes a new connection at once).
+        self._tracker = PeerTracker(on_peer, self._peer_went_down, refuse)
         self._host: IHost | None = None
         self._requests: RequestProtocols | None = None
         self._messages: MessageStreams | None = None
@@ -330,6 +334,16 @@ class P2PHost:
     async def abort(self, peer_id: str) -> None:
         """Drop every connection to `peer_id` at once, for one that looks dead (`abort_peer`)."""
         await abort_peer(self._running_host(), peer_id)
+
+    def set_connection_gate(self, refuse: Callable[[str], bool] | None) -> None:
+        """`refuse(peer_id) -> bool`, asked of each new connection; True closes it at once
+        (never counted, no "up"; `transport.libp2p_liveness.PeerTracker`)."""
+        self._tracker.refuse = refuse
+
+    @property
+    def connections_gated(self) -> int:
+        """New connections closed at once because `refuse` said so (a banned peer's)."""
+        return self._tracker.refused
 
     @property
     def connections_aborted(self) -> int:

@@ -20,6 +20,13 @@ The node needs two things py-libp2p does not give it directly:
   are connected to first checks the connection with a libp2p ping (`ping`,
   bounded by `LIVENESS_PROBE_TIMEOUT_S`) and redials if it is dead. Whom to
   redial after a "down" is the owner's choice (`transport.libp2p_redial`).
+* A gate on every new connection. `PeerTracker.refuse(peer_id)` is asked as
+  soon as py-libp2p reports a connection (its peer id is known, the muxer has
+  just started): a refused connection (a peer the node has banned) has its
+  socket closed there and then, is never counted and never makes an "up".
+  Without it, a banned peer that dials again while its old connection is
+  still being aborted gets a connection nobody looks at (no new "up" while
+  the old one is counted) until the next policy tick.
 
 Closing is here too (`close_connections`, `disconnect_peer`, `abort_peer`):
 py-libp2p's own close paths can leave a socket open under cancellation, and
@@ -76,10 +83,18 @@ class PeerTracker(INotifee):
 
     on_peer: PeerCallback | None
     on_down: Callable[[str], None]
+    refuse: Callable[[str], bool] | None = None  # True: close this new connection now
     connections: dict[str, int] = field(default_factory=dict)
+    refused: int = 0  # connections closed by the gate
+    _refused_conns: set[int] = field(default_factory=set)  # id() of those not yet gone
 
     async def connected(self, network: INetwork, conn: INetConn) -> None:
         peer_id = conn.muxed_conn.peer_id.to_base58()
+        if self._refused(peer_id):
+            self.refused += 1
+            self._refused_conns.add(id(conn))
+            await _drop_connection(conn)
+            return
         count = self.connections.get(peer_id, 0)
         self.connections[peer_id] = count + 1
         if count == 0:
@@ -87,6 +102,9 @@ class PeerTracker(INotifee):
 
     async def disconnected(self, network: INetwork, conn: INetConn) -> None:
         peer_id = conn.muxed_conn.peer_id.to_base58()
+        if id(conn) in self._refused_conns:
+            self._refused_conns.discard(id(conn))
+            return  # never counted
         count = self.connections.get(peer_id, 0)
         if count == 0:
             return  # a connection we never counted (closed during setup)
@@ -96,6 +114,15 @@ class PeerTracker(INotifee):
         del self.connections[peer_id]
         self.on_down(peer_id)
         self._emit(PeerEvent(peer_id, up=False))
+
+    def _refused(self, peer_id: str) -> bool:
+        if self.refuse is None:
+            return False
+        try:
+            return self.refuse(peer_id)
+        except Exception:
+            logger.exception("connection gate failed for %s", peer_id)
+            return False
 
     def _emit(self, event: PeerEvent) -> None:
         if self.on_peer is None:
@@ -147,6 +174,15 @@ async def close_connection(connection: INetConn) -> None:
             await muxed.close()
     except Exception:
         logger.debug("closing a connection failed", exc_info=True)
+
+
+async def _drop_connection(connection: INetConn) -> None:
+    """Close one connection's socket at once (no goodbye), then the connection itself."""
+    with trio.CancelScope(shield=True), trio.move_on_after(CLOSE_TIMEOUT_S):
+        secured = getattr(connection.muxed_conn, "secured_conn", None)
+        if secured is not None:
+            await abort_session(secured)
+        await close_connection(connection)
 
 
 async def close_connections(connections: Iterable[INetConn]) -> None:
