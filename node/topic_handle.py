@@ -411,6 +411,9 @@ class Topic:
             "delivered": delivered,  # handed to subscribers: rejected events are not
             "acks": acks,  # empty acknowledgements among the delivered
             "withheld": self.replica.counters["withheld"],  # received without payload (history)
+            # Kept for convergence, never delivered: a banned author's writes that do not
+            # see its ban (node.state.soft_fail), since start.
+            "soft_failed": self.replica.counters["soft_failed"],
             "extremities": graph.width,
             "buffered": graph.buffered_count,
             "equivocations": graph.equivocation_count,

@@ -18,15 +18,24 @@ ATTACK_S against node0. Per attack, measured in the same run:
   connection is dropped at once), `frames_sent` by the attacker.
 
 The attacker's host dials again whenever a send finds no connection, so a
-banned attacker keeps coming back: `victim.connections_refused` counts how
-often node0 refused it, `victim.frames_from_banned` the frames it read off a
-banned peer's stream and dropped unjudged.
+banned attacker keeps coming back: node0's connection gate closes each new
+connection of a banned peer as py-libp2p reports it (`victim.connections_gated`),
+`victim.frames_from_banned` counts the frames read off a banned peer's stream
+(before its ban took hold) and dropped unjudged.
+
+After each attack, `extremities_normal_s`: seconds until the topic's forward
+extremities at node0 are back to their pre-attack width (+ EXTREMITIES_SLACK),
+None if not within EXTREMITIES_BOUND_S. Each attack gets a `verdict` against
+the issue's thresholds (PROBE_BOUND_S or PROBE_BASELINE_FACTOR x baseline,
+STATUS_BOUND_S, RSS_BOUND_MB, EXTREMITIES_BOUND_S, and BAN_BOUND_S for the
+attacks in MUST_BAN); any failed check fails the test, after the JSON is written.
 
 The 200-connection flood opens 200 py-libp2p hosts in this process (one
 identity each); its probe and status figures include this process's own
 load (the probe's reader thread shares the interpreter with 200 hosts).
 
-Attacks: signed non-member flood on the open topic (Pushes of the attacker's
+Attacks: buffer flood (events from BUFFER_FLOOD_KEYS throwaway keys on
+unknown parents), signed non-member flood on the open topic (Pushes of the attacker's
 own events), offer flood (512 made-up heads, empty filter), want flood
 (1,024 unknown ids), unknown-topic flood, oversize frames (8 MiB), and 200
 libp2p connections from 200 identities.
@@ -35,7 +44,15 @@ libp2p connections from 200 identities.
 
 Writes bench-results/adversary.json. `test_gossip_junk_bench` (daemons on the
 GossipSub fast path) writes bench-results/adversary_gossip.json: a non-member's
-junk published to node0 must never reach node1.
+junk published to node0 must never reach node1. `test_backdated_writes_bench`
+(three daemons) writes bench-results/adversary_backdated.json: a member that
+wrote once is banned, and a chain of BACKDATED_EVENTS events authored with its
+key after the ban on its pre-ban event is pushed at node0 for ATTACK_S; neither
+node0 nor node1 may deliver any of them, and node0 must have judged them
+(`soft_failed` or `rejected` in its topic status).
+
+GRAFT/PRUNE floods are not here: they need a hand-driven gossipsub router
+(py-libp2p's sends GRAFT/PRUNE only from its own heartbeat).
 """
 
 from __future__ import annotations
@@ -62,7 +79,7 @@ from transport.messages import BLOOM_SALT_BYTES, BloomFilter, Offer, Push, Want,
 ATTACK_S = 6.0
 PROBES_PER_ATTACK = 3
 BASELINE_PROBES = 5
-PROBE_BOUND_S = 30.0
+PROBE_WAIT_S = 30.0
 STATUS_EVERY_S = 0.25
 CONNECTIONS = 200
 FLOOD_EVENTS_PER_MESSAGE = 50
@@ -70,6 +87,22 @@ OVERSIZE_BYTES = 8 << 20
 NO_GOSSIP = GossipConfig(enabled=False)
 BIG = StreamLimits(max_message_bytes=16 << 20)
 SETUP_BOUND_S = 60.0
+BUFFER_FLOOD_KEYS = 20  # throwaway keys, each a chain of events on unknown parents
+BACKDATED_EVENTS = 30  # a banned member's chain, authored after the ban on pre-ban parents
+
+# Pass/fail (issue 16, "What must hold"); a failing threshold fails the bench test.
+PROBE_BOUND_S = 0.5  # an honest probe within this, or PROBE_BASELINE_FACTOR x the baseline
+PROBE_BASELINE_FACTOR = 2.0
+STATUS_BOUND_S = 1.0  # every `status` round trip during and after the attack
+BAN_BOUND_S = 10.0  # an unambiguous attacker listed as banned within this
+EXTREMITIES_BOUND_S = 10.0  # the topic's extremities back to normal this soon after the attack
+EXTREMITIES_SLACK = 2  # "normal": at most the pre-attack width plus this (probes race acks)
+RSS_BOUND_MB = 256  # node0's resident set, at its highest
+# Attacks whose attacker is unambiguous (a protocol fault any correct node sees): it must
+# be banned. The others' traffic could come from a confused honest peer (wants, events on
+# parents not yet seen, a banned member's old-looking writes relayed by anyone).
+MUST_BAN = frozenset({"nonmember_flood_open_topic", "offer_flood", "unknown_topic_flood",
+                      "oversize_frames"})
 
 Attack = Callable[[P2PHost, str, bytes, bytes], Awaitable[int]]
 
@@ -96,11 +129,11 @@ class Probe:
             pass  # the daemon went away at the end
 
     def measure(self, publisher: Path, topic: str, tag: str) -> float | None:
-        """Publish `tag` on node1; seconds until node0 delivered it (None past PROBE_BOUND_S)."""
+        """Publish `tag` on node1; seconds until node0 delivered it (None past PROBE_WAIT_S)."""
         start = time.monotonic()
         control_call(publisher, {"op": "publish", "topic": topic, "payload": tag})
         with self._changed:
-            self._changed.wait_for(lambda: tag in self.arrived, PROBE_BOUND_S)
+            self._changed.wait_for(lambda: tag in self.arrived, PROBE_WAIT_S)
         arrived = self.arrived.get(tag)
         return None if arrived is None else round(arrived - start, 4)
 
@@ -109,7 +142,7 @@ def status_seconds(path: Path, banned: set[str] | None = None) -> float | None:
     """Seconds for one `status` round trip (None: no answer); adds the banned node ids to `banned`."""
     start = time.monotonic()
     try:
-        status = control_call(path, {"op": "status"}, timeout_s=PROBE_BOUND_S)["status"]
+        status = control_call(path, {"op": "status"}, timeout_s=PROBE_WAIT_S)["status"]
     except Exception:
         return None
     if banned is not None:
@@ -176,7 +209,23 @@ async def oversize_frames(host: P2PHost, victim: str, topic: bytes, seed: bytes)
     return await _send_until(host, victim, trio.current_time() + ATTACK_S, lambda n: frame)
 
 
+async def buffer_flood(host: P2PHost, victim: str, topic: bytes, seed: bytes) -> int:
+    """Events from throwaway keys on parents nobody has: they fill the victim's buffer."""
+    frames = []
+    for _ in range(BUFFER_FLOOD_KEYS):
+        key = Identity.from_seed(os.urandom(32))
+        for m in range(5):
+            frames.append(encode(Push(topic, tuple(
+                sign_event(key, topic=topic, seq=m * FLOOD_EVENTS_PER_MESSAGE + k + 1,
+                           parents=[os.urandom(32)], timestamp_ms=int(time.time() * 1000),
+                           kind="message", payload=b"orphan", auth=(topic,)).raw
+                for k in range(FLOOD_EVENTS_PER_MESSAGE)))))
+    return await _send_until(host, victim, trio.current_time() + ATTACK_S,
+                             lambda n: frames[n % len(frames)])
+
+
 ATTACKS: dict[str, Attack] = {
+    "buffer_flood_unknown_parents": buffer_flood,
     "nonmember_flood_open_topic": nonmember_flood,
     "offer_flood": offer_flood,
     "want_flood": want_flood,
@@ -197,6 +246,22 @@ class Victim:
         self.pid = cluster.nodes[0].process.pid
         self.probe = Probe(self.control0, topic)
         self._probes = 0
+
+    def extremities(self) -> int | None:
+        status = control_call(self.control0, {"op": "status"})["status"]
+        return next((t["extremities"] for t in status.get("topics", [])
+                     if t.get("topic") == self.topic), None)
+
+    async def extremities_normal_s(self, normal: int) -> float | None:
+        """Seconds after the attack until the topic's width is back to `normal` (None: not
+        within EXTREMITIES_BOUND_S)."""
+        start = trio.current_time()
+        while trio.current_time() - start < EXTREMITIES_BOUND_S:
+            width = await trio.to_thread.run_sync(self.extremities)
+            if width is not None and width <= normal:
+                return round(trio.current_time() - start, 3)
+            await trio.sleep(STATUS_EVERY_S)
+        return None
 
     async def probe_once(self) -> float | None:
         self._probes += 1
@@ -231,8 +296,8 @@ class Victim:
         figures["rss_max_mb"] = max(rss, default=0.0)
 
 
-VICTIM_COUNTERS = ("connections_refused", "frames_from_banned", "intake_throttled",
-                   "misbehaviour", "unauthorized", "unknown_topic", "offers_throttled",
+VICTIM_COUNTERS = ("connections_refused", "connections_gated", "frames_from_banned",
+                   "intake_throttled", "misbehaviour", "unauthorized", "unknown_topic", "offers_throttled",
                    "answers_throttled", "wants_served", "bytes_sent", "bytes_received")
 
 
@@ -241,10 +306,12 @@ def victim_counters(path: Path) -> dict[str, int]:
     return {key: stats.get(key, 0) for key in VICTIM_COUNTERS}
 
 
-async def run_attack(victim: Victim, name: str, attack: Attack) -> dict:
-    figures: dict = {"rss_before_mb": rss_mb(victim.pid)}
+async def run_attack(victim: Victim, name: str, attack: Attack,
+                     seed: bytes | None = None) -> dict:
+    figures: dict = {"rss_before_mb": rss_mb(victim.pid),
+                     "extremities_before": await trio.to_thread.run_sync(victim.extremities)}
     before = await trio.to_thread.run_sync(victim_counters, victim.control0)
-    seed = os.urandom(32)
+    seed = seed or os.urandom(32)  # the attacker's peer key (and signing key)
     async with P2PHost(seed, gossip=NO_GOSSIP, limits=BIG) as host:
         peer = await host.connect(victim.cluster.nodes[0].address)
         start = trio.current_time()
@@ -271,6 +338,8 @@ async def run_attack(victim: Victim, name: str, attack: Attack) -> dict:
             nursery.cancel_scope.cancel()
         figures["first_drop_s"] = round(drops[0] - start, 3) if drops else None
         figures["drops"] = len(drops)
+    figures["extremities_normal_s"] = await victim.extremities_normal_s(
+        (figures["extremities_before"] or 1) + EXTREMITIES_SLACK)
     figures["probe_after_s"] = await victim.probe_once()
     figures["status_after_s"] = await trio.to_thread.run_sync(status_seconds, victim.control0)
     after = await trio.to_thread.run_sync(victim_counters, victim.control0)
@@ -279,7 +348,8 @@ async def run_attack(victim: Victim, name: str, attack: Attack) -> dict:
 
 
 async def connection_flood(victim: Victim) -> dict:
-    figures: dict = {"rss_before_mb": rss_mb(victim.pid)}
+    figures: dict = {"rss_before_mb": rss_mb(victim.pid),
+                     "extremities_before": await trio.to_thread.run_sync(victim.extremities)}
     address = victim.cluster.nodes[0].address
     connected = 0
     start = trio.current_time()
@@ -305,8 +375,27 @@ async def connection_flood(victim: Victim) -> dict:
             status = await trio.to_thread.run_sync(
                 lambda: control_call(victim.control0, {"op": "status"})["status"])
             figures["victim_peers"] = len(status.get("peers", []))
+    figures["extremities_normal_s"] = await victim.extremities_normal_s(
+        (figures["extremities_before"] or 1) + EXTREMITIES_SLACK)
     figures["probe_after_s"] = await victim.probe_once()
+    figures["status_after_s"] = await trio.to_thread.run_sync(status_seconds, victim.control0)
     return figures
+
+
+def verdict(name: str, f: dict, baseline_probe_s: float) -> dict:
+    """Pass/fail of one attack's figures against the issue's thresholds (None: not measured)."""
+    probe_bound = max(PROBE_BOUND_S, PROBE_BASELINE_FACTOR * baseline_probe_s)
+    probes = [p for p in (*f.get("probes_s", []), f.get("probe_after_s"))]
+    statuses = [f.get("status_max_s"), f.get("status_after_s")]
+    checks = {
+        "probe": all(p is not None and p <= probe_bound for p in probes),
+        "status": all(s is not None and s <= STATUS_BOUND_S for s in statuses),
+        "rss": f.get("rss_max_mb", 0) <= RSS_BOUND_MB,
+        "extremities": f.get("extremities_normal_s") is not None,
+    }
+    if name in MUST_BAN:
+        checks["ban"] = f.get("ban_s") is not None and f["ban_s"] <= BAN_BOUND_S
+    return {"pass": all(checks.values()), "checks": checks, "probe_bound_s": probe_bound}
 
 
 async def test_adversary_bench(tmp_path, record_figures):
@@ -337,8 +426,18 @@ async def test_adversary_bench(tmp_path, record_figures):
         figures["daemon_running_at_end"] = cluster.alive(0)
     finally:
         await trio.to_thread.run_sync(cluster.close)
+    figures["thresholds"] = {
+        "probe_s": PROBE_BOUND_S, "probe_baseline_factor": PROBE_BASELINE_FACTOR,
+        "status_s": STATUS_BOUND_S, "ban_s": BAN_BOUND_S, "must_ban": sorted(MUST_BAN),
+        "extremities_normal_s": EXTREMITIES_BOUND_S, "extremities_slack": EXTREMITIES_SLACK,
+        "rss_mb": RSS_BOUND_MB}
+    for name, f in figures["attacks"].items():
+        f["verdict"] = verdict(name, f, figures["baseline_probe_s"])
     record_figures("adversary", figures)
     assert figures["daemon_running_at_end"]
+    failed = {name: f["verdict"]["checks"] for name, f in figures["attacks"].items()
+              if not f["verdict"]["pass"]}
+    assert not failed, f"thresholds failed: {failed}"
 
 
 # ---------------------------------------------------------------- gossip junk (fast path gossipsub)
@@ -416,3 +515,101 @@ async def test_gossip_junk_bench(tmp_path, record_figures):
         await trio.to_thread.run_sync(cluster.close)
     record_figures("adversary_gossip", figures)
     assert figures["node1"]["gossip_refused"] == 0 and figures["node1"]["unauthorized"] == 0
+
+
+# ---------------------------------------------------------------- a banned member's backdated writes
+
+
+def _stored_event(data_dir: Path, topic_id: bytes, event_id: bytes):
+    """A stopped node's own copy of one event (its key, and the event with its auth refs)."""
+    import msgpack
+
+    from node.core.event import decode_event
+    from node.core.store import TABLE_DELIVERY, TABLE_EVENTS
+    from node.data_dir import open_data_dir
+
+    identity, store = open_data_dir(data_dir)
+    try:
+        position = store.get(TABLE_EVENTS, topic_id + event_id)
+        assert position is not None, "the member's own event is not in its store"
+        _depth, raw = msgpack.unpackb(store.get(TABLE_DELIVERY, topic_id + position))
+        return identity, decode_event(raw)
+    finally:
+        store.close()
+
+
+def _membership(cluster: LocalCluster, index: int, topic: str, member: str) -> str | None:
+    state = cluster.cli(index, "topic", "state", topic)
+    return ((state.get(f"m.room.member|{member}") or {}).get("content") or {}).get("membership")
+
+
+async def test_backdated_writes_bench(tmp_path, record_figures):
+    """A member (node2) writes once, is banned by node0, and then (its key in the attacker's
+    hands, node2 stopped) pushes a chain of BACKDATED_EVENTS events authored after the ban on
+    its pre-ban event: node0 and node1 must deliver none of them."""
+    cluster = LocalCluster(tmp_path, 3)
+    await trio.to_thread.run_sync(cluster.__enter__)
+    figures: dict = {"attack_s": ATTACK_S, "cpus": os.cpu_count(), "events": BACKDATED_EVENTS}
+    try:
+        run = lambda *a: trio.to_thread.run_sync(lambda: cluster.cli(*a))  # noqa: E731
+        topic = (await run(0, "topic", "create", "backdated", "--access", "open"))["topic"]
+        topic_id = bytes.fromhex(topic)
+        await run(1, "topic", "join", topic)
+        await run(2, "topic", "join", topic)
+        await trio.to_thread.run_sync(cluster.wait_joined, topic, SETUP_BOUND_S)
+        victim = Victim(cluster, topic)
+        honest = Probe(victim.control1, topic)  # what node1 delivers
+        figures["baseline_probe_s"] = statistics.median(
+            p for p in [await victim.probe_once() for _ in range(BASELINE_PROBES)] if p is not None)
+        pre_ban = (await run(2, "publish", topic, "pre-ban"))["id"]
+        with trio.fail_after(SETUP_BOUND_S):
+            while "pre-ban" not in victim.probe.arrived or "pre-ban" not in honest.arrived:
+                await trio.sleep(0.05)
+        await trio.to_thread.run_sync(cluster.stop, 2)
+        member, parent = await trio.to_thread.run_sync(
+            _stored_event, cluster.nodes[2].data_dir, topic_id, bytes.fromhex(pre_ban))
+        member_id = member.public_key.hex()
+        await run(0, "topic", "ban", topic, member_id)
+        with trio.fail_after(SETUP_BOUND_S):
+            while any([await trio.to_thread.run_sync(_membership, cluster, i, topic, member_id)
+                       != "ban" for i in (0, 1)]):
+                await trio.sleep(0.1)
+        chain, previous = [], parent
+        for k in range(BACKDATED_EVENTS):
+            event = sign_event(member, topic=topic_id, seq=parent.seq + 1 + k,
+                               parents=[previous.id], timestamp_ms=int(time.time() * 1000),
+                               kind="message", payload=f"backdated {k}".encode(),
+                               auth=parent.auth)
+            chain.append(event.raw)
+            previous = event
+        frame = encode(Push(topic_id, tuple(chain)))
+
+        async def backdated(host: P2PHost, peer: str, _topic: bytes, _seed: bytes) -> int:
+            return await _send_until(host, peer, trio.current_time() + ATTACK_S,
+                                     lambda n: frame)
+
+        figures.update(await run_attack(victim, "backdated_writes", backdated,
+                                         seed=member.seed))
+        await trio.sleep(2)  # anything accepted would have been delivered by now
+        figures["delivered_at_victim"] = sorted(
+            p for p in victim.probe.arrived if p.startswith("backdated"))
+        figures["delivered_at_honest_peer"] = sorted(
+            p for p in honest.arrived if p.startswith("backdated"))
+        topic_status = next(t for t in (await trio.to_thread.run_sync(
+            lambda: control_call(victim.control0, {"op": "status"})))["status"]["topics"]
+            if t["topic"] == topic)
+        figures["victim_rejected"] = topic_status.get("rejected")
+        figures["victim_soft_failed"] = topic_status.get("soft_failed")
+        figures["daemon_running_at_end"] = cluster.alive(0)
+    finally:
+        await trio.to_thread.run_sync(cluster.close)
+    figures["verdict"] = verdict("backdated_writes", figures, figures["baseline_probe_s"])
+    figures["verdict"]["checks"]["none_delivered"] = not (
+        figures["delivered_at_victim"] or figures["delivered_at_honest_peer"])
+    # ... and not because none arrived: node0 judged (soft-failed or rejected) the chain.
+    figures["verdict"]["checks"]["judged"] = bool(
+        figures["victim_soft_failed"] or figures["victim_rejected"])
+    figures["verdict"]["pass"] = all(figures["verdict"]["checks"].values())
+    record_figures("adversary_backdated", figures)
+    assert figures["daemon_running_at_end"]
+    assert figures["verdict"]["pass"], figures["verdict"]
