@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import logging
 import os
+import weakref
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
@@ -86,13 +87,15 @@ class PeerTracker(INotifee):
     refuse: Callable[[str], bool] | None = None  # True: close this new connection now
     connections: dict[str, int] = field(default_factory=dict)
     refused: int = 0  # connections closed by the gate
-    _refused_conns: set[int] = field(default_factory=set)  # id() of those not yet gone
+    # Refused connections whose "disconnected" is still to come (weak: one py-libp2p
+    # never reports closed is not kept alive, and no later connection is mistaken for it).
+    _refused_conns: weakref.WeakSet[INetConn] = field(default_factory=weakref.WeakSet)
 
     async def connected(self, network: INetwork, conn: INetConn) -> None:
         peer_id = conn.muxed_conn.peer_id.to_base58()
         if self._refused(peer_id):
             self.refused += 1
-            self._refused_conns.add(id(conn))
+            self._refused_conns.add(conn)
             await _drop_connection(conn)
             return
         count = self.connections.get(peer_id, 0)
@@ -102,8 +105,8 @@ class PeerTracker(INotifee):
 
     async def disconnected(self, network: INetwork, conn: INetConn) -> None:
         peer_id = conn.muxed_conn.peer_id.to_base58()
-        if id(conn) in self._refused_conns:
-            self._refused_conns.discard(id(conn))
+        if conn in self._refused_conns:
+            self._refused_conns.discard(conn)
             return  # never counted
         count = self.connections.get(peer_id, 0)
         if count == 0:

@@ -613,3 +613,86 @@ async def test_backdated_writes_bench(tmp_path, record_figures):
     record_figures("adversary_backdated", figures)
     assert figures["daemon_running_at_end"]
     assert figures["verdict"]["pass"], figures["verdict"]
+
+
+# ---------------------------------------------------------------- GRAFT/PRUNE flood (gossipsub)
+
+GRAFT_PRUNE_PER_WRITE = 16  # rounds (one GRAFT, one PRUNE) per RPC written
+
+
+async def test_graft_prune_bench(tmp_path, record_figures):
+    """An attacker speaks gossipsub by hand to node0 (daemons on the GossipSub fast path):
+    a raw /meshsub/1.1.0 stream carrying GRAFT then PRUNE for the topic, over and over,
+    for ATTACK_S. The figures of the other attacks, and a verdict (no ban required: mesh
+    churn is not a fault any node can tell from a flaky peer's)."""
+    from libp2p.peer.id import ID
+    from libp2p.pubsub.gossipsub import PROTOCOL_ID_V11
+    from libp2p.pubsub.pb import rpc_pb2
+    from libp2p.utils.varint import encode_uvarint
+
+    from node.effects import gossip_topic
+
+    cluster = LocalCluster(tmp_path, 2, fast_path="gossipsub")
+    await trio.to_thread.run_sync(cluster.__enter__)
+    figures: dict = {"attack_s": ATTACK_S, "cpus": os.cpu_count()}
+    try:
+        run = lambda *a: trio.to_thread.run_sync(lambda: cluster.cli(*a))  # noqa: E731
+        topic = (await run(0, "topic", "create", "grafted", "--access", "open"))["topic"]
+        await run(1, "topic", "join", topic)
+        await trio.to_thread.run_sync(cluster.wait_joined, topic, SETUP_BOUND_S)
+        victim = Victim(cluster, topic)
+        baseline = statistics.median(
+            p for p in [await victim.probe_once() for _ in range(BASELINE_PROBES)] if p is not None)
+        figures["baseline_probe_s"] = baseline
+        figures["extremities_before"] = await trio.to_thread.run_sync(victim.extremities)
+        figures["rss_before_mb"] = rss_mb(victim.pid)
+        name = gossip_topic(bytes.fromhex(topic))
+
+        def rpc(message: rpc_pb2.RPC) -> bytes:
+            data = message.SerializeToString()
+            return encode_uvarint(len(data)) + data
+
+        subscribe = rpc(rpc_pb2.RPC(subscriptions=[rpc_pb2.RPC.SubOpts(subscribe=True,
+                                                                      topicid=name)]))
+        churn = rpc(rpc_pb2.RPC(control=rpc_pb2.ControlMessage(
+            graft=[rpc_pb2.ControlGraft(topicID=name)] * GRAFT_PRUNE_PER_WRITE,
+            prune=[rpc_pb2.ControlPrune(topicID=name)] * GRAFT_PRUNE_PER_WRITE)))
+        seed = os.urandom(32)
+        async with P2PHost(seed, limits=BIG) as host:
+            peer = await host.connect(cluster.nodes[0].address)
+            start = trio.current_time()
+            rounds = 0
+            stream_errors = 0
+
+            async def flood() -> None:
+                nonlocal rounds, stream_errors
+                while trio.current_time() < start + ATTACK_S:
+                    try:
+                        stream = await host.libp2p.new_stream(ID.from_base58(peer),
+                                                              [PROTOCOL_ID_V11])
+                        await stream.write(subscribe)
+                        while trio.current_time() < start + ATTACK_S:
+                            await stream.write(churn)
+                            rounds += GRAFT_PRUNE_PER_WRITE
+                            await trio.sleep(0)
+                    except Exception:
+                        stream_errors += 1  # reset or dropped: open another
+                        await trio.sleep(0.05)
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(flood)
+                nursery.start_soon(victim.watch, start + ATTACK_S, figures,
+                                   Identity.from_seed(seed).public_key.hex())
+            figures["rounds_sent"] = rounds
+            figures["stream_errors"] = stream_errors
+        figures["extremities_normal_s"] = await victim.extremities_normal_s(
+            (figures["extremities_before"] or 1) + EXTREMITIES_SLACK)
+        figures["probe_after_s"] = await victim.probe_once()
+        figures["status_after_s"] = await trio.to_thread.run_sync(status_seconds, victim.control0)
+        figures["daemon_running_at_end"] = cluster.alive(0)
+    finally:
+        await trio.to_thread.run_sync(cluster.close)
+    figures["verdict"] = verdict("graft_prune_flood", figures, figures["baseline_probe_s"])
+    record_figures("adversary_graft_prune", figures)
+    assert figures["daemon_running_at_end"]
+    assert figures["verdict"]["pass"], figures["verdict"]
