@@ -105,7 +105,7 @@ class PeerTracker(INotifee):
 
     async def disconnected(self, network: INetwork, conn: INetConn) -> None:
         peer_id = conn.muxed_conn.peer_id.to_base58()
-        if conn in self._refused_conns:
+        if self._refused_conns and conn in self._refused_conns:
             self._refused_conns.discard(conn)
             return  # never counted
         count = self.connections.get(peer_id, 0)

@@ -66,3 +66,32 @@ async def test_a_failing_callback_does_not_escape_and_counting_goes_on() -> None
     await tracker.connected(None, conn("c"))  # type: ignore[arg-type]
     await tracker.disconnected(None, conn("c"))  # type: ignore[arg-type]
     assert downs == ["c"] and tracker.connections == {}
+
+
+@dataclass(eq=False)  # hashable by identity, as py-libp2p's connections are
+class ClosableConn:
+    muxed_conn: FakeMuxed
+    closed: bool = False
+
+    async def close(self) -> None:
+        self.closed = True
+
+
+async def test_a_refused_connection_is_closed_never_counted_and_its_close_ignored() -> None:
+    """The connection gate: a banned peer's redial, arriving while its old connection is
+    still counted, is closed at once and leaves the old connection's count alone."""
+    log: list[object] = []
+    banned: set[str] = set()
+    tracker = PeerTracker(log.append, lambda peer: log.append(("down", peer)),
+                          refuse=lambda peer: peer in banned)
+    old = ClosableConn(FakeMuxed(FakePeerId("d")))
+    await tracker.connected(None, old)  # type: ignore[arg-type]
+    banned.add("d")
+    redial = ClosableConn(FakeMuxed(FakePeerId("d")))
+    await tracker.connected(None, redial)  # type: ignore[arg-type]
+    assert redial.closed and not old.closed and tracker.refused == 1
+    assert tracker.connections == {"d": 1} and log == [PeerEvent("d", up=True)]
+    await tracker.disconnected(None, redial)  # type: ignore[arg-type]
+    assert tracker.connections == {"d": 1}  # the refused one was never counted
+    await tracker.disconnected(None, old)  # type: ignore[arg-type]
+    assert log[-1] == PeerEvent("d", up=False) and tracker.connections == {}
