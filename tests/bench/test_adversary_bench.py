@@ -44,15 +44,17 @@ libp2p connections from 200 identities.
 
 Writes bench-results/adversary.json. `test_gossip_junk_bench` (daemons on the
 GossipSub fast path) writes bench-results/adversary_gossip.json: a non-member's
-junk published to node0 must never reach node1. `test_backdated_writes_bench`
+junk published to node0 must never reach node1 (and the verdict as above).
+`test_backdated_writes_bench`
 (three daemons) writes bench-results/adversary_backdated.json: a member that
 wrote once is banned, and a chain of BACKDATED_EVENTS events authored with its
 key after the ban on its pre-ban event is pushed at node0 for ATTACK_S; neither
 node0 nor node1 may deliver any of them, and node0 must have judged them
 (`soft_failed` or `rejected` in its topic status).
 
-GRAFT/PRUNE floods are not here: they need a hand-driven gossipsub router
-(py-libp2p's sends GRAFT/PRUNE only from its own heartbeat).
+`test_graft_prune_bench` (gossipsub daemons) writes
+bench-results/adversary_graft_prune.json: a raw /meshsub/1.1.0 stream to node0
+carrying GRAFT and PRUNE for the topic over and over (no ban required).
 """
 
 from __future__ import annotations
@@ -102,7 +104,7 @@ RSS_BOUND_MB = 256  # node0's resident set, at its highest
 # be banned. The others' traffic could come from a confused honest peer (wants, events on
 # parents not yet seen, a banned member's old-looking writes relayed by anyone).
 MUST_BAN = frozenset({"nonmember_flood_open_topic", "offer_flood", "unknown_topic_flood",
-                      "oversize_frames"})
+                      "oversize_frames", "gossip_junk"})
 
 Attack = Callable[[P2PHost, str, bytes, bytes], Awaitable[int]]
 
@@ -470,6 +472,7 @@ async def test_gossip_junk_bench(tmp_path, record_figures):
             p for p in [await victim.probe_once() for _ in range(BASELINE_PROBES)] if p is not None)
         before0 = await trio.to_thread.run_sync(gossip_counters, victim.control0)
         before1 = await trio.to_thread.run_sync(gossip_counters, victim.control1)
+        figures["extremities_before"] = await trio.to_thread.run_sync(victim.extremities)
         topic_id = bytes.fromhex(topic)
         name = gossip_topic(topic_id)
         seed = os.urandom(32)
@@ -510,11 +513,18 @@ async def test_gossip_junk_bench(tmp_path, record_figures):
         after1 = await trio.to_thread.run_sync(gossip_counters, victim.control1)
         figures["node0"] = {k: after0[k] - before0[k] for k in GOSSIP_COUNTERS}
         figures["node1"] = {k: after1[k] - before1[k] for k in GOSSIP_COUNTERS}
+        figures["extremities_normal_s"] = await victim.extremities_normal_s(
+            (figures["extremities_before"] or 1) + EXTREMITIES_SLACK)
         figures["probe_after_s"] = await victim.probe_once()
+        figures["status_after_s"] = await trio.to_thread.run_sync(status_seconds, victim.control0)
     finally:
         await trio.to_thread.run_sync(cluster.close)
+    figures["verdict"] = verdict("gossip_junk", figures, figures["baseline_probe_s"])
+    figures["verdict"]["checks"]["not_forwarded"] = (
+        figures["node1"]["gossip_refused"] == 0 and figures["node1"]["unauthorized"] == 0)
+    figures["verdict"]["pass"] = all(figures["verdict"]["checks"].values())
     record_figures("adversary_gossip", figures)
-    assert figures["node1"]["gossip_refused"] == 0 and figures["node1"]["unauthorized"] == 0
+    assert figures["verdict"]["pass"], figures["verdict"]
 
 
 # ---------------------------------------------------------------- a banned member's backdated writes
