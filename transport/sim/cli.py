@@ -16,7 +16,7 @@ import time
 from dataclasses import asdict, replace
 
 from transport.sim.scenario import PROGRAM, Scenario
-from transport.sim.world import run_scenario
+from transport.sim.fleet import run_world
 
 
 def build_parser(prog: str = PROGRAM) -> argparse.ArgumentParser:
@@ -120,7 +120,7 @@ def sweep(scenario: Scenario, count: int) -> int:
     failed: list[int] = []
     for seed in range(scenario.seed, scenario.seed + count):
         try:
-            summary = run_scenario(replace(scenario, seed=seed))
+            summary = run_world(replace(scenario, seed=seed))
             print(f"seed {seed}: ok, {summary.events} events, {summary.confirmed} confirmed, "
                   f"{summary.acks} acks, {summary.bans} bans, "
                   + (f"{summary.excluded} excluded, {summary.soft_failed} soft-failed, "
@@ -144,7 +144,7 @@ def main(argv: list[str] | None = None, prog: str = PROGRAM) -> int:
     if ns.sweep is not None:
         return sweep(scenario, ns.sweep)
     try:
-        summary = run_scenario(scenario, ns.log_dir)
+        summary = run_world(scenario, ns.log_dir)
     except AssertionError as failure:
         print(failure, file=sys.stderr)
         return 1

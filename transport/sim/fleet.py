@@ -67,7 +67,7 @@ from transport.sim import checks
 from transport.sim.network import Due
 from transport.sim.scenario import Scenario
 from transport.sim.summary import Summary, summarise
-from transport.sim.world import Cluster
+from transport.sim.world import Cluster, run_scenario
 
 # The runtime's timers (node.fleet), in virtual ms.
 START_DIALS = 16  # node.fleet.START_DIALS
@@ -520,6 +520,13 @@ class FleetCluster(Cluster):
                                        bootstrap_due_ms=self.now_ms)
         super()._restart(index)  # no given links to dial: the fleet state does
         self._start(index)
+
+
+def run_world(scenario: Scenario, log_dir: str | Path | None = None) -> Summary:
+    """Run `scenario`: the fleet world if it says `fleet`, else the fixed-overlay one."""
+    if scenario.fleet:
+        return FleetCluster.from_scenario(scenario, log_dir).run()
+    return run_scenario(scenario, log_dir)
 
 
 def fleet_problems(overlay: Overlay) -> list[str]:

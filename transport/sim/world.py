@@ -589,8 +589,4 @@ class Cluster:
 
 def run_scenario(scenario: Scenario, log_dir: str | Path | None = None) -> Summary:
     """Build the cluster of `scenario`, run both phases, check, summarise."""
-    if scenario.fleet:  # the overlay formed by the fleet's own decisions (issue 12)
-        from transport.sim.fleet import FleetCluster
-
-        return FleetCluster.from_scenario(scenario, log_dir).run()
     return Cluster.from_scenario(scenario, log_dir).run()
