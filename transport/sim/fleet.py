@@ -85,6 +85,7 @@ SETTLE_MS = JOIN_SPREAD_MS + GRACE_MS + KEEP_INTERVAL_MS  # the overlay is check
 SAMPLE_MS = 1_000  # how often the overlay is sampled
 CHURN_WINDOW_MS = 60_000  # `churn` is a fraction of the nodes per this much virtual time
 BASE_PORT = 4001
+OBSERVE_EVERY_MS = 1_000  # the order watch looks at a node at most this often
 AGED_MS = GRACE_MS + KEEP_INTERVAL_MS  # a connection this old has faced a trim round
 
 
@@ -165,6 +166,7 @@ class FleetCluster(Cluster):
         self.overlay = Overlay()
         self._hex_topic = self.topic.hex()
         self._next_sample_ms = SETTLE_MS
+        self._next_observe: dict[int, int] = {}
 
     def _overlay(self, total: int, neighbours: int) -> list[tuple[int, int]]:
         return []  # no given links: every node dials node 0 and finds the rest
@@ -293,6 +295,16 @@ class FleetCluster(Cluster):
                 o.over_max.append(f"node {i}: {degree} connections at {now} ms")
             if aged > self.limits.high_water:
                 o.over_high.append(f"node {i}: {aged} aged connections at {now} ms")
+
+    def _observe(self, node: Any) -> None:
+        """The order watch, at most once per OBSERVE_EVERY_MS per node: a fleet world runs
+        for virtual minutes, and a look per tick was most of its cost. A confirmed prefix
+        that changed is still caught (it is compared with the last look), a brief
+        disagreement between two looks could be missed; the final check compares every
+        live node's order."""
+        if self.now_ms >= self._next_observe.get(node.index, 0):
+            self._next_observe[node.index] = self.now_ms + OBSERVE_EVERY_MS
+            super()._observe(node)
 
     # ------------------------------------------------------------- a node's fleet work
 

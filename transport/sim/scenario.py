@@ -75,8 +75,8 @@ class Scenario:
     # `kill_bootstrap_at_ms`; writes are spread over `fleet_ms`.
     fleet: bool = False
     churn: float = 0.1
-    fleet_ms: int = 180_000
-    kill_bootstrap_at_ms: int = 60_000
+    fleet_ms: int = 120_000
+    kill_bootstrap_at_ms: int = 40_000
     low_water: int = 8
     high_water: int = 16
 
