@@ -81,3 +81,18 @@ def test_a_fleet_scenario_replays_from_its_command_line() -> None:
 def test_the_fleet_world_refuses_faults_it_does_not_model() -> None:
     with pytest.raises(ValueError):
         run_world(replace(SMALL_FLEET, adversary=True))
+
+
+def test_the_fleet_world_runs_the_runtimes_timers() -> None:
+    """transport.sim.fleet mirrors node.fleet's timers in virtual ms (the simulator may not
+    import the runtime); they must agree."""
+    from node import fleet as runtime
+    from transport.sim import fleet as sim
+
+    assert sim.START_DIALS == runtime.START_DIALS
+    for sim_ms, runtime_s in ((sim.PX_FIRST_DELAY_MS, runtime.PX_FIRST_DELAY_S),
+                              (sim.PX_INTERVAL_MIN_MS, runtime.PX_INTERVAL_MIN_S),
+                              (sim.PX_INTERVAL_MAX_MS, runtime.PX_INTERVAL_MAX_S),
+                              (sim.KEEP_INTERVAL_MS, runtime.KEEP_INTERVAL_S),
+                              (sim.FILL_REDIAL_MS, runtime.FILL_REDIAL_S)):
+        assert sim_ms == runtime_s * 1_000
