@@ -234,8 +234,8 @@ class FleetCluster(Cluster):
         converged_at = self.run_to_convergence(self.scenario.liveness_bound_ms)
         self.close_logs()
         self.check(converged_at is not None)
-        view = LiveView(self)
-        summary = summarise(view, end, converged_at, time.perf_counter() - started)  # type: ignore[arg-type]
+        view: Any = LiveView(self)  # a World to the summary: the live members
+        summary = summarise(view, end, converged_at, time.perf_counter() - started)
         return replace(summary, notes=(self.overlay_note(),))
 
     def converged(self) -> bool:
@@ -490,9 +490,11 @@ class FleetCluster(Cluster):
                 continue
             news = news or known is None
             self._apply_policy(node, node.policy.reset(entry.peer_id, now))
-            if k not in self._adjacent[i] and wants_more(len(self._adjacent[i]), self.limits):
+            heard = st.book.get(entry.peer_id)
+            if heard is not None and k not in self._adjacent[i] \
+                    and wants_more(len(self._adjacent[i]), self.limits):
                 self.overlay.counts["px_dialled"] += 1
-                self._dial(i, entry.peer_id, st.book.get(entry.peer_id).addresses)  # type: ignore[union-attr]
+                self._dial(i, entry.peer_id, heard.addresses)
         return news
 
     def _keep(self, i: int) -> None:
