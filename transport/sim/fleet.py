@@ -41,7 +41,9 @@ Nodes start (dial their bootstrap) at random times within JOIN_SPREAD_MS;
 RESTART_MIN_MS..RESTART_MAX_MS; node 0 dies for good at
 `kill_bootstrap_at_ms`. Every SAMPLE_MS after SETTLE_MS the overlay is sampled.
 The checks (`fleet_problems`, then transport.sim.checks over the live
-nodes): the live started nodes form one component at every sample; no node
+nodes): every live node got a connection (joined the overlay; a joiner that a
+full node 0 refuses waits for a slot, and `max_join_wait_ms` is reported); the
+live nodes that joined form one component at every sample; no node
 ever holds more than `max_connections`; connections older than GRACE_MS +
 KEEP_INTERVAL_MS (the ones a trim round could have closed) never exceed the
 high water mark - the bounded transient above it is the young connections a
@@ -125,6 +127,9 @@ class Overlay:
     max_degree: int = 0
     max_aged: int = 0
     min_degree: int | None = None
+    joined_ms: dict[int, int] = field(default_factory=dict)  # node -> its first connection
+    max_join_wait_ms: int = 0  # longest wait from a node's start to its first connection
+    never_joined: list[int] = field(default_factory=list)  # live nodes, at the check
     counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(
         ("refused", "trimmed", "restarts", "moved", "px_asked", "px_heard", "px_dialled",
          "fill_dials", "dials_failed"), 0))
@@ -242,6 +247,8 @@ class FleetCluster(Cluster):
         return checks.converged(LiveView(self))  # type: ignore[arg-type]
 
     def check(self, converged: bool = True) -> None:
+        self.overlay.never_joined = [n.index for n in self.members
+                                     if n.alive and n.index not in self.overlay.joined_ms]
         problems = fleet_problems(self.overlay)
         if problems:
             raise AssertionError(f"simulation failed (seed {self.seed}): " + "; ".join(problems)
@@ -251,7 +258,8 @@ class FleetCluster(Cluster):
     def overlay_note(self) -> str:
         o, c = self.overlay, self.overlay.counts
         mean = o.degree_sum / max(1, o.degree_count)
-        return (f"overlay: {o.samples} samples connected, degree min {o.min_degree} "
+        return (f"overlay: {o.samples} samples connected, longest join "
+                f"{o.max_join_wait_ms / 1000:.1f} s, degree min {o.min_degree} "
                 f"mean {mean:.1f} max {o.max_degree} (aged max {o.max_aged}), "
                 f"{c['restarts']} restarts ({c['moved']} moved), {c['refused']} refused, "
                 f"{c['trimmed']} trimmed, px {c['px_asked']} asks {c['px_dialled']} dials")
@@ -261,7 +269,8 @@ class FleetCluster(Cluster):
     def sample(self) -> None:
         """One look at the overlay: components among the live started nodes, degrees."""
         now = self.now_ms
-        live = [n.index for n in self.members if n.alive and self.fleet[n.index].started]
+        live = [n.index for n in self.members if n.alive and self.fleet[n.index].started
+                and n.index in self.overlay.joined_ms]
         if not live:
             return
         o = self.overlay
@@ -408,6 +417,10 @@ class FleetCluster(Cluster):
             return
         for me, other in ((a, b), (b, a)):
             st = self.fleet[me]
+            if me not in self.overlay.joined_ms:  # it is part of the overlay from now on
+                self.overlay.joined_ms[me] = now
+                self.overlay.max_join_wait_ms = max(self.overlay.max_join_wait_ms,
+                                                    now - st.start_ms)
             st.since[other] = now
             st.dropped.discard(other)
             st.book.connected(self.nodes[other].node_id, [self._address_of(other)], now)
@@ -549,6 +562,8 @@ def fleet_problems(overlay: Overlay) -> list[str]:
     if overlay.split_samples:
         problems.append(f"the overlay was split at {len(overlay.split_samples)} of "
                         f"{overlay.samples} samples, first {overlay.split_samples[:3]}")
+    if overlay.never_joined:
+        problems.append(f"live nodes that never got a connection: {overlay.never_joined[:8]}")
     if overlay.over_max:
         problems.append(f"connections above the node-wide limit: {overlay.over_max[:3]}")
     if overlay.over_high:
