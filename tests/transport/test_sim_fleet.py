@@ -16,7 +16,9 @@ of 40 whose creator and first indexer is the node killed), and a split overlay
 that the checks catch. Issue 12's world, 200 nodes (the measured figure is in
 docs/fleet.md):
 
-    python -m transport.sim --seed 0 --nodes 200 --fleet --sweep 20
+    python -m transport.sim --seed 0 --nodes 200 --fleet --no-authorization --sweep 20
+
+(20/20 seeds pass, about 40 s of CPU each; without --no-authorization about 260 s each.)
 """
 
 from __future__ import annotations
