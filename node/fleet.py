@@ -262,6 +262,11 @@ class ConnectionKeeper:
     def wants_more(self) -> bool:
         return wants_more(len(self._host.peers()), self.limits)
 
+    def needs_more(self) -> bool:
+        """Below the low water mark: a lost peer is redialled only then (a peer that
+        trimmed us would otherwise be redialled at once, and trim us again)."""
+        return needs_more(len(self._host.peers()), self.limits)
+
     def peer_up(self, peer_id: str) -> bool:
         """A connection came up: False if it must be closed now (a limit; logged, counted)."""
         ip = self._remote_ip(peer_id)

@@ -52,6 +52,9 @@ class PeerExecutor:
         # The connection manager's say on each connection (node.fleet.ConnectionKeeper).
         self.admit: Callable[[str], bool] | None = None
         self.on_down: Callable[[str], bool] | None = None  # True: it closed the connection
+        # Whether a lost peer is still worth a redial: only below the low water mark
+        # (above it, a peer that trimmed us would be redialled and trim us again).
+        self.wants_redial: Callable[[], bool] | None = None
 
     # ------------------------------------------------------------------ relayed devices
 
@@ -191,7 +194,8 @@ class PeerExecutor:
         peer_id = peer_id_of(node_id)
         self.run(self.policy.redial_due(
             node_id, now_ms(), connected=peer_id in self._host.peers(),
-            wanted=node_id not in self._relay_clients))
+            wanted=node_id not in self._relay_clients
+            and (self.wants_redial is None or self.wants_redial())))
 
     async def _redial(self, node_id: str) -> None:
         """One redial attempt (every known address once); the policy decides what next."""

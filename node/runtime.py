@@ -218,6 +218,7 @@ class Node:
         self._peers.on_replica_up = self._peer_exchange.peer_up
         self._peers.admit = self._connections.peer_up
         self._peers.on_down = self._connections.peer_down
+        self._peers.wants_redial = self._connections.needs_more
 
     # ------------------------------------------------------------------ lifecycle
 

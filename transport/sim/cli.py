@@ -16,7 +16,7 @@ import time
 from dataclasses import asdict, replace
 
 from transport.sim.scenario import PROGRAM, Scenario
-from transport.sim.world import run_scenario
+from transport.sim.fleet import run_world
 
 
 def build_parser(prog: str = PROGRAM) -> argparse.ArgumentParser:
@@ -73,6 +73,19 @@ def build_parser(prog: str = PROGRAM) -> argparse.ArgumentParser:
                    help="members (the last ones) invited only half-way through the rounds")
     p.add_argument("--banned-writer", action="store_true",
                    help="the last member is banned and keeps writing on pre-ban parents")
+    p.add_argument("--fleet", action="store_true",
+                   help="issue 12's fleet world: the overlay formed by peer exchange and the "
+                        "connection manager from one bootstrap node, with churn")
+    p.add_argument("--churn", type=float, default=d.churn,
+                   help="(fleet) fraction of the nodes restarting per virtual minute")
+    p.add_argument("--fleet-ms", type=int, default=d.fleet_ms,
+                   help="(fleet) virtual ms of churn and writes before the liveness phase")
+    p.add_argument("--kill-bootstrap-at", type=int, default=d.kill_bootstrap_at_ms,
+                   help="(fleet) virtual ms at which node 0, everyone's bootstrap, dies for good")
+    p.add_argument("--low-water", type=int, default=d.low_water,
+                   help="(fleet) the connection manager's low water mark")
+    p.add_argument("--high-water", type=int, default=d.high_water,
+                   help="(fleet) the connection manager's high water mark")
     p.add_argument("--no-authorization", action="store_true",
                    help="a pure MEG: no topic state, no order, no acks")
     p.add_argument("--sweep", type=int, default=None, metavar="N",
@@ -95,7 +108,10 @@ def scenario_from_args(ns: argparse.Namespace) -> Scenario:
         depletion=not ns.no_depletion, lossy_liveness=not ns.clean_liveness,
         liveness_bound_ms=ns.liveness_bound, authorization=not ns.no_authorization,
         indexers=ns.indexers, adversary=ns.adversary, crashes=ns.crashes, invite=ns.invite,
-        outsiders=ns.outsiders, banned_writer=ns.banned_writer, history=ns.history, late=ns.late)
+        outsiders=ns.outsiders, banned_writer=ns.banned_writer, history=ns.history, late=ns.late,
+        fleet=ns.fleet, churn=ns.churn, fleet_ms=ns.fleet_ms,
+        kill_bootstrap_at_ms=ns.kill_bootstrap_at, low_water=ns.low_water,
+        high_water=ns.high_water)
 
 
 def sweep(scenario: Scenario, count: int) -> int:
@@ -104,11 +120,12 @@ def sweep(scenario: Scenario, count: int) -> int:
     failed: list[int] = []
     for seed in range(scenario.seed, scenario.seed + count):
         try:
-            summary = run_scenario(replace(scenario, seed=seed))
+            summary = run_world(replace(scenario, seed=seed))
             print(f"seed {seed}: ok, {summary.events} events, {summary.confirmed} confirmed, "
                   f"{summary.acks} acks, {summary.bans} bans, "
                   + (f"{summary.excluded} excluded, {summary.soft_failed} soft-failed, "
                      if summary.excluded or summary.soft_failed else "")
+                  + "".join(f"{note}, " for note in summary.notes)
                   + f"converged "
                   f"{summary.convergence_ms} ms after faults, wall {summary.wall_s:.1f} s",
                   flush=True)
@@ -127,7 +144,7 @@ def main(argv: list[str] | None = None, prog: str = PROGRAM) -> int:
     if ns.sweep is not None:
         return sweep(scenario, ns.sweep)
     try:
-        summary = run_scenario(scenario, ns.log_dir)
+        summary = run_world(scenario, ns.log_dir)
     except AssertionError as failure:
         print(failure, file=sys.stderr)
         return 1

@@ -68,6 +68,19 @@ class Scenario:
     # be sent no payload from before their join, and must hold every later one.
     history: str = "shared"
     late: int = 0
+    # Issue 12's fleet world (transport.sim.fleet): no fixed overlay; every node starts
+    # knowing only node 0 and forms its links by the runtime's own decisions (peer book,
+    # peer exchange, connection manager, redial backoff); `churn` of the nodes restart
+    # per virtual minute (half of them on a new address), node 0 is killed at
+    # `kill_bootstrap_at_ms`; writes are spread over `fleet_ms`.
+    fleet: bool = False
+    churn: float = 0.1
+    fleet_ms: int = 150_000
+    # Late enough for every node to have met another than node 0 (a full node 0 refuses
+    # the last joiners for a while: docs/fleet.md, "The fleet world").
+    kill_bootstrap_at_ms: int = 90_000
+    low_water: int = 8
+    high_water: int = 16
 
     def argv(self) -> list[str]:
         args = ["--seed", str(self.seed), "--nodes", str(self.nodes), "--loss", str(self.loss),
@@ -86,6 +99,10 @@ class Scenario:
             args += ["--history", self.history]
         if self.late:
             args += ["--late", str(self.late)]
+        if self.fleet:
+            args += ["--fleet", "--churn", str(self.churn), "--fleet-ms", str(self.fleet_ms),
+                     "--kill-bootstrap-at", str(self.kill_bootstrap_at_ms),
+                     "--low-water", str(self.low_water), "--high-water", str(self.high_water)]
         if self.partition_at_ms is not None and self.heal_at_ms is not None:
             args += ["--partition-at", str(self.partition_at_ms), "--heal-at", str(self.heal_at_ms)]
         for flag, on in (("--no-push", not self.push), ("--no-peer-state", not self.peer_state),

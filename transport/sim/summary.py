@@ -48,6 +48,7 @@ class Summary:
     excluded: int = 0  # confirmed events a ban left out of the views (node 0's order)
     soft_failed: int = 0  # events soft-failed on receipt, summed over the replicas
     banned_writes: tuple[int, int] = (0, 0)  # the banned writer's (concurrent, after) writes
+    notes: tuple[str, ...] = ()  # a world's own figures (the fleet world's overlay)
 
     def lines(self) -> list[str]:
         conv = (f"converged {self.convergence_ms} ms after the fault phase "
@@ -63,7 +64,8 @@ class Summary:
             f"order: {self.confirmed} confirmed, {self.acks} acks; {self.bans} bans",
         ] + ([f"banned writer: {self.banned_writes[0]} writes concurrent with its ban, "
               f"{self.banned_writes[1]} after it; {self.excluded} excluded from the order, "
-              f"{self.soft_failed} soft-failed on receipt"] if any(self.banned_writes) else [])
+              f"{self.soft_failed} soft-failed on receipt"] if any(self.banned_writes) else []) \
+            + list(self.notes)
 
 
 class World(Protocol):

@@ -189,7 +189,7 @@ class Cluster:
         self._index = {node.node_id: node.index for node in self.nodes}
         # Members first on the ring: they stay connected among themselves through
         # their ring edges, whatever the outsiders between the chords do.
-        self.edges = ring_with_chords(total, neighbours, self.rng)
+        self.edges = self._overlay(total, neighbours)
         self.links: set[tuple[int, int]] = set()
         # Each node's open links (index n: the adversary), kept with `links`: a tick asks
         # for its node's peers, and scanning every link per tick was the sim's own hot spot.
@@ -202,6 +202,11 @@ class Cluster:
             self.network.schedule(self.rng.randrange(tick_ms), Due.TICK, node.index, 0, None)
         if adversary:
             self._add_adversary()
+
+    def _overlay(self, total: int, neighbours: int) -> list[tuple[int, int]]:
+        """The links every node keeps (and redials after a restart): a ring with chords.
+        The fleet world (transport.sim.fleet) starts with none and forms its own."""
+        return ring_with_chords(total, neighbours, self.rng)
 
     @classmethod
     def from_scenario(cls, scenario: Scenario, log_dir: str | Path | None = None) -> Cluster:
