@@ -216,11 +216,6 @@ class Intake:
                 out.append(self._log("buffered", now_ms, topic, event_id=event_id))
                 for parent in outcome.missing:
                     self._note_want_source(topic, parent, peer)
-                if self._accountable and not self.intake_budget.take_buffered(peer, now_ms):
-                    # A flood of events on made-up parents (transport.intake_budget):
-                    # the rest of this frame is dropped unread.
-                    out += self._over_budget(peer, now_ms, "buffered")
-                    break
             # Events failing the topic's auth rules never become vertices here (the
             # replica's gate): nothing of them is forwarded, offered or delivered.
             unauthorized = dict(outcome.unauthorized)
