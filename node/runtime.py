@@ -78,7 +78,13 @@ from node.replica.cache_budget import CacheBudget
 from node.replica.ordering import OrderConfig
 from node.replica.replica import Replica, ReplicaConfig
 from node.state.types import HISTORY_SETTINGS, HISTORY_SHARED, RULE_INVITE, RULE_PUBLIC, Membership
-from node.topic_handle import MAX_REJECT_REASONS_SHOWN, Delivered, Topic, most_common
+from node.topic_handle import (
+    MAX_REJECT_REASONS_SHOWN,
+    Delivered,
+    Topic,
+    most_common,
+    parse_topic_id,
+)
 from node.topic_records import WANTS_MEMBERSHIP, forget_topic, stored_topics, topic_record
 from node.data_dir import KEY_FILE, STORE_DIR, open_data_dir
 from storage.lmdb_store import LmdbStore
@@ -780,16 +786,4 @@ class Node:
                           for left_ms, peer in live[:MAX_BANS_SHOWN]]}
 
 
-def parse_topic_id(value: bytes | str) -> bytes:
-    if isinstance(value, bytes):
-        if len(value) != 32:
-            raise NodeError("a topic id is 32 bytes")
-        return value
-    try:
-        raw = bytes.fromhex(value)
-    except ValueError:
-        raw = b""
-    if len(raw) != 32:
-        raise NodeError(f"not a topic id (64 hex characters): {value!r}")
-    return raw
 

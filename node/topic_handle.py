@@ -429,3 +429,18 @@ class Topic:
 def most_common(counts: dict[str, int], limit: int) -> dict[str, int]:
     """The `limit` largest counts, largest first (ties by name): a bounded status field."""
     return dict(sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))[:limit])
+
+
+def parse_topic_id(value: bytes | str) -> bytes:
+    """A topic id from 32 bytes or 64 hex characters; NodeError naming what is wrong."""
+    if isinstance(value, bytes):
+        if len(value) != 32:
+            raise NodeError("a topic id is 32 bytes")
+        return value
+    try:
+        raw = bytes.fromhex(value)
+    except ValueError:
+        raw = b""
+    if len(raw) != 32:
+        raise NodeError(f"not a topic id (64 hex characters): {value!r}")
+    return raw

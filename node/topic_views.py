@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 from node.errors import NodeError
-from node.topic_handle import Topic
+from node.topic_handle import Topic, parse_topic_id
 
 MAX_MEMBERS_LISTED = 1_000  # `topic members`: entries listed (their count is always given)
 MEMBER_EVENT = "m.room.member"
@@ -32,14 +32,7 @@ class NodeView(Protocol):
 
 
 def _topic_of(node: NodeView, request: Mapping[str, Any]) -> Topic:
-    value = str(request.get("topic", ""))
-    try:
-        topic_id = bytes.fromhex(value)
-    except ValueError:
-        topic_id = b""
-    if len(topic_id) != 32:
-        raise NodeError(f"not a topic id (64 hex characters): {value!r}")
-    return node.topic(topic_id)
+    return node.topic(parse_topic_id(str(request.get("topic", ""))))
 
 
 def topic_list(node: NodeView, request: Mapping[str, Any]) -> dict[str, Any]:

@@ -125,9 +125,10 @@ class HistoryAccess:
                 # Buffered (its past is not all here): no state to judge it by yet. Left
                 # out; the peer gets it by anti-entropy once a node that holds its past
                 # can judge it.
-                changed = changed or not _is_state(raw)
                 if _is_state(raw):
                     out.append(raw)
+                else:
+                    changed = True
             elif event.is_state:
                 out.append(raw)
             elif self.may_read_payload(key, event):

@@ -428,12 +428,8 @@ class FleetCluster(Cluster):
 
     def _cut(self, a: int, b: int) -> None:
         """The connection closes; a live side redials unless it closed it itself."""
-        key = (min(a, b), max(a, b))
-        if key not in self.links:
+        if not self._unlink(a, b):
             return
-        self.links.discard(key)
-        self._adjacent[a].discard(b)
-        self._adjacent[b].discard(a)
         for me, other in ((a, b), (b, a)):
             node, peer = self.nodes[me], self.nodes[other]
             st = self.fleet[me]

@@ -483,14 +483,20 @@ class Cluster:
                 return
             self._apply(node, node.engine.on_peer_up(peer.node_id, self.now_ms))
 
-    def _cut(self, a: int, b: int) -> None:
-        """The connection between a and b closes; a live side may redial (its policy says)."""
+    def _unlink(self, a: int, b: int) -> bool:
+        """Forget the link between a and b; False if there was none."""
         key = (min(a, b), max(a, b))
         if key not in self.links:
-            return
+            return False
         self.links.discard(key)
         self._adjacent[a].discard(b)
         self._adjacent[b].discard(a)
+        return True
+
+    def _cut(self, a: int, b: int) -> None:
+        """The connection between a and b closes; a live side may redial (its policy says)."""
+        if not self._unlink(a, b):
+            return
         for me, other in ((a, b), (b, a)):
             node, peer = self._peer(me), self._peer(other)
             if node.policy is None or not node.alive:
