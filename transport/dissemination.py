@@ -87,12 +87,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from node.core.event import Event, event_id_of, is_withheld_form
+from node.core.event import KIND_DUMMY, Event, event_id_of, is_withheld_form
 from node.logschema import GOSSIP, SCHEMA_VERSION
 from node.replica.replica import Replica
 from node.state.types import TYPE_MEMBER, Membership, content_of, user_id
 from transport.anti_entropy import AntiEntropy
-from transport.depletion import DepletionTimer
+from transport.depletion import DepletionMode, DepletionTimer
 from transport.dissemination_config import DisseminationConfig
 from transport.effects import Announce, Effect, Log, PeerId, Send
 from transport.join_handshake import JoinHandshake
@@ -150,6 +150,11 @@ class _TopicTimers:
     next_width_ms: int = 0
     news_from: PeerId | None = None  # set when sync brought events: spread them on the next tick
     depletion: DepletionTimer = field(default_factory=DepletionTimer)
+
+
+def _author_and_dummy(event: Event | None) -> tuple[bytes, bool] | None:
+    """What coordinated depletion needs of an extremity (transport.depletion)."""
+    return None if event is None else (event.author, event.kind == KIND_DUMMY)
 
 
 class Disseminator(Intake, AntiEntropy, JoinHandshake):
@@ -473,6 +478,13 @@ class Disseminator(Intake, AntiEntropy, JoinHandshake):
         replica = self._replicas[topic]
         timers = self._timers[topic]
         out: list[Effect] = []
+        # The width as each tick sees it: its maximum and a tick-weighted mean (the
+        # bound depletion keeps, docs/anti-entropy.md "Coordinated depletion").
+        width = replica.graph.width
+        self.stats["width_ticks"] += 1
+        self.stats["width_tick_sum"] += width
+        if width > self.stats["width_max"]:
+            self.stats["width_max"] = width
         if self.config.depletion:
             out += self._deplete(topic, replica, timers, now_ms, rng)
         if timers.next_sync_ms is None:  # first tick: a random phase, so nodes do not sync in step
@@ -501,9 +513,21 @@ class Disseminator(Intake, AntiEntropy, JoinHandshake):
 
     def _deplete(self, topic: bytes, replica: Replica, timers: _TopicTimers, now_ms: int,
                  rng: random.Random) -> list[Effect]:
-        width = replica.graph.width
-        if not timers.depletion.due(replica.ready, width, replica.config.depletion.threshold,
-                                    now_ms, rng, self.config.depletion_backoff_ms):
+        """A dummy if the width stayed over the threshold and it is our turn (transport.depletion)."""
+        graph, policy = replica.graph, replica.config.depletion
+        width = graph.width
+        timer = timers.depletion
+        if self.config.depletion_mode is DepletionMode.BACKOFF:  # the old timers, for comparison
+            if not timer.due_backoff(replica.ready, width, policy.threshold, now_ms, rng,
+                                     self.config.depletion_backoff_ms):
+                return []
+        elif not policy.over(width) and timer.over_since_ms is None:
+            return []  # the common case: narrow, nothing armed (no extremity list built)
+        elif not timer.due(ready=replica.ready and policy.enabled,
+                           extremities=graph.extremities(), threshold=policy.threshold,
+                           merge=policy.dummy_parents(replica.params.d_max),
+                           me=replica.identity.public_key, now_ms=now_ms, rng=rng,
+                           describe=lambda i: _author_and_dummy(graph.get(i))):
             return []
         made = replica.maybe_deplete(now_ms, rng)
         if made is None:

@@ -20,7 +20,7 @@ from transport.defaults import (
     DEFAULT_SYNC_JITTER_MS,
     MISBEHAVIOUR_THRESHOLD,
 )
-from transport.depletion import DEFAULT_DEPLETION_BACKOFF_MS
+from transport.depletion import DEFAULT_DEPLETION_BACKOFF_MS, DepletionMode
 from transport.intake_budget import (PEER_BYTES_BURST, PEER_BYTES_PER_S, PEER_EVENTS_BURST,
                                      PEER_EVENTS_PER_S, WANTS_IN_FLIGHT_PER_PEER)
 from transport.misbehaviour import STRAY_ALLOWANCE_BURST, STRAY_ALLOWANCE_PER_S
@@ -91,7 +91,8 @@ class DisseminationConfig:
     reply_max_events: int = MAX_EVENTS_PER_MESSAGE
     reply_max_bytes: int = REPLY_MAX_BYTES
     depletion: bool = True  # emit dummy events when the width is over the replica's threshold
-    depletion_backoff_ms: int = DEFAULT_DEPLETION_BACKOFF_MS
+    depletion_backoff_ms: int = DEFAULT_DEPLETION_BACKOFF_MS  # DepletionMode.BACKOFF's first wait
+    depletion_mode: DepletionMode = DepletionMode.COORDINATED  # who writes the dummy
     width_sample_ms: int = DEFAULT_WIDTH_SAMPLE_MS
     misbehaviour_threshold: int = MISBEHAVIOUR_THRESHOLD
     # Per-peer budgets (transport.peer_budget, transport.misbehaviour say why).

@@ -12,7 +12,6 @@ from hypothesis import strategies as st
 
 from node.core.identity import sign_event
 from node.core.outcomes import RejectReason
-from node.core.parents import DepletionPolicy
 from node.replica.replica import Replica, ReplicaConfig
 from storage.memory import MemoryStore
 from tests.transport.pair import (
@@ -25,7 +24,6 @@ from tests.transport.pair import (
     load,
     random_fork,
 )
-from transport.depletion import MAX_DEPLETION_BACKOFF_MS, DepletionTimer
 from transport.dissemination import Disseminator
 from transport.dissemination_config import DisseminationConfig
 from transport.effects import Disconnect, Log, Send
@@ -329,52 +327,7 @@ def test_a_truncated_frame_is_counted_against_the_peer_not_raised():
     assert pair.engines["a"].peer_misbehaviour["b"] == 1
 
 
-# ------------------------------------------------------------------ depletion
-
-
-def test_a_wide_topic_gets_one_dummy_after_a_random_backoff():
-    config = DisseminationConfig(log=True, depletion_backoff_ms=1_000)
-    no_limit = ReplicaConfig(depletion=DepletionPolicy(threshold=3, interval_ms=0),
-                             authorization=False)
-    replica = Replica.create_topic(MemoryStore(), identity("w"), PAIR_NOW_MS, d_max=10,
-                                   config=no_limit)
-    for i in range(6):  # six concurrent children of the root: width 6 > 3
-        other = Replica(MemoryStore(), replica.topic_id, identity(f"x{i}"), no_limit)
-        other.receive(replica.graph.get(replica.topic_id).raw, PAIR_NOW_MS)
-        event, _ = other.publish(b"c%d" % i, PAIR_NOW_MS, random.Random(i))
-        replica.receive(event.raw, PAIR_NOW_MS)
-    replica.commit()
-    engine = Disseminator("00", random.Random(5), replace(config, sync_on_connect=False))
-    engine.add_topic(replica)
-    engine.on_peer_up("p", PAIR_NOW_MS)
-    assert replica.graph.width == 6
-    dummies = []
-    for step in range(0, 1_200, 100):
-        for effect in engine.tick(PAIR_NOW_MS + step):
-            if isinstance(effect, Log) and effect.record["type"] == "dummy":
-                dummies.append(effect.record)
-    assert len(dummies) == 1 and dummies[0]["width"] == 6
-    assert replica.graph.width == 1 and replica.graph.pending_ops == 0
-
-
-def test_the_dummy_backoff_suppresses_doubles_and_resets_below_half_the_threshold():
-    """`DepletionTimer` (the engine's per-topic dummy timer), driven directly."""
-    rng = random.Random(1)
-    timer = DepletionTimer()
-    assert not timer.due(True, 6, 3, 0, rng, 1_000)  # arms: a random wait in [0, 1000)
-    armed_at = timer.deplete_at_ms
-    assert armed_at is not None and 0 <= armed_at < 1_000 and timer.backoff_ms == 2_000
-    assert not timer.due(True, 3, 3, 500, rng, 1_000)  # someone's dummy narrowed it: stand down
-    assert timer.deplete_at_ms is None and timer.backoff_ms == 2_000  # not below half: kept
-    assert not timer.due(True, 6, 3, 1_000, rng, 1_000)  # re-armed with the doubled wait
-    assert 1_000 <= timer.deplete_at_ms < 3_000 and timer.backoff_ms == 4_000
-    assert timer.due(True, 6, 3, 3_000, rng, 1_000) and timer.deplete_at_ms is None
-    assert not timer.due(False, 6, 3, 3_000, rng, 1_000)  # a replica not ready never depletes
-    for _ in range(20):  # the backoff saturates
-        timer.due(True, 6, 3, 0, rng, 1_000)
-        timer.deplete_at_ms = None
-    assert timer.backoff_ms == MAX_DEPLETION_BACKOFF_MS
-    assert not timer.due(True, 1, 3, 0, rng, 1_000) and timer.backoff_ms == 0  # <= half: reset
+# Depletion (the dummy timers and their engine test): tests/transport/test_depletion.py.
 
 
 def test_misbehaviour_reasons_are_the_cores_strings():

@@ -15,6 +15,7 @@ import sys
 import time
 from dataclasses import asdict, replace
 
+from transport.depletion import DepletionMode
 from transport.sim.scenario import PROGRAM, Scenario
 from transport.sim.fleet import run_world
 
@@ -55,6 +56,10 @@ def build_parser(prog: str = PROGRAM) -> argparse.ArgumentParser:
     p.add_argument("--no-peer-state", action="store_true",
                    help="no per-peer state in anti-entropy")
     p.add_argument("--no-depletion", action="store_true", help="no depletion dummies")
+    p.add_argument("--depletion-mode", choices=[m.value for m in DepletionMode],
+                   default=d.depletion_mode,
+                   help="who writes the dummies: the extremities' authors in turn, or the old "
+                        "random backoff (transport.depletion)")
     p.add_argument("--clean-liveness", action="store_true",
                    help="no loss/duplication/reordering after healing")
     p.add_argument("--indexers", type=int, default=d.indexers,
@@ -105,7 +110,8 @@ def scenario_from_args(ns: argparse.Namespace) -> Scenario:
         heal_at_ms=ns.heal_at, groups=ns.groups, push=not ns.no_push, fanout=ns.fanout,
         forward_fanout=ns.forward_fanout,
         sync_interval_ms=ns.sync_interval, peer_state=not ns.no_peer_state, d_max=ns.d_max,
-        depletion=not ns.no_depletion, lossy_liveness=not ns.clean_liveness,
+        depletion=not ns.no_depletion, depletion_mode=ns.depletion_mode,
+        lossy_liveness=not ns.clean_liveness,
         liveness_bound_ms=ns.liveness_bound, authorization=not ns.no_authorization,
         indexers=ns.indexers, adversary=ns.adversary, crashes=ns.crashes, invite=ns.invite,
         outsiders=ns.outsiders, banned_writer=ns.banned_writer, history=ns.history, late=ns.late,

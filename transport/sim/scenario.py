@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from node.core.parents import DEFAULT_D_MAX
 from transport.defaults import DEFAULT_SYNC_INTERVAL_MS
+from transport.depletion import DepletionMode
 from transport.dissemination_config import (
     DEFAULT_FORWARD_FANOUT,
     DEFAULT_PUSH_FANOUT,
@@ -47,6 +48,7 @@ class Scenario:
     peer_state: bool = True
     d_max: int = DEFAULT_D_MAX
     depletion: bool = True
+    depletion_mode: str = DepletionMode.COORDINATED.value  # who writes dummies (transport.depletion)
     lossy_liveness: bool = True
     liveness_bound_ms: int = LIVENESS_BOUND_MS
     # The one world: topic state with auth rules, indexers that ack, the peer
@@ -95,6 +97,8 @@ class Scenario:
                 "--indexers", str(self.indexers), "--crashes", str(self.crashes)]
         if self.outsiders:
             args += ["--outsiders", str(self.outsiders)]
+        if self.depletion_mode != DepletionMode.COORDINATED.value:
+            args += ["--depletion-mode", self.depletion_mode]
         if self.history != "shared":
             args += ["--history", self.history]
         if self.late:
@@ -124,4 +128,5 @@ class Scenario:
                                    sync_interval_ms=self.sync_interval_ms,
                                    sync_jitter_ms=self.sync_interval_ms // 4,
                                    use_peer_state=self.peer_state, depletion=self.depletion,
+                                   depletion_mode=DepletionMode(self.depletion_mode),
                                    log=log)

@@ -2,8 +2,9 @@
 
 Traffic (messages, bytes, event bytes against overhead, anti-entropy
 exchanges, duplicates), how long the healed world took to converge, the
-mean width, and for an authorized world the order (confirmed length, acks,
-bans). `digest` hashes the final event ids and the byte counts: equal runs
+width (mean before each write round, mean and maximum over every tick of
+every replica) against the depletion dummies it cost, and for an authorized
+world the order (confirmed length, acks, bans). `digest` hashes the final event ids and the byte counts: equal runs
 show equal digests, which is how a replay in another process is compared.
 """
 
@@ -13,6 +14,7 @@ import hashlib
 from dataclasses import dataclass
 from typing import Protocol
 
+from node.core.event import KIND_DUMMY
 from transport.sim.adversary import BannedWriter
 from transport.sim.network import Network
 from transport.sim.scenario import Scenario
@@ -49,6 +51,19 @@ class Summary:
     soft_failed: int = 0  # events soft-failed on receipt, summed over the replicas
     banned_writes: tuple[int, int] = (0, 0)  # the banned writer's (concurrent, after) writes
     notes: tuple[str, ...] = ()  # a world's own figures (the fleet world's overlay)
+    # The width every engine saw at its ticks (transport.dissemination stats), the
+    # whole run: what depletion bounds (docs/anti-entropy.md, "Coordinated depletion").
+    tick_mean_width: float = 0.0
+    max_width: int = 0
+    real_events: int = 0  # events in the topic that are not dummies (joins, acks, writes)
+
+    @property
+    def dummies_per_write(self) -> float:
+        return self.dummies / max(self.created, 1)
+
+    @property
+    def dummies_per_real_event(self) -> float:
+        return self.dummies / max(self.real_events, 1)
 
     def lines(self) -> list[str]:
         conv = (f"converged {self.convergence_ms} ms after the fault phase "
@@ -61,6 +76,9 @@ class Summary:
             f"{self.sync_sessions} anti-entropy exchanges",
             f"duplicates {self.duplicates} ({self.duplicates / max(self.events, 1):.1f} per event)",
             f"mean width {self.mean_width:.2f}; wall {self.wall_s:.2f} s; digest {self.digest}",
+            f"depletion: {self.dummies} dummies, {self.dummies_per_write:.2f} per written event, "
+            f"{self.dummies_per_real_event:.3f} per real event ({self.real_events}); width "
+            f"per tick mean {self.tick_mean_width:.2f}, max {self.max_width}",
             f"order: {self.confirmed} confirmed, {self.acks} acks; {self.bans} bans",
         ] + ([f"banned writer: {self.banned_writes[0]} writes concurrent with its ban, "
               f"{self.banned_writes[1]} after it; {self.excluded} excluded from the order, "
@@ -107,6 +125,8 @@ def summarise(cluster: World, fault_end: int, converged_at: int | None,
     interval = cluster.scenario.sync_interval_ms
     widths = cluster.width_samples
     first = nodes[0].replica
+    graph = first.graph
+    real = sum(1 for _, e in graph.deliveries(0, graph.delivered_count) if e.kind != KIND_DUMMY)
     return Summary(
         seed=cluster.seed, nodes=len(nodes), events=len(ids), created=len(cluster.created),
         dummies=dummies, messages=net.messages, bytes=net.bytes,
@@ -126,4 +146,8 @@ def summarise(cluster: World, fault_end: int, converged_at: int | None,
                   if cluster.authorization and first.ordering is not None else 0),
         soft_failed=sum(n.replica.counters["soft_failed"] for n in nodes),
         banned_writes=((len(cluster.banned.concurrent), len(cluster.banned.after))
-                       if cluster.banned is not None else (0, 0)))
+                       if cluster.banned is not None else (0, 0)),
+        tick_mean_width=round(totals.get("width_tick_sum", 0)
+                              / max(totals.get("width_ticks", 0), 1), 3),
+        max_width=max((n.engine.stats["width_max"] for n in nodes), default=0),
+        real_events=real)
