@@ -26,7 +26,9 @@ who writes them instead:
 * **When: only after the width stayed over the threshold for `QUIET_MS`
   with no dummy arriving.** A burst of concurrent writes widens the graph
   for a moment and the next writes (which name up to d_max parents) merge it
-  again; a dummy is for a width that stays. A dummy that arrives (someone
+  again; a dummy is for a width that stays. A width that one dummy cannot
+  bring back (`wanted` > 1: a join storm, a long partition healed) is no
+  such burst, and waits only `STORM_QUIET_MS`. A dummy that arrives (someone
   else's, or our own going out) restarts the quiet period, so a wave of
   dummies in flight is waited for before the next one is decided on — on
   the extremity set it left behind. So that a stream of dummies (one that
@@ -63,6 +65,7 @@ DEFAULT_DEPLETION_BACKOFF_MS: Final = 5_000  # BACKOFF: the first wait is drawn 
 MAX_DEPLETION_BACKOFF_MS: Final = 300_000  # BACKOFF: Synapse sends its dummies every 5 min at most
 SPREAD_MS: Final = 200  # a random spread within one rank's slot: ranks never act in lockstep
 QUIET_MS: Final = 1_000  # over the threshold this long with no dummy arriving before one is due
+STORM_QUIET_MS: Final = 200  # ... when one dummy cannot merge the excess (no write burst is that wide)
 SLOT_MS: Final = 1_000  # each rank past the wanted ones waits one slot more (a dummy's spread)
 MAX_SLOTS: Final = 8  # ranks further down wait as non-candidates do
 FALLBACK_MS: Final = 10_000  # a replica that authored no extremity waits this long at least
@@ -133,12 +136,16 @@ class DepletionTimer:
             return False
         if self.over_since_ms is None:
             self.over_since_ms = self.quiet_from_ms = now_ms
-        arrived = self._learn(extremities, me, describe)
+        changed, arrived = self._learn(extremities, me, describe)
         if arrived and now_ms - self.over_since_ms < MAX_POSTPONE_MS:
             self.quiet_from_ms = now_ms  # a dummy is in flight: wait for its wave, then re-decide
             self.deplete_at_ms = None
-        if self.deplete_at_ms is None:
-            self.deplete_at_ms = self.quiet_from_ms + QUIET_MS + self._wait(
+        if self.deplete_at_ms is None or changed:
+            # Ranked again whenever the set changes (a view still filling in agrees with
+            # the others only once complete), always from the same quiet period's start:
+            # ordinary events re-order the turns but never postpone them.
+            quiet = QUIET_MS if wanted_dummies(width, threshold, merge) <= 1 else STORM_QUIET_MS
+            self.deplete_at_ms = self.quiet_from_ms + quiet + self._wait(
                 extremities, threshold, merge, me, rng, spread_ms)
         if now_ms < self.deplete_at_ms:
             return False
@@ -148,12 +155,14 @@ class DepletionTimer:
         return True
 
     def _learn(self, extremities: Sequence[bytes], me: bytes,
-               describe: Callable[[bytes], tuple[bytes, bool] | None]) -> bool:
-        """Note the new extremities; True if one of them is someone else's dummy."""
+               describe: Callable[[bytes], tuple[bytes, bool] | None]) -> tuple[bool, bool]:
+        """Note the extremities: (the set changed, one of the new is someone else's dummy)."""
         arrived = False
         current = set(extremities)
-        for gone in [i for i in self.facts if i not in current]:
-            del self.facts[gone]
+        gone = [i for i in self.facts if i not in current]
+        for event_id in gone:
+            del self.facts[event_id]
+        changed = bool(gone)
         for event_id in extremities:
             if event_id in self.facts:
                 continue
@@ -161,9 +170,10 @@ class DepletionTimer:
             if fact is None:
                 continue
             self.facts[event_id] = fact
+            changed = True
             if fact[1] and fact[0] != me:
                 arrived = True
-        return arrived
+        return changed, arrived
 
     def _wait(self, extremities: Sequence[bytes], threshold: int, merge: int, me: bytes,
               rng: random.Random, spread_ms: int) -> int:

@@ -25,6 +25,7 @@ from transport.depletion import (
     QUIET_MS,
     SLOT_MS,
     SPREAD_MS,
+    STORM_QUIET_MS,
     DepletionMode,
     DepletionTimer,
     extremity_digest,
@@ -100,7 +101,8 @@ def test_a_very_wide_graph_has_its_first_ranks_write_at_once():
     authors = keys(200)  # width 200: wanted = ceil(190 / 19) = 10
     ids, facts = extremities_by(authors)
     digest = extremity_digest(ids)
-    due = [first_due(DepletionTimer(), a, ids, facts, until=QUIET_MS + SPREAD_MS + 100)
+    # Not a burst of writes (one dummy cannot merge it): only the short quiet period.
+    due = [first_due(DepletionTimer(), a, ids, facts, until=STORM_QUIET_MS + SPREAD_MS + 100)
            for a in authors]
     fired = [a for a, at in zip(authors, due) if at is not None]
     assert len(fired) == wanted_dummies(200, THRESHOLD, MERGE) == 10
