@@ -115,6 +115,9 @@ class DepletionTimer:
     over_since_ms: int | None = None  # when the width went over the threshold (None: it is not)
     quiet_from_ms: int = 0  # the last dummy seen (ours or another's), or the episode's start
     rank: int | None = None  # our place when armed (None: not a candidate); for logs and tests
+    # This quiet period's random share, drawn once: a wait ranked again on every
+    # change of the set must not be drawn again (many draws, an earlier first one).
+    draw: float = 0.0
     # What we know of each current extremity: (author, is a dummy). Only new
     # extremities are looked up, once; the rest is pruned to the current set.
     facts: dict[bytes, tuple[bytes, bool]] = field(default_factory=dict)
@@ -136,9 +139,11 @@ class DepletionTimer:
             return False
         if self.over_since_ms is None:
             self.over_since_ms = self.quiet_from_ms = now_ms
+            self.draw = rng.random()
         changed, arrived = self._learn(extremities, me, describe)
         if arrived and now_ms - self.over_since_ms < MAX_POSTPONE_MS:
             self.quiet_from_ms = now_ms  # a dummy is in flight: wait for its wave, then re-decide
+            self.draw = rng.random()
             self.deplete_at_ms = None
         if self.deplete_at_ms is None or changed:
             # Ranked again whenever the set changes (a view still filling in agrees with
@@ -146,12 +151,13 @@ class DepletionTimer:
             # ordinary events re-order the turns but never postpone them.
             quiet = QUIET_MS if wanted_dummies(width, threshold, merge) <= 1 else STORM_QUIET_MS
             self.deplete_at_ms = self.quiet_from_ms + quiet + self._wait(
-                extremities, threshold, merge, me, rng, spread_ms)
+                extremities, threshold, merge, me, spread_ms)
         if now_ms < self.deplete_at_ms:
             return False
         # Ours goes out now: it restarts the quiet period like anyone's.
         self.deplete_at_ms = None
         self.quiet_from_ms = now_ms
+        self.draw = rng.random()
         return True
 
     def _learn(self, extremities: Sequence[bytes], me: bytes,
@@ -176,17 +182,17 @@ class DepletionTimer:
         return changed, arrived
 
     def _wait(self, extremities: Sequence[bytes], threshold: int, merge: int, me: bytes,
-              rng: random.Random, spread_ms: int) -> int:
+              spread_ms: int) -> int:
         """How long after the quiet period our dummy is due: by our rank among the authors."""
         candidates = {author for author, _ in self.facts.values()}
         if me not in candidates:
             self.rank = None
-            return FALLBACK_MS + rng.randrange(FALLBACK_SPREAD_MS)
+            return FALLBACK_MS + int(self.draw * FALLBACK_SPREAD_MS)
         self.rank = rank_of(me, candidates, extremity_digest(extremities))
         late = self.rank - wanted_dummies(len(extremities), threshold, merge) + 1
         if late > MAX_SLOTS:
-            return FALLBACK_MS + rng.randrange(FALLBACK_SPREAD_MS)
-        return max(0, late) * SLOT_MS + rng.randrange(max(1, spread_ms))
+            return FALLBACK_MS + int(self.draw * FALLBACK_SPREAD_MS)
+        return max(0, late) * SLOT_MS + int(self.draw * spread_ms)
 
     def due_backoff(self, ready: bool, width: int, threshold: int, now_ms: int,
                     rng: random.Random, base_backoff_ms: int) -> bool:

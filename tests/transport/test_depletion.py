@@ -220,7 +220,7 @@ SMALL = Scenario(seed=0, nodes=40, loss=0.1, rounds=10, writers=5, round_ms=200,
 WIDTH_BOUND = DepletionPolicy().threshold  # what depletion keeps the width at (docs/anti-entropy.md)
 
 
-@pytest.mark.parametrize("seed", range(3))
+@pytest.mark.parametrize("seed", range(2))
 def test_a_lossy_partitioned_world_converges_with_few_dummies_and_a_bounded_width(seed):
     summary = run_scenario(replace(SMALL, seed=seed))  # raises unless converged and consistent
     assert summary.converged
