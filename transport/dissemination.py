@@ -513,7 +513,10 @@ class Disseminator(Intake, AntiEntropy, JoinHandshake):
 
     def _deplete(self, topic: bytes, replica: Replica, timers: _TopicTimers, now_ms: int,
                  rng: random.Random) -> list[Effect]:
-        """A dummy if the width stayed over the threshold and it is our turn (transport.depletion)."""
+        """A dummy if the width stayed over the threshold and it is our turn.
+
+        Who and when: transport.depletion.
+        """
         graph, policy = replica.graph, replica.config.depletion
         width = graph.width
         timer = timers.depletion

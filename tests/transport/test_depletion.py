@@ -217,7 +217,8 @@ def test_a_wide_topic_gets_one_dummy_from_an_author_of_its_extremities(mode):
 # whose two sides keep writing, then healed (the 1000-node scenario of issue 14, small).
 SMALL = Scenario(seed=0, nodes=40, loss=0.1, rounds=10, writers=5, round_ms=200,
                  partition_at_ms=1_000, heal_at_ms=4_000, authorization=False)
-WIDTH_BOUND = DepletionPolicy().threshold  # what depletion keeps the width at (docs/anti-entropy.md)
+# What depletion keeps the width at (docs/anti-entropy.md, "Coordinated depletion").
+WIDTH_BOUND = DepletionPolicy().threshold
 
 
 @pytest.mark.parametrize("seed", range(2))

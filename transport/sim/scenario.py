@@ -48,7 +48,7 @@ class Scenario:
     peer_state: bool = True
     d_max: int = DEFAULT_D_MAX
     depletion: bool = True
-    depletion_mode: str = DepletionMode.COORDINATED.value  # who writes dummies (transport.depletion)
+    depletion_mode: str = DepletionMode.COORDINATED.value  # who writes dummies
     lossy_liveness: bool = True
     liveness_bound_ms: int = LIVENESS_BOUND_MS
     # The one world: topic state with auth rules, indexers that ack, the peer

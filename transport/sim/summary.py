@@ -4,8 +4,9 @@ Traffic (messages, bytes, event bytes against overhead, anti-entropy
 exchanges, duplicates), how long the healed world took to converge, the
 width (mean before each write round, mean and maximum over every tick of
 every replica) against the depletion dummies it cost, and for an authorized
-world the order (confirmed length, acks, bans). `digest` hashes the final event ids and the byte counts: equal runs
-show equal digests, which is how a replay in another process is compared.
+world the order (confirmed length, acks, bans). `digest` hashes the final
+event ids and the byte counts: equal runs show equal digests, which is how a
+replay in another process is compared.
 """
 
 from __future__ import annotations
