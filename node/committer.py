@@ -199,10 +199,11 @@ Local = Union[Author, Act, Create, Drive, Records, Tick]
 class _Pending:
     """Submitted local work waiting for its step: woken with a result or an error."""
 
-    __slots__ = ("work", "done", "result", "error")
+    __slots__ = ("work", "done", "result", "error", "queued_ms")
 
-    def __init__(self, work: Local) -> None:
+    def __init__(self, work: Local, queued_ms: int) -> None:
         self.work = work
+        self.queued_ms = queued_ms  # a Tick expires exchanges as of then (`_tick`)
         self.done = trio.Event()
         self.result: Any = None
         self.error: BaseException | None = None
@@ -263,7 +264,7 @@ class Committer:
         Re-raises what the work itself raised (a refused publish), or
         `CommitError` if the step's commit failed.
         """
-        pending = _Pending(work)
+        pending = _Pending(work, self._clock_ms())
         await self._send.send(pending)
         await pending.done.wait()
         if pending.error is not None:
@@ -351,7 +352,7 @@ class Committer:
                                                        accountable=frame.accountable)
                 for pending in local:
                     if isinstance(pending.work, Tick):
-                        effects += self._tick(pending.work, now)
+                        effects += self._tick(pending.work, now, pending.queued_ms)
                 self._commit(records, created)
             except Exception as exc:  # a failed commit (or a bug): acknowledge nothing
                 logger.error("group commit of %d frames and %d local items failed: %s",
@@ -374,6 +375,8 @@ class Committer:
             except Exception:  # durable already; a failing effect must not stop ingest
                 logger.exception("carrying out a step's effects failed")
                 self.stats["failed_effects"] += 1
+            # The step's offers leave now: their exchanges' timeouts count from here.
+            self._engine.offers_sent_at(self._clock_ms())
         finally:
             for pending in local:
                 pending.done.set()
@@ -455,8 +458,10 @@ class Committer:
         pending.result = events
         return events
 
-    def _tick(self, work: Tick, now: int) -> list[Effect]:
-        effects = self._engine.tick(now)
+    def _tick(self, work: Tick, now: int, queued_ms: int) -> list[Effect]:
+        # Exchanges expire by the peers' silence as of when the tick was queued:
+        # answers that arrived before then were queued ahead of it and are applied.
+        effects = self._engine.tick(now, due_ms=queued_ms)
         if work.duties is not None:
             effects += self._announce(work.duties(now), now)
         return effects

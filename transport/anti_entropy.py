@@ -76,9 +76,10 @@ class _Session:
     peer: PeerId
     topic: bytes
     xid: int
-    active_ms: int  # when we last offered: the timeout counts from here
+    active_ms: int  # when we last offered (or the offer left): the timeout counts from here
     window: int
     rounds: int = 0  # offers that brought nothing new
+    streaming: bool = False  # the last reply said `more`: a catch-up runs on this exchange
 
 
 class AntiEntropy:
@@ -111,6 +112,7 @@ class AntiEntropy:
         self._since: OrderedDict[tuple[PeerId, bytes], tuple[bytes, ...]] = OrderedDict()
         self._want_source: OrderedDict[tuple[bytes, bytes], PeerId] = OrderedDict()
         self._next_xid = 1
+        self._offered: list[_Session] = []  # offers of the current step (`offers_sent_at`)
 
     def _forget_topic(self, topic: bytes) -> None:
         for key in [k for k in self._sessions if k[1] == topic]:
@@ -125,10 +127,53 @@ class AntiEntropy:
             del self._sessions[key]
 
     def _expire_sessions(self, now_ms: int) -> None:
+        """Drop the exchanges whose peer has been silent for `session_timeout_ms` at `now_ms`.
+
+        The timeout is about the peer's silence, not about our own backlog: a
+        driver whose steps queue behind a long catch-up passes the time the
+        tick was *due* (`tick(due_ms=...)`), so an answer that reached us
+        before then but still waits in our queue does not count as lost.
+        """
         timeout = self.config.session_timeout_ms
         for key in [k for k, s in self._sessions.items() if now_ms - s.active_ms > timeout]:
             del self._sessions[key]
             self.stats["sessions_timed_out"] += 1
+
+    def offers_sent_at(self, now_ms: int) -> None:
+        """The driver carried out this step's effects at `now_ms`: its offers left then.
+
+        A step that verifies a large answer takes a while; an offer made in it
+        leaves only when the step ends, so its exchange's timeout counts from
+        then (`node.committer` calls this after each step; the simulator, whose
+        steps take no time, need not).
+        """
+        for session in self._offered:
+            session.active_ms = max(session.active_ms, now_ms)
+        self._offered.clear()
+
+    def _solicited(self, peer: PeerId, message: Message) -> bool:
+        """Is `message` the answer to the exchange we have open with `peer`, and `peer` trusted?
+
+        Such a Reply is not charged to the peer's intake event budget
+        (`transport.intake_budget`): we asked for it, one answer per offer, at
+        most `reply_max_events`, and a catch-up continues only while answers
+        apply events here (`_on_reply`), so what a peer can make us take in this
+        way is bounded by our own offers. The peer must be trusted (it handed
+        over an applied, authorized event, or is a member): a trusted peer's
+        catch-up runs at ingest speed instead of `PEER_EVENTS_PER_S` once the
+        burst is spent, while a stranger's answers stay budgeted.
+        """
+        if type(message) is not Reply:
+            return False
+        session = self._sessions.get((peer, message.topic))
+        return (session is not None and session.xid == message.xid  # type: ignore[attr-defined]
+                and self._answers.is_trusted(peer))
+
+    def _streaming(self, topic: bytes, now_ms: int, exclude: PeerId | None = None) -> bool:
+        """Does a catch-up (an exchange whose last answer said `more`) run on `topic`?"""
+        timeout = self.config.session_timeout_ms
+        return any(s.streaming and s.topic == topic and s.peer != exclude
+                   and now_ms - s.active_ms <= timeout for s in self._sessions.values())
 
     def sync_with(self, peer: PeerId, topic: bytes, now_ms: int) -> list[Effect]:
         """Open an anti-entropy exchange with `peer` on `topic` now (tick does this on a timer)."""
@@ -252,27 +297,37 @@ class AntiEntropy:
     def _on_reply(self, peer: PeerId, replica: Replica, reply: Reply,
                   now_ms: int) -> list[Effect | None]:
         out: list[Effect | None] = []
-        fresh = self._ingest(peer, replica, reply.events, SYNC, now_ms, out)
-        session = self._sessions.get((peer, replica.topic_id))
+        graph = replica.graph
+        applied_before = graph.delivered_count
+        self._ingest(peer, replica, reply.events, SYNC, now_ms, out)
+        # Progress is what was applied here: events buffered on parents nobody
+        # sent (a peer answering with made-up parents) do not keep an exchange going.
+        progressed = graph.delivered_count > applied_before
+        key = (peer, replica.topic_id)
+        session = self._sessions.get(key)
         if session is None or session.xid != reply.xid:
             self.stats["stale_replies"] += 1  # the events were still worth keeping
+            if progressed and (reply.more or not all(graph.has(h) for h in reply.heads)):
+                # A late answer of a catch-up: carry on from here rather than wait
+                # for the next periodic exchange (no-op while another is open).
+                out += self.sync_with(peer, replica.topic_id, now_ms)
             return out
-        graph = replica.graph
         if all(graph.has(h) for h in reply.heads):
             # We now hold all of the peer's graph, so we know exactly what it lacks.
-            del self._sessions[(peer, replica.topic_id)]
+            del self._sessions[key]
             if reply.heads:
                 self._remember_since(peer, replica.topic_id, reply.heads)
             out += self._send_missing(peer, replica, reply.heads, reply.xid, now_ms)
             return out
         # Only rounds that brought nothing new count against the bound: a long
         # catch-up (`more`, one message per round trip) is progress, not a loop.
-        if not fresh:
+        if not progressed:
             session.rounds += 1
             if session.rounds >= self.config.max_session_rounds:
-                del self._sessions[(peer, replica.topic_id)]
+                del self._sessions[key]
                 self.stats["sessions_abandoned"] += 1
                 return out
+        session.streaming = reply.more and progressed
         if reply.truncated:
             session.window *= self.config.window_growth
         # more: continuation; neither flag: a Bloom false positive hid something (fresh salt).
@@ -283,8 +338,14 @@ class AntiEntropy:
         out: list[Effect] = []
         self._ingest(peer, replica, message.events, SYNC, now_ms, out)
         if message.more:
-            # The sender had more than one message's worth: continue by offering our new heads.
-            out += self.sync_with(peer, replica.topic_id, now_ms)
+            # The sender had more than one message's worth: continue by offering our new
+            # heads, unless a catch-up already runs with another peer: it brings the same
+            # pages (every peer answers our heads with the same `not_below`), so a second
+            # stream would only send each event twice.
+            if self._streaming(replica.topic_id, now_ms, exclude=peer):
+                self.stats["continuations_deferred"] += 1
+            else:
+                out += self.sync_with(peer, replica.topic_id, now_ms)
         return out
 
     def _on_want(self, peer: PeerId, replica: Replica, want: Want,
@@ -308,6 +369,8 @@ class AntiEntropy:
 
     def _sync_random(self, topic: bytes, now_ms: int, rng: random.Random,
                      exclude: PeerId | None) -> list[Effect]:
+        if self._streaming(topic, now_ms):
+            return []  # a catch-up is under way: another exchange would fetch the same pages
         idle = self._serving(self._replicas[topic], [
             p for p in self._peers if p != exclude and self._idle(p, topic, now_ms)])
         return self.sync_with(rng.choice(idle), topic, now_ms) if idle else []
@@ -368,6 +431,7 @@ class AntiEntropy:
                                   self.config.bloom_bits_per_item, self.config.bloom_hashes)
         session.xid = self._new_xid()
         session.active_ms = now_ms
+        self._offered.append(session)
         self.stats["offers_sent"] += 1
         return self._send(session.peer, Offer(
             session.topic, session.xid, self._heads(graph), since, covered,
