@@ -256,6 +256,12 @@ class Committer:
             self.stats["waits_for_space"] += 1
             await self._drained.wait()
         self._queued_bytes += len(data)
+        if accountable:
+            # A catch-up page: ask for the next one now, while this one waits for
+            # and goes through its step (`AntiEntropy.prefetch`; nothing is written).
+            ahead = self._engine.prefetch(peer, data, self._clock_ms())
+            if ahead:
+                self._carry_out(ahead)
         await self._send.send(Frame(peer, data, accountable))
 
     async def submit(self, work: Local) -> Any:

@@ -1,0 +1,160 @@
+"""Catch-up at ingest speed (issue 14): pipelined pages, no budget on asked-for pages, timeouts.
+
+Two engines wired by hand (`tests.transport.pair`): "b" holds thousands of
+events "a" lacks, and "a" catches up one page (`MAX_EVENTS_PER_MESSAGE`) per
+answer. What must hold:
+
+* with `prefetch` (the driver calls it as a frame arrives, before its step)
+  the next page is asked for while the last is verified, and still every
+  event crosses once: no page is asked for twice;
+* the pages a trusted peer sends in answer to our own open exchange are not
+  charged to its intake event budget (they are bounded by our offers), so a
+  catch-up longer than the burst is not throttled; a stranger's stay budgeted;
+* an exchange times out on the peer's silence as of when the tick was due,
+  not on our own backlog.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from tests.transport.pair import NodePair, lagging
+from transport.dissemination_config import DisseminationConfig
+from transport.effects import Send
+from transport.messages import Offer, Reply, decode, encode
+
+MISSED = 3_500  # four pages of 1,024
+BASE_CONFIG = DisseminationConfig(push=False, log=False, depletion=False)
+
+
+def catch_up(pair: NodePair, pipelined: bool, max_flights: int = 200,
+             filters: list[int] | None = None) -> dict[str, int]:
+    """`a` opens an exchange with `b` and both run to quiescence, flight by flight.
+
+    With `pipelined`, every frame reaching `a` goes through `a.prefetch` first
+    (what `node.committer.Committer.receive` does), and what it asks ahead
+    travels in the same flight as the answers of the step.
+    """
+    a, b = pair.engines["a"], pair.engines["b"]
+    flight = [("a", e) for e in a.sync_with("b", pair.topic, pair.now_ms)]
+    pages_sent = 0
+    events_sent = 0
+    flights = 0
+    while flight:
+        flights += 1
+        assert flights <= max_flights, "catch-up does not terminate"
+        next_flight = []
+        for sender, effect in flight:
+            if not isinstance(effect, Send):
+                continue
+            receiver = effect.peer
+            pair.now_ms += 1
+            message = decode(effect.data)
+            if sender == "a" and isinstance(message, Offer) and filters is not None:
+                filters.append(len(message.bloom.bits))
+            if sender == "b" and isinstance(message, Reply):
+                pages_sent += 1
+                events_sent += len(message.events)
+            if pipelined and receiver == "a":
+                next_flight += [("a", e) for e in a.prefetch(sender, effect.data, pair.now_ms)]
+            engine = a if receiver == "a" else b
+            next_flight += [(receiver, e) for e in engine.on_message(sender, effect.data,
+                                                                      pair.now_ms)]
+            if receiver == "a":
+                a.offers_sent_at(pair.now_ms)
+        flight = next_flight
+    return {"flights": flights, "pages": pages_sent, "events_sent": events_sent}
+
+
+def test_pipelined_catch_up_asks_ahead_and_sends_every_event_once():
+    pair = lagging(MISSED, config=BASE_CONFIG)
+    figures = catch_up(pair, pipelined=True)
+    a = pair.engines["a"]
+    assert pair.same()
+    assert a.stats["offers_ahead"] >= 2  # the pages after the first were asked for ahead
+    assert figures["events_sent"] == MISSED  # no page was asked for twice
+    assert a.stats["duplicates"] == 0
+    assert a.stats["stale_replies"] == 0
+
+
+def test_without_pipelining_the_same_pages_cross():
+    pair = lagging(MISSED, config=replace(BASE_CONFIG, pipeline=False))
+    figures = catch_up(pair, pipelined=True)  # prefetch is off in the config: a no-op
+    assert pair.same()
+    assert pair.engines["a"].stats["offers_ahead"] == 0
+    assert figures["events_sent"] == MISSED
+
+
+def test_continuation_filters_stay_small_after_a_long_lag():
+    # a and b reconciled (each remembers the other's heads), then b wrote MISSED events.
+    # Before, every offer of a's catch-up held all it had applied since that exchange.
+    for pipelined in (False, True):
+        pair = NodePair(config=replace(BASE_CONFIG, pipeline=pipelined))
+        pair.write("a", 20)
+        pair.sync("a")
+        pair.write("b", MISSED)
+        filters: list[int] = []
+        catch_up(pair, pipelined=pipelined, filters=filters)
+        assert pair.same()
+        assert len(filters) >= 4
+        # bytes: the first covers the 20 events before the lag, the rest a few ids, not thousands
+        assert filters[0] <= 64 and max(filters[1:]) <= 16, (pipelined, filters)
+
+
+def test_prefetch_ignores_what_is_not_a_streaming_answer():
+    pair = lagging(10, config=BASE_CONFIG)
+    a = pair.engines["a"]
+    assert a.prefetch("b", b"", pair.now_ms) == []
+    assert a.prefetch("b", b"\x93junk", pair.now_ms) == []
+    # An answer to no open exchange of ours: nothing is asked ahead.
+    stray = Reply(pair.topic, 77, (), False, True, ())
+    assert a.prefetch("b", encode(stray), pair.now_ms) == []
+    assert a.stats["offers_ahead"] == 0
+
+
+def test_a_trusted_peers_catch_up_is_not_throttled_by_the_event_budget():
+    # A burst smaller than the catch-up and next to no refill: before, the pages
+    # after the burst were dropped unread (`intake_throttled`) and the peer blamed.
+    config = replace(BASE_CONFIG, peer_events_burst=1_500, peer_events_per_s=1)
+    for pipelined in (False, True):
+        pair = lagging(MISSED, config=replace(config, pipeline=pipelined))
+        catch_up(pair, pipelined=pipelined)
+        a = pair.engines["a"]
+        assert pair.same(), pipelined
+        assert a.stats["intake_throttled"] == 0
+
+
+def test_a_strangers_answers_stay_budgeted():
+    # b never handed a an applied event: its answer to a's own exchange is charged.
+    config = replace(BASE_CONFIG, peer_events_burst=500, peer_events_per_s=1)
+    pair = lagging(MISSED, config=config)
+    a, b = pair.engines["a"], pair.engines["b"]
+    (offer,) = a.sync_with("b", pair.topic, pair.now_ms)
+    (reply,) = b.on_message("a", offer.data, pair.now_ms)
+    assert len(decode(reply.data).events) > 500
+    a.on_message("b", reply.data, pair.now_ms)
+    assert a.stats["intake_throttled"] == 1
+    assert pair.replicas["a"].graph.delivered_count < MISSED
+
+
+def test_exchange_times_out_on_silence_as_of_the_due_time():
+    pair = lagging(10, config=BASE_CONFIG)
+    a = pair.engines["a"]
+    start = pair.now_ms
+    assert a.sync_with("b", pair.topic, start)
+    timeout = BASE_CONFIG.session_timeout_ms
+    # The tick waited behind a long step: due 1 s after the offer, run 5 s after.
+    a.tick(start + 5 * timeout, due_ms=start + timeout // 2)
+    assert a.stats["sessions_timed_out"] == 0
+    a.tick(start + 5 * timeout)
+    assert a.stats["sessions_timed_out"] == 1
+
+
+def test_an_offer_times_out_from_when_it_left():
+    pair = lagging(10, config=BASE_CONFIG)
+    a = pair.engines["a"]
+    start = pair.now_ms
+    assert a.sync_with("b", pair.topic, start)
+    a.offers_sent_at(start + 3 * BASE_CONFIG.session_timeout_ms)  # a long step ended
+    a.tick(start + 3 * BASE_CONFIG.session_timeout_ms + 1)
+    assert a.stats["sessions_timed_out"] == 0
