@@ -122,6 +122,7 @@ class AntiEntropy:
         self._want_source: OrderedDict[tuple[bytes, bytes], PeerId] = OrderedDict()
         self._next_xid = 1
         self._offered: list[_Session] = []  # offers of the current step (`offers_sent_at`)
+        self._last_due_ms: int | None = None  # the driver's last tick (`_discount_absence`)
 
     def _forget_topic(self, topic: bytes) -> None:
         for key in [k for k in self._sessions if k[1] == topic]:
@@ -147,6 +148,24 @@ class AntiEntropy:
         for key in [k for k, s in self._sessions.items() if now_ms - s.active_ms > timeout]:
             del self._sessions[key]
             self.stats["sessions_timed_out"] += 1
+
+    def _discount_absence(self, due_ms: int) -> None:
+        """Time we could not listen does not count as the peers' silence.
+
+        A driver that queues a tick every few tens of ms (`tick(due_ms=...)`)
+        and queues none for half a timeout was not running: SIGSTOPped,
+        suspended, or its loop blocked. Answers sent meanwhile wait in our
+        sockets; without this the first tick after the pause would time out
+        every exchange open before it, answers unread.
+        """
+        last, self._last_due_ms = self._last_due_ms, due_ms
+        if last is None:
+            return
+        away = due_ms - last
+        if away > self.config.session_timeout_ms // 2:
+            self.stats["absences"] += 1
+            for session in self._sessions.values():
+                session.active_ms += away
 
     def offers_sent_at(self, now_ms: int) -> None:
         """The driver carried out this step's effects at `now_ms`: its offers left then.

@@ -310,6 +310,8 @@ class Disseminator(Intake, AntiEntropy, JoinHandshake):
         """
         rng = rng or self._rng
         out: list[Effect] = []
+        if due_ms is not None:
+            self._discount_absence(due_ms)
         self._expire_sessions(now_ms if due_ms is None else min(now_ms, due_ms))
         for topic in sorted(self._replicas):
             out += self._tick_topic(topic, now_ms, rng)

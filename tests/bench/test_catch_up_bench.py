@@ -29,6 +29,7 @@ Not part of `make test` (tests/bench is not collected by CI).
 from __future__ import annotations
 
 import os
+from collections import Counter
 import signal
 import subprocess
 import threading
@@ -73,7 +74,8 @@ TARGET_RATIO = 0.6  # issue 14: catch-up >= 0.6 of the ingest rate
 STATS = ("sessions", "offers_sent", "wants_sent", "messages_sent", "received_sync",
          "received_gossip", "bytes_received", "duplicates", "sessions_timed_out",
          "stale_replies", "intake_throttled", "offers_throttled", "answers_cut",
-         "answers_throttled", "sessions_abandoned")
+         "answers_throttled", "sessions_abandoned", "offers_ahead", "continuations_deferred",
+         "offers_exact", "offers_judged", "absences", "wants_served")
 
 
 async def ingest_big_frames(tmp: Path) -> dict[str, float]:
@@ -154,8 +156,9 @@ def measure_catch_up(cluster: LocalCluster, topic: str, stopped: int, missed: in
             profiler.send_signal(signal.SIGINT)  # py-spy writes its flame graph on SIGINT
             profiler.wait(timeout=PROFILER_EXIT_S)
     after = cluster.status(stopped)["stats"]
-    delivered = [r["ts_ms"] for r in tail.read_new()
-                 if r["type"] == "delivered" and r["ts_ms"] >= resumed_ms]
+    records = [r for r in tail.read_new() if r["ts_ms"] >= resumed_ms]
+    delivered = [r["ts_ms"] for r in records if r["type"] == "delivered"]
+    duplicates = Counter(r.get("channel", "?") for r in records if r["type"] == "duplicate")
     span_ms = max(1, max(delivered) - resumed_ms) if delivered else None
     delta = {key: after.get(key, 0) - before.get(key, 0) for key in STATS}
     return {
@@ -166,6 +169,7 @@ def measure_catch_up(cluster: LocalCluster, topic: str, stopped: int, missed: in
         "first_delivery_after_resume_ms": min(delivered) - resumed_ms if delivered else None,
         "catch_up_s_polled": round(polled_s, 1),
         "events_per_s": round(len(delivered) / (span_ms / MS_PER_S)) if span_ms else None,
+        "duplicates_by_channel": dict(duplicates),
         "stats_delta": delta,
     }
 

@@ -158,3 +158,19 @@ def test_an_offer_times_out_from_when_it_left():
     a.offers_sent_at(start + 3 * BASE_CONFIG.session_timeout_ms)  # a long step ended
     a.tick(start + 3 * BASE_CONFIG.session_timeout_ms + 1)
     assert a.stats["sessions_timed_out"] == 0
+
+
+def test_time_the_node_was_not_running_is_not_the_peers_silence():
+    pair = lagging(10, config=BASE_CONFIG)
+    a = pair.engines["a"]
+    start = pair.now_ms
+    a.tick(start, due_ms=start)
+    assert a.sync_with("b", pair.topic, start + 1)
+    # SIGSTOPped for a minute: the first tick after it does not expire the exchange
+    # (its answer waits in our socket) ...
+    a.tick(start + 60_000, due_ms=start + 60_000)
+    assert a.stats["sessions_timed_out"] == 0 and a.stats["absences"] == 1
+    # ... but silence while we run does.
+    for at in range(start + 60_050, start + 63_000, 50):
+        a.tick(at, due_ms=at)
+    assert a.stats["sessions_timed_out"] == 1
