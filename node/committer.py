@@ -19,7 +19,9 @@ Two properties need one writer.
 
 How
 ---
-Stream handlers put frames on the queue (`receive`, fire and forget); the
+Stream handlers put frames on the queue (`receive`, fire and forget; a
+catch-up page first asks the engine for the next one, `Disseminator.prefetch`,
+which writes nothing, so the peer prepares it while this one is verified); the
 rest of the node submits typed work (`submit`: `Author`, `Act`, `Create`,
 `Drive`, `Records`, `Tick`) and waits until it is durable. One task, `run`, takes a batch off the
 queue: the first item, then whatever else arrives until the queue has been
