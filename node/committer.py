@@ -254,16 +254,18 @@ class Committer:
 
     async def receive(self, peer: str, data: bytes, accountable: bool = True) -> None:
         """Queue a frame from `peer`; waits only while the queue is full (backpressure)."""
+        if accountable:
+            # A catch-up page: ask for the next one now, while this one waits for
+            # and goes through its step (`AntiEntropy.prefetch`; nothing is written).
+            # Before waiting for space: a page held up by our own backlog is no
+            # silence of the peer's (its exchange must not time out meanwhile).
+            ahead = self._engine.prefetch(peer, data, self._clock_ms())
+            if ahead:
+                self._carry_out(ahead)
         while self._queued_bytes >= self._max_queued_bytes:
             self.stats["waits_for_space"] += 1
             await self._drained.wait()
         self._queued_bytes += len(data)
-        if accountable:
-            # A catch-up page: ask for the next one now, while this one waits for
-            # and goes through its step (`AntiEntropy.prefetch`; nothing is written).
-            ahead = self._engine.prefetch(peer, data, self._clock_ms())
-            if ahead:
-                self._carry_out(ahead)
         await self._send.send(Frame(peer, data, accountable))
 
     async def submit(self, work: Local) -> Any:

@@ -58,6 +58,8 @@ from transport.messages import (
     MAX_HEADS,
     MAX_WANT_IDS,
     MAX_XID,
+    TAG_REPLY,
+    WIRE_VERSION,
     MessageError,
     BloomFilter,
     Events,
@@ -218,19 +220,22 @@ class AntiEntropy:
         node verifies and stores in a few hundred ms. Anything else: [] and
         the step does what it always did. Never raises for bad input.
         """
-        if not data or not self.config.pipeline:
+        if not self.config.pipeline or not _may_be_reply(data):
             return []
         try:
             message = decode(data)
         except MessageError:
             return []  # the step blames it
-        if type(message) is not Reply or not message.more or message.truncated \
-                or not message.events:
+        if type(message) is not Reply:
             return []
         session = self._sessions.get((peer, message.topic))
-        if session is None or session.xid != message.xid or not session.streaming \
-                or session.offer is None or len(session.queued) >= PAGES_AHEAD \
-                or not self._answers.is_trusted(peer):
+        if session is None or not (session.xid == message.xid or message.xid in session.queued):
+            return []
+        # The peer answered: whatever our queue makes this page wait, it is not silent.
+        session.active_ms = max(session.active_ms, now_ms)
+        if session.xid != message.xid or not message.more or message.truncated \
+                or not message.events or not session.streaming or session.offer is None \
+                or len(session.queued) >= PAGES_AHEAD or not self._answers.is_trusted(peer):
             return []
         replica = self._replicas.get(message.topic)
         if replica is None:
@@ -587,6 +592,16 @@ class AntiEntropy:
         while len(self._want_source) > MAX_WANT_SOURCES:
             self._want_source.popitem(last=False)
 
+
+
+def _may_be_reply(data: bytes) -> bool:
+    """Could `data` be a Reply frame? (`[version, tag, ...]`: a fixarray, then two fixints)
+
+    `prefetch` sees every frame before its step; peeking at two bytes spares
+    decoding pushes twice. A false "yes" only costs the full decode.
+    """
+    return len(data) > 3 and data[0] & 0xF0 == 0x90 and data[1] == WIRE_VERSION \
+        and data[2] == TAG_REPLY
 
 
 def _advance(heads: Sequence[bytes], raws: Sequence[bytes]) -> tuple[bytes, ...] | None:

@@ -174,3 +174,19 @@ def test_time_the_node_was_not_running_is_not_the_peers_silence():
     for at in range(start + 60_050, start + 63_000, 50):
         a.tick(at, due_ms=at)
     assert a.stats["sessions_timed_out"] == 1
+
+
+def test_an_answer_waiting_in_our_queue_is_no_silence():
+    # The answer reached the node (prefetch sees every frame as it arrives) but waits
+    # behind our backlog: its exchange must not time out before the step applies it.
+    pair = lagging(10, config=BASE_CONFIG)
+    a, b = pair.engines["a"], pair.engines["b"]
+    start = pair.now_ms
+    timeout = BASE_CONFIG.session_timeout_ms
+    (offer,) = a.sync_with("b", pair.topic, start)
+    (reply,) = b.on_message("a", offer.data, start)
+    assert a.prefetch("b", reply.data, start + timeout - 1) == []  # not streaming: nothing ahead
+    a.tick(start + timeout + 10, due_ms=start + timeout + 10)
+    assert a.stats["sessions_timed_out"] == 0
+    a.on_message("b", reply.data, start + timeout + 20)
+    assert pair.same() and a.stats["stale_replies"] == 0
