@@ -99,7 +99,11 @@ COMMIT_IDLE_MS = 1
 # one step (the event loop is busy meanwhile) to tens of ms, while one fsync
 # is spread over enough events to be a small part of it.
 MAX_FRAMES_PER_COMMIT = 128
-MAX_BATCH_BYTES = 8 * 1024 * 1024  # two full-size frames: large replies commit in few steps
+# Bytes of frames per step (a larger first frame is a step of its own). ~3,000
+# events of ~350 bytes: a few hundred ms of verifying at most, one fsync among
+# them. 8 MiB made a step of 20,000 catch-up events that kept the event loop
+# (status, probes, the next page's offer) blocked for seconds on a loaded machine.
+MAX_BATCH_BYTES = 1024 * 1024
 MAX_LOCAL_PER_COMMIT = 256  # local work items (publishes, acks, ...) per commit
 INGEST_QUEUE_CAPACITY = 1_024  # frames and local work waiting; a full queue makes senders wait
 # Bytes of frames waiting. Frames may be 4 MiB each, so a count alone would let

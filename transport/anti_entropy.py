@@ -287,7 +287,15 @@ class AntiEntropy:
                                     fault=Fault.IMPOSSIBLE_OFFER))
         known_since = [s for s in offer.since if graph.has(s)]
         limit = self.config.reply_max_events
-        if all(graph.has(h) for h in offer.heads):
+        holds_all = all(graph.has(h) for h in offer.heads)
+        if not holds_all and self._streaming(replica.topic_id, now_ms, exclude=peer):
+            # We lag the offerer and a catch-up already streams to us from another
+            # peer: our reply would make the offerer send us the very pages that
+            # stream brings (measured: 1.4-1.8 duplicates per caught-up event). It
+            # offers again later, to us or another peer; a peer behind us is served.
+            self.stats["offers_deferred"] += 1
+            return []
+        if holds_all:
             # We hold all of the offerer's graph: what it lacks is exact, no filter needed.
             ids = graph.not_below(list(offer.heads) + known_since, limit=limit + 1)
             truncated = False

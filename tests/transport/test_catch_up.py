@@ -190,3 +190,30 @@ def test_an_answer_waiting_in_our_queue_is_no_silence():
     assert a.stats["sessions_timed_out"] == 0
     a.on_message("b", reply.data, start + timeout + 20)
     assert pair.same() and a.stats["stale_replies"] == 0
+
+
+def test_a_node_streaming_a_catch_up_defers_offers_that_would_duplicate_it():
+    pair = lagging(MISSED, config=BASE_CONFIG)
+    a, b = pair.engines["a"], pair.engines["b"]
+    a.on_peer_up("c", pair.now_ms)  # a third peer, as far ahead as b
+    # Run a's catch-up from b until it streams (the first page applied, `more`).
+    flight = [("a", e) for e in a.sync_with("b", pair.topic, pair.now_ms)]
+    while not a._streaming(pair.topic, pair.now_ms):
+        next_flight = []
+        for sender, effect in flight:
+            if isinstance(effect, Send) and effect.peer in ("a", "b"):
+                engine = a if effect.peer == "a" else b
+                next_flight += [(effect.peer, e) for e in engine.on_message(
+                    sender, effect.data, pair.now_ms)]
+        flight = next_flight
+        assert flight, "the catch-up ended before it streamed"
+    # c offers heads a lacks: answering would make c send the pages b is streaming.
+    (offer,) = b.sync_with("a", pair.topic, pair.now_ms)
+    assert a.on_message("c", offer.data, pair.now_ms) == []
+    assert a.stats["offers_deferred"] == 1
+    # A peer a is ahead of is still served (a holds all its heads).
+    behind = Offer(pair.topic, 9, (pair.topic,), (), 0, False,
+                   decode(offer.data).bloom)
+    answers = a.on_message("c", encode(behind), pair.now_ms)
+    assert answers and isinstance(decode(answers[0].data), Reply)
+    assert a.stats["offers_deferred"] == 1
