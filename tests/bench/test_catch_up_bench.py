@@ -75,7 +75,7 @@ STATS = ("sessions", "offers_sent", "wants_sent", "messages_sent", "received_syn
          "received_gossip", "bytes_received", "duplicates", "sessions_timed_out",
          "stale_replies", "intake_throttled", "offers_throttled", "answers_cut",
          "answers_throttled", "sessions_abandoned", "offers_ahead", "continuations_deferred",
-         "offers_exact", "offers_judged", "absences", "wants_served")
+         "offers_exact", "offers_judged", "absences", "wants_served", "offers_deferred")
 
 
 async def ingest_big_frames(tmp: Path) -> dict[str, float]:
