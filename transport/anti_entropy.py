@@ -434,9 +434,16 @@ class AntiEntropy:
                 del self._sessions[key]
                 self.stats["sessions_abandoned"] += 1
                 return out
-        session.streaming = reply.more and progressed
         if progressed:
             self._advance_since(peer, replica, reply)
+        if reply.more and progressed and self._streaming(replica.topic_id, now_ms, exclude=peer):
+            # Another peer's catch-up stream already brings these pages (several
+            # start at once when a node resumes and answers the offers waiting in
+            # its sockets): keep one, end this exchange.
+            del self._sessions[key]
+            self.stats["continuations_deferred"] += 1
+            return out
+        session.streaming = reply.more and progressed
         if reply.truncated:
             session.window *= self.config.window_growth
         # more: continuation; neither flag: a Bloom false positive hid something (fresh salt).

@@ -217,3 +217,25 @@ def test_a_node_streaming_a_catch_up_defers_offers_that_would_duplicate_it():
     answers = a.on_message("c", encode(behind), pair.now_ms)
     assert answers and isinstance(decode(answers[0].data), Reply)
     assert a.stats["offers_deferred"] == 1
+
+
+def test_a_second_stream_ends_once_one_runs():
+    pair = lagging(MISSED, config=BASE_CONFIG)
+    a, b = pair.engines["a"], pair.engines["b"]
+    a.on_peer_up("c", pair.now_ms)
+    (offer,) = a.sync_with("b", pair.topic, pair.now_ms)
+    (page,) = b.on_message("a", offer.data, pair.now_ms)
+    (offer2,) = a.on_message("b", page.data, pair.now_ms)  # applied; streams from b now
+    assert a._streaming(pair.topic, pair.now_ms)
+    # c was asked too (a resumed node answers several offers at once) and answers
+    # with the next page: it is applied, but the exchange with c does not go on.
+    (offer_c,) = a.sync_with("c", pair.topic, pair.now_ms)
+    (page2,) = b.on_message("a", offer2.data, pair.now_ms)
+    reply = decode(page2.data)
+    from_c = Reply(reply.topic, decode(offer_c.data).xid, reply.heads, False, True,
+                   reply.events)
+    before = pair.replicas["a"].graph.delivered_count
+    assert a.on_message("c", encode(from_c), pair.now_ms) == []
+    assert pair.replicas["a"].graph.delivered_count > before
+    assert a.stats["continuations_deferred"] == 1
+    assert ("c", pair.topic) not in a._sessions and ("b", pair.topic) in a._sessions
