@@ -248,6 +248,10 @@ class Committer:
         self._max_queued_bytes = max_queued_bytes
         self._queued_bytes = 0
         self._drained = trio.Event()  # set (and replaced) when queued bytes fall below the bound
+        # Since when stream handlers wait for space (None: they do not): frames the
+        # peers sent since then are unread, so their exchanges are not timed out
+        # past it (`_tick`).
+        self._full_since: int | None = None
         self.stats: Counter[str] = Counter()
         # Told (after a failed step) which topic's stored records are damaged, so the
         # runtime stops serving that topic and the next steps carry the others again.
@@ -268,6 +272,8 @@ class Committer:
                 self._carry_out(ahead)
         while self._queued_bytes >= self._max_queued_bytes:
             self.stats["waits_for_space"] += 1
+            if self._full_since is None:
+                self._full_since = self._clock_ms()
             await self._drained.wait()
         self._queued_bytes += len(data)
         await self._send.send(Frame(peer, data, accountable))
@@ -304,6 +310,7 @@ class Committer:
         if self._queued_bytes < self._max_queued_bytes:
             self._drained.set()
             self._drained = trio.Event()
+            self._full_since = None
 
     async def _collect(self, first: _Queued) -> list[_Queued]:
         batch = [first]
@@ -475,7 +482,9 @@ class Committer:
     def _tick(self, work: Tick, now: int, queued_ms: int) -> list[Effect]:
         # Exchanges expire by the peers' silence as of when the tick was queued:
         # answers that arrived before then were queued ahead of it and are applied.
-        effects = self._engine.tick(now, due_ms=queued_ms)
+        # While the queue is full, frames wait unread in the streams: as of then.
+        due = queued_ms if self._full_since is None else min(queued_ms, self._full_since)
+        effects = self._engine.tick(now, due_ms=due)
         if work.duties is not None:
             effects += self._announce(work.duties(now), now)
         return effects
