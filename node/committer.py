@@ -19,7 +19,9 @@ Two properties need one writer.
 
 How
 ---
-Stream handlers put frames on the queue (`receive`, fire and forget); the
+Stream handlers put frames on the queue (`receive`, fire and forget; a
+catch-up page first asks the engine for the next one, `Disseminator.prefetch`,
+which writes nothing, so the peer prepares it while this one is verified); the
 rest of the node submits typed work (`submit`: `Author`, `Act`, `Create`,
 `Drive`, `Records`, `Tick`) and waits until it is durable. One task, `run`, takes a batch off the
 queue: the first item, then whatever else arrives until the queue has been
@@ -97,7 +99,11 @@ COMMIT_IDLE_MS = 1
 # one step (the event loop is busy meanwhile) to tens of ms, while one fsync
 # is spread over enough events to be a small part of it.
 MAX_FRAMES_PER_COMMIT = 128
-MAX_BATCH_BYTES = 8 * 1024 * 1024  # two full-size frames: large replies commit in few steps
+# Bytes of frames per step (a larger first frame is a step of its own). ~3,000
+# events of ~350 bytes: a few hundred ms of verifying at most, one fsync among
+# them. 8 MiB made a step of 20,000 catch-up events that kept the event loop
+# (status, probes, the next page's offer) blocked for seconds on a loaded machine.
+MAX_BATCH_BYTES = 1024 * 1024
 MAX_LOCAL_PER_COMMIT = 256  # local work items (publishes, acks, ...) per commit
 INGEST_QUEUE_CAPACITY = 1_024  # frames and local work waiting; a full queue makes senders wait
 # Bytes of frames waiting. Frames may be 4 MiB each, so a count alone would let
@@ -199,10 +205,11 @@ Local = Union[Author, Act, Create, Drive, Records, Tick]
 class _Pending:
     """Submitted local work waiting for its step: woken with a result or an error."""
 
-    __slots__ = ("work", "done", "result", "error")
+    __slots__ = ("work", "done", "result", "error", "queued_ms")
 
-    def __init__(self, work: Local) -> None:
+    def __init__(self, work: Local, queued_ms: int) -> None:
         self.work = work
+        self.queued_ms = queued_ms  # a Tick expires exchanges as of then (`_tick`)
         self.done = trio.Event()
         self.result: Any = None
         self.error: BaseException | None = None
@@ -241,6 +248,10 @@ class Committer:
         self._max_queued_bytes = max_queued_bytes
         self._queued_bytes = 0
         self._drained = trio.Event()  # set (and replaced) when queued bytes fall below the bound
+        # Since when stream handlers wait for space (None: they do not): frames the
+        # peers sent since then are unread, so their exchanges are not timed out
+        # past it (`_tick`).
+        self._full_since: int | None = None
         self.stats: Counter[str] = Counter()
         # Told (after a failed step) which topic's stored records are damaged, so the
         # runtime stops serving that topic and the next steps carry the others again.
@@ -251,8 +262,18 @@ class Committer:
 
     async def receive(self, peer: str, data: bytes, accountable: bool = True) -> None:
         """Queue a frame from `peer`; waits only while the queue is full (backpressure)."""
+        if accountable:
+            # A catch-up page: ask for the next one now, while this one waits for
+            # and goes through its step (`AntiEntropy.prefetch`; nothing is written).
+            # Before waiting for space: a page held up by our own backlog is no
+            # silence of the peer's (its exchange must not time out meanwhile).
+            ahead = self._engine.prefetch(peer, data, self._clock_ms())
+            if ahead:
+                self._carry_out(ahead)
         while self._queued_bytes >= self._max_queued_bytes:
             self.stats["waits_for_space"] += 1
+            if self._full_since is None:
+                self._full_since = self._clock_ms()
             await self._drained.wait()
         self._queued_bytes += len(data)
         await self._send.send(Frame(peer, data, accountable))
@@ -263,7 +284,7 @@ class Committer:
         Re-raises what the work itself raised (a refused publish), or
         `CommitError` if the step's commit failed.
         """
-        pending = _Pending(work)
+        pending = _Pending(work, self._clock_ms())
         await self._send.send(pending)
         await pending.done.wait()
         if pending.error is not None:
@@ -289,6 +310,7 @@ class Committer:
         if self._queued_bytes < self._max_queued_bytes:
             self._drained.set()
             self._drained = trio.Event()
+            self._full_since = None
 
     async def _collect(self, first: _Queued) -> list[_Queued]:
         batch = [first]
@@ -351,7 +373,7 @@ class Committer:
                                                        accountable=frame.accountable)
                 for pending in local:
                     if isinstance(pending.work, Tick):
-                        effects += self._tick(pending.work, now)
+                        effects += self._tick(pending.work, now, pending.queued_ms)
                 self._commit(records, created)
             except Exception as exc:  # a failed commit (or a bug): acknowledge nothing
                 logger.error("group commit of %d frames and %d local items failed: %s",
@@ -374,6 +396,8 @@ class Committer:
             except Exception:  # durable already; a failing effect must not stop ingest
                 logger.exception("carrying out a step's effects failed")
                 self.stats["failed_effects"] += 1
+            # The step's offers leave now: their exchanges' timeouts count from here.
+            self._engine.offers_sent_at(self._clock_ms())
         finally:
             for pending in local:
                 pending.done.set()
@@ -455,8 +479,12 @@ class Committer:
         pending.result = events
         return events
 
-    def _tick(self, work: Tick, now: int) -> list[Effect]:
-        effects = self._engine.tick(now)
+    def _tick(self, work: Tick, now: int, queued_ms: int) -> list[Effect]:
+        # Exchanges expire by the peers' silence as of when the tick was queued:
+        # answers that arrived before then were queued ahead of it and are applied.
+        # While the queue is full, frames wait unread in the streams: as of then.
+        due = queued_ms if self._full_since is None else min(queued_ms, self._full_since)
+        effects = self._engine.tick(now, due_ms=due)
         if work.duties is not None:
             effects += self._announce(work.duties(now), now)
         return effects

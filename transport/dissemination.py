@@ -305,14 +305,19 @@ class Disseminator(Intake, AntiEntropy, JoinHandshake):
         self.stats["batches"] += 1
         return self._clean(out)
 
-    def tick(self, now_ms: int, rng: random.Random | None = None) -> list[Effect]:
+    def tick(self, now_ms: int, rng: random.Random | None = None,
+             due_ms: int | None = None) -> list[Effect]:
         """Periodic work: expire exchanges, deplete width, offer heads, retry wants, sample width.
 
-        `rng` overrides the engine's random stream for this call.
+        `rng` overrides the engine's random stream for this call. `due_ms`: when
+        the driver queued this tick, if it waited behind other work; exchanges
+        expire by the peers' silence until then (`AntiEntropy._expire_sessions`).
         """
         rng = rng or self._rng
         out: list[Effect] = []
-        self._expire_sessions(now_ms)
+        if due_ms is not None:
+            self._discount_absence(due_ms)
+        self._expire_sessions(now_ms if due_ms is None else min(now_ms, due_ms))
         for topic in sorted(self._replicas):
             out += self._tick_topic(topic, now_ms, rng)
         return self._clean(out)
@@ -357,8 +362,9 @@ class Disseminator(Intake, AntiEntropy, JoinHandshake):
                 return self._clean([self._log("rejected", now_ms, replica.topic_id,
                                               reason=NOT_MEMBER, peer=peer)]
                                    + self._stray_fault(peer, now_ms, Fault.NOT_MEMBER))
-            if accountable and kind in _CARRIES_EVENTS and not self.intake_budget.take_events(
-                    peer, len(message.events), now_ms):  # type: ignore[union-attr]
+            if accountable and kind in _CARRIES_EVENTS and not self._solicited(peer, message) \
+                    and not self.intake_budget.take_events(
+                        peer, len(message.events), now_ms):  # type: ignore[union-attr]
                 return self._clean(self._over_budget(peer, now_ms, "events"))
             handler = self._HANDLERS[kind]
             return self._clean(handler(self, peer, replica, message, now_ms))

@@ -349,6 +349,8 @@ class Cluster:
         if not node.alive or (node.policy is not None and node.policy.is_banned(sender, now)):
             self.network.dropped += 1
             return
+        # As the node's committer: a catch-up page asks for the next one on arrival.
+        self._apply(node, node.engine.prefetch(sender, data, now))
         self._apply(node, node.engine.on_message(sender, data, now))
 
     def _tick(self, index: int) -> None:

@@ -1,0 +1,241 @@
+"""Catch-up at ingest speed (issue 14): pipelined pages, no budget on asked-for pages, timeouts.
+
+Two engines wired by hand (`tests.transport.pair`): "b" holds thousands of
+events "a" lacks, and "a" catches up one page (`MAX_EVENTS_PER_MESSAGE`) per
+answer. What must hold:
+
+* with `prefetch` (the driver calls it as a frame arrives, before its step)
+  the next page is asked for while the last is verified, and still every
+  event crosses once: no page is asked for twice;
+* the pages a trusted peer sends in answer to our own open exchange are not
+  charged to its intake event budget (they are bounded by our offers), so a
+  catch-up longer than the burst is not throttled; a stranger's stay budgeted;
+* an exchange times out on the peer's silence as of when the tick was due,
+  not on our own backlog.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from tests.transport.pair import NodePair, lagging
+from transport.dissemination_config import DisseminationConfig
+from transport.effects import Send
+from transport.messages import Offer, Reply, decode, encode
+
+MISSED = 3_500  # four pages of 1,024
+BASE_CONFIG = DisseminationConfig(push=False, log=False, depletion=False)
+
+
+def catch_up(pair: NodePair, pipelined: bool, max_flights: int = 200,
+             filters: list[int] | None = None) -> dict[str, int]:
+    """`a` opens an exchange with `b` and both run to quiescence, flight by flight.
+
+    With `pipelined`, every frame reaching `a` goes through `a.prefetch` first
+    (what `node.committer.Committer.receive` does), and what it asks ahead
+    travels in the same flight as the answers of the step.
+    """
+    a, b = pair.engines["a"], pair.engines["b"]
+    flight = [("a", e) for e in a.sync_with("b", pair.topic, pair.now_ms)]
+    pages_sent = 0
+    events_sent = 0
+    flights = 0
+    while flight:
+        flights += 1
+        assert flights <= max_flights, "catch-up does not terminate"
+        next_flight = []
+        for sender, effect in flight:
+            if not isinstance(effect, Send):
+                continue
+            receiver = effect.peer
+            pair.now_ms += 1
+            message = decode(effect.data)
+            if sender == "a" and isinstance(message, Offer) and filters is not None:
+                filters.append(len(message.bloom.bits))
+            if sender == "b" and isinstance(message, Reply):
+                pages_sent += 1
+                events_sent += len(message.events)
+            if pipelined and receiver == "a":
+                next_flight += [("a", e) for e in a.prefetch(sender, effect.data, pair.now_ms)]
+            engine = a if receiver == "a" else b
+            next_flight += [(receiver, e) for e in engine.on_message(sender, effect.data,
+                                                                      pair.now_ms)]
+            if receiver == "a":
+                a.offers_sent_at(pair.now_ms)
+        flight = next_flight
+    return {"flights": flights, "pages": pages_sent, "events_sent": events_sent}
+
+
+def test_pipelined_catch_up_asks_ahead_and_sends_every_event_once():
+    pair = lagging(MISSED, config=BASE_CONFIG)
+    figures = catch_up(pair, pipelined=True)
+    a = pair.engines["a"]
+    assert pair.same()
+    assert a.stats["offers_ahead"] >= 2  # the pages after the first were asked for ahead
+    assert figures["events_sent"] == MISSED  # no page was asked for twice
+    assert a.stats["duplicates"] == 0
+    assert a.stats["stale_replies"] == 0
+
+
+def test_without_pipelining_the_same_pages_cross():
+    pair = lagging(MISSED, config=replace(BASE_CONFIG, pipeline=False))
+    figures = catch_up(pair, pipelined=True)  # prefetch is off in the config: a no-op
+    assert pair.same()
+    assert pair.engines["a"].stats["offers_ahead"] == 0
+    assert figures["events_sent"] == MISSED
+
+
+def test_continuation_filters_stay_small_after_a_long_lag():
+    # a and b reconciled (each remembers the other's heads), then b wrote MISSED events.
+    # Before, every offer of a's catch-up held all it had applied since that exchange.
+    for pipelined in (False, True):
+        pair = NodePair(config=replace(BASE_CONFIG, pipeline=pipelined))
+        pair.write("a", 20)
+        pair.sync("a")
+        pair.write("b", MISSED)
+        filters: list[int] = []
+        catch_up(pair, pipelined=pipelined, filters=filters)
+        assert pair.same()
+        assert len(filters) >= 4
+        # bytes: the first covers the 20 events before the lag, the rest a few ids, not thousands
+        assert filters[0] <= 64 and max(filters[1:]) <= 16, (pipelined, filters)
+
+
+def test_prefetch_ignores_what_is_not_a_streaming_answer():
+    pair = lagging(10, config=BASE_CONFIG)
+    a = pair.engines["a"]
+    assert a.prefetch("b", b"", pair.now_ms) == []
+    assert a.prefetch("b", b"\x93junk", pair.now_ms) == []
+    # An answer to no open exchange of ours: nothing is asked ahead.
+    stray = Reply(pair.topic, 77, (), False, True, ())
+    assert a.prefetch("b", encode(stray), pair.now_ms) == []
+    assert a.stats["offers_ahead"] == 0
+
+
+def test_a_trusted_peers_catch_up_is_not_throttled_by_the_event_budget():
+    # A burst smaller than the catch-up and next to no refill: before, the pages
+    # after the burst were dropped unread (`intake_throttled`) and the peer blamed.
+    config = replace(BASE_CONFIG, peer_events_burst=1_500, peer_events_per_s=1)
+    for pipelined in (False, True):
+        pair = lagging(MISSED, config=replace(config, pipeline=pipelined))
+        catch_up(pair, pipelined=pipelined)
+        a = pair.engines["a"]
+        assert pair.same(), pipelined
+        assert a.stats["intake_throttled"] == 0
+
+
+def test_a_strangers_answers_stay_budgeted():
+    # b never handed a an applied event: its answer to a's own exchange is charged.
+    config = replace(BASE_CONFIG, peer_events_burst=500, peer_events_per_s=1)
+    pair = lagging(MISSED, config=config)
+    a, b = pair.engines["a"], pair.engines["b"]
+    (offer,) = a.sync_with("b", pair.topic, pair.now_ms)
+    (reply,) = b.on_message("a", offer.data, pair.now_ms)
+    assert len(decode(reply.data).events) > 500
+    a.on_message("b", reply.data, pair.now_ms)
+    assert a.stats["intake_throttled"] == 1
+    assert pair.replicas["a"].graph.delivered_count < MISSED
+
+
+def test_exchange_times_out_on_silence_as_of_the_due_time():
+    pair = lagging(10, config=BASE_CONFIG)
+    a = pair.engines["a"]
+    start = pair.now_ms
+    assert a.sync_with("b", pair.topic, start)
+    timeout = BASE_CONFIG.session_timeout_ms
+    # The tick waited behind a long step: due 1 s after the offer, run 5 s after.
+    a.tick(start + 5 * timeout, due_ms=start + timeout // 2)
+    assert a.stats["sessions_timed_out"] == 0
+    a.tick(start + 5 * timeout)
+    assert a.stats["sessions_timed_out"] == 1
+
+
+def test_an_offer_times_out_from_when_it_left():
+    pair = lagging(10, config=BASE_CONFIG)
+    a = pair.engines["a"]
+    start = pair.now_ms
+    assert a.sync_with("b", pair.topic, start)
+    a.offers_sent_at(start + 3 * BASE_CONFIG.session_timeout_ms)  # a long step ended
+    a.tick(start + 3 * BASE_CONFIG.session_timeout_ms + 1)
+    assert a.stats["sessions_timed_out"] == 0
+
+
+def test_time_the_node_was_not_running_is_not_the_peers_silence():
+    pair = lagging(10, config=BASE_CONFIG)
+    a = pair.engines["a"]
+    start = pair.now_ms
+    a.tick(start, due_ms=start)
+    assert a.sync_with("b", pair.topic, start + 1)
+    # SIGSTOPped for a minute: the first tick after it does not expire the exchange
+    # (its answer waits in our socket) ...
+    a.tick(start + 60_000, due_ms=start + 60_000)
+    assert a.stats["sessions_timed_out"] == 0 and a.stats["absences"] == 1
+    # ... but silence while we run does.
+    for at in range(start + 60_050, start + 63_000, 50):
+        a.tick(at, due_ms=at)
+    assert a.stats["sessions_timed_out"] == 1
+
+
+def test_an_answer_waiting_in_our_queue_is_no_silence():
+    # The answer reached the node (prefetch sees every frame as it arrives) but waits
+    # behind our backlog: its exchange must not time out before the step applies it.
+    pair = lagging(10, config=BASE_CONFIG)
+    a, b = pair.engines["a"], pair.engines["b"]
+    start = pair.now_ms
+    timeout = BASE_CONFIG.session_timeout_ms
+    (offer,) = a.sync_with("b", pair.topic, start)
+    (reply,) = b.on_message("a", offer.data, start)
+    assert a.prefetch("b", reply.data, start + timeout - 1) == []  # not streaming: nothing ahead
+    a.tick(start + timeout + 10, due_ms=start + timeout + 10)
+    assert a.stats["sessions_timed_out"] == 0
+    a.on_message("b", reply.data, start + timeout + 20)
+    assert pair.same() and a.stats["stale_replies"] == 0
+
+
+def test_a_node_streaming_a_catch_up_defers_offers_that_would_duplicate_it():
+    pair = lagging(MISSED, config=BASE_CONFIG)
+    a, b = pair.engines["a"], pair.engines["b"]
+    a.on_peer_up("c", pair.now_ms)  # a third peer, as far ahead as b
+    # Run a's catch-up from b until it streams (the first page applied, `more`).
+    flight = [("a", e) for e in a.sync_with("b", pair.topic, pair.now_ms)]
+    while not a._streaming(pair.topic, pair.now_ms):
+        next_flight = []
+        for sender, effect in flight:
+            if isinstance(effect, Send) and effect.peer in ("a", "b"):
+                engine = a if effect.peer == "a" else b
+                next_flight += [(effect.peer, e) for e in engine.on_message(
+                    sender, effect.data, pair.now_ms)]
+        flight = next_flight
+        assert flight, "the catch-up ended before it streamed"
+    # c offers heads a lacks: answering would make c send the pages b is streaming.
+    (offer,) = b.sync_with("a", pair.topic, pair.now_ms)
+    assert a.on_message("c", offer.data, pair.now_ms) == []
+    assert a.stats["offers_deferred"] == 1
+    # A peer a is ahead of is still served (a holds all its heads).
+    behind = Offer(pair.topic, 9, (pair.topic,), (), 0, False,
+                   decode(offer.data).bloom)
+    answers = a.on_message("c", encode(behind), pair.now_ms)
+    assert answers and isinstance(decode(answers[0].data), Reply)
+    assert a.stats["offers_deferred"] == 1
+
+
+def test_a_second_stream_ends_once_one_runs():
+    pair = lagging(MISSED, config=BASE_CONFIG)
+    a, b = pair.engines["a"], pair.engines["b"]
+    a.on_peer_up("c", pair.now_ms)
+    (offer,) = a.sync_with("b", pair.topic, pair.now_ms)
+    (page,) = b.on_message("a", offer.data, pair.now_ms)
+    (offer2,) = a.on_message("b", page.data, pair.now_ms)  # applied; streams from b now
+    assert a._streaming(pair.topic, pair.now_ms)
+    # c was asked too (a resumed node answers several offers at once) and answers
+    # with the next page: it is applied, but the exchange with c does not go on.
+    (offer_c,) = a.sync_with("c", pair.topic, pair.now_ms)
+    (page2,) = b.on_message("a", offer2.data, pair.now_ms)
+    reply = decode(page2.data)
+    from_c = Reply(reply.topic, decode(offer_c.data).xid, reply.heads, False, True,
+                   reply.events)
+    before = pair.replicas["a"].graph.delivered_count
+    assert a.on_message("c", encode(from_c), pair.now_ms) == []
+    assert pair.replicas["a"].graph.delivered_count > before
+    assert a.stats["continuations_deferred"] == 1
+    assert ("c", pair.topic) not in a._sessions and ("b", pair.topic) in a._sessions
