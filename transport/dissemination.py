@@ -93,6 +93,7 @@ from node.replica.replica import Replica
 from node.state.types import TYPE_MEMBER, Membership, content_of, user_id
 from transport.anti_entropy import AntiEntropy
 from transport.depletion import DepletionTimer
+from transport.eager_lazy import TopicTree
 from transport.dissemination_config import DisseminationConfig
 from transport.effects import Announce, Effect, Log, PeerId, Send
 from transport.join_handshake import JoinHandshake
@@ -102,13 +103,17 @@ from transport.peer_budget import AnswerBudget, RateBucket
 from transport.messages import (
     EVENT_FRAMING_BYTES,
     Events,
+    Graft,
+    IHave,
     JoinAsk,
     JoinRefused,
     JoinSubmit,
     JoinTemplate,
     Message,
+    MAX_WANT_IDS,
     MessageError,
     Offer,
+    Prune,
     Push,
     Reply,
     Want,
@@ -120,9 +125,9 @@ from transport.intake import Intake
 
 _STAT_KEYS = {kind: (f"messages_sent_{kind.__name__.lower()}", f"bytes_sent_{kind.__name__.lower()}")
               for kind in (Push, Offer, Reply, Want, Events, JoinAsk, JoinTemplate, JoinRefused,
-                           JoinSubmit)}
+                           JoinSubmit, IHave, Graft, Prune)}
 # Messages that carry a topic's events or event ids: the read filter applies to them.
-_GUARDED = frozenset({Push, Offer, Reply, Want, Events})
+_GUARDED = frozenset({Push, Offer, Reply, Want, Events, IHave, Graft})
 _CARRIES_EVENTS = frozenset({Push, Reply, Events})
 _REMOVALS = frozenset({Membership.BAN, Membership.LEAVE})  # set by another: a ban or a kick  # what history_access may thin out
 NOT_MEMBER = "not_member"  # the log reason of a message dropped by the read filter
@@ -172,6 +177,7 @@ class Disseminator(Intake, AntiEntropy, JoinHandshake):
         self._keys: dict[PeerId, bytes | None] = {}  # peer_key of each connected peer
         self._replicas: dict[bytes, Replica] = {}
         self._timers: dict[bytes, _TopicTimers] = {}
+        self._trees: dict[bytes, TopicTree] = {}  # the tree fast path's links (config.tree)
         self._peers: list[PeerId] = []  # sorted: random choices must not depend on hash order
         self._init_anti_entropy()
         self._init_join_handshake()
@@ -194,11 +200,15 @@ class Disseminator(Intake, AntiEntropy, JoinHandshake):
     def add_topic(self, replica: Replica) -> None:
         self._replicas[replica.topic_id] = replica
         self._timers[replica.topic_id] = _TopicTimers()
+        if self.config.push and self.config.tree:
+            self._trees[replica.topic_id] = TopicTree(self.config.graft_timeout_ms,
+                                                     self.config.prune_after)
 
     def remove_topic(self, topic: bytes) -> None:
         """Stop replicating `topic` here (the runtime's `leave`); unknown topics are ignored."""
         self._replicas.pop(topic, None)
         self._timers.pop(topic, None)
+        self._trees.pop(topic, None)
         self._forget_topic(topic)
         self._forget_join_topic(topic)
 
@@ -236,6 +246,8 @@ class Disseminator(Intake, AntiEntropy, JoinHandshake):
             return []
         self._peers.remove(peer)
         self._keys.pop(peer, None)
+        for tree in self._trees.values():
+            tree.forget_peer(peer)
         self._forget_peer(peer)
         self._forget_join_peer(peer)
         return self._clean([self._log("peer_down", now_ms, None, peer=peer)])
@@ -363,7 +375,10 @@ class Disseminator(Intake, AntiEntropy, JoinHandshake):
     def _on_push(self, peer: PeerId, replica: Replica, message: Push, now_ms: int) -> list[Effect]:
         out: list[Effect] = []
         fresh = self._ingest(peer, replica, message.events, GOSSIP, now_ms, out)
-        if fresh and self.config.forward_pushed:
+        tree = self._trees.get(replica.topic_id)
+        if tree is not None:
+            out += self._tree_received(tree, peer, replica, message, fresh)
+        elif fresh and self.config.forward_pushed:
             # Only events new here (each node relays an event at most once), never
             # to a peer sure to hold them (the sender, their author), to a bounded
             # number of others.
@@ -428,12 +443,6 @@ class Disseminator(Intake, AntiEntropy, JoinHandshake):
         if self._accountable:
             self._answers.trust(peer)
 
-    _HANDLERS = {Push: _on_push, Offer: AntiEntropy._on_offer, Reply: AntiEntropy._on_reply,
-                 Want: AntiEntropy._on_want, Events: AntiEntropy._on_events,
-                 JoinTemplate: JoinHandshake._on_join_template,
-                 JoinRefused: JoinHandshake._on_join_refused,
-                 JoinSubmit: JoinHandshake._on_join_submit}
-
     # ------------------------------------------------------------- read access
 
     def _key(self, peer: PeerId) -> bytes | None:
@@ -483,7 +492,9 @@ class Disseminator(Intake, AntiEntropy, JoinHandshake):
             timers.next_sync_ms = (now_ms + self.config.sync_interval_ms
                                    + rng.randint(-jitter, jitter))
             out += self._sync_random(topic, now_ms, rng, exclude=None)
-        elif news_from is not None and self.config.sync_on_news:
+        elif news_from is not None and self.config.sync_on_news and topic not in self._trees:
+            # (On the tree path the events a sync brought travel on along the tree,
+            # `_ingest`: one more exchange would only race it.)
             # Rumor mongering with feedback (Demers et al. 1987): an exchange that
             # moved events suggests other peers lack them too, so exchange with one
             # more peer now instead of at the next interval. Both sides do, so news
@@ -493,6 +504,9 @@ class Disseminator(Intake, AntiEntropy, JoinHandshake):
         if now_ms >= timers.next_want_ms:
             timers.next_want_ms = now_ms + self.config.want_retry_ms
             out += self._wants(topic, replica, rng)
+        tree = self._trees.get(topic)
+        if tree is not None:
+            out += self._tree_tick(tree, replica, now_ms)
         if self.config.log and now_ms >= timers.next_width_ms:
             timers.next_width_ms = now_ms + self.config.width_sample_ms
             out.append(self._log("width", now_ms, topic, width=replica.graph.width,
@@ -548,7 +562,11 @@ class Disseminator(Intake, AntiEntropy, JoinHandshake):
 
     def _spread_local(self, topic: bytes, raws: list[bytes]) -> list[Effect]:
         """The fast path for events authored here: push them, and announce them if asked."""
-        out = self._push(topic, raws, exclude=(), fanout=self.config.push_fanout)
+        tree = self._trees.get(topic)
+        if tree is not None:
+            out = self._tree_spread(tree, topic, raws, exclude=())
+        else:
+            out = self._push(topic, raws, exclude=(), fanout=self.config.push_fanout)
         out += self._tell_removed(self._replicas[topic], raws)
         if self.config.announce and raws and not self._replicas[topic].is_private():
             out.append(Announce(topic, tuple(raws)))  # never for a private topic
@@ -562,7 +580,11 @@ class Disseminator(Intake, AntiEntropy, JoinHandshake):
                                    [p for p in self._peers if p not in exclude])
         if not candidates:
             return []
-        chosen = self._rng.sample(candidates, min(fanout, len(candidates)))
+        return self._push_to(topic, raws, self._rng.sample(candidates,
+                                                           min(fanout, len(candidates))))
+
+    def _push_to(self, topic: bytes, raws: list[bytes], chosen: Sequence[PeerId]) -> list[Effect]:
+        """Push `raws` to each of `chosen`, in messages within the per-message bounds."""
         # One encoding for every peer, unless what each may read differs (history).
         shared = not self._replicas[topic].limits_history()
         out: list[Effect] = []
@@ -577,6 +599,129 @@ class Disseminator(Intake, AntiEntropy, JoinHandshake):
                     data = sent.data if shared else None
                     out.append(sent)
         return out
+
+    # ------------------------------------------------------------- internals: the tree
+
+    def _ingest(self, peer: PeerId, replica: Replica, raws: Sequence[bytes], channel: str,
+                now_ms: int, out: list[Effect]) -> list[bytes]:
+        """`Intake._ingest`; on the tree path, events a sync brought go on along the tree.
+
+        Plumtree's tree carries every event new at a node, whatever brought it:
+        after a partition heals, one exchange across it repairs each side by push
+        instead of one exchange per node. (Pushed events are forwarded by `_on_push`.)
+        """
+        fresh = Intake._ingest(self, peer, replica, raws, channel, now_ms, out)
+        tree = self._trees.get(replica.topic_id)
+        if fresh and tree is not None and channel != GOSSIP:
+            tree.received(event_id_of(raw) for raw in fresh)
+            if self.config.forward_pushed:
+                self.stats["tree_forwarded_sync"] += len(fresh)
+                out += self._tree_spread(tree, replica.topic_id, fresh, exclude=(peer,))
+        return fresh
+
+    def _tree_spread(self, tree: TopicTree, topic: bytes, raws: list[bytes],
+                     exclude: Sequence[PeerId]) -> list[Effect]:
+        """Events new here: in full on the eager links, ids queued for the lazy ones."""
+        if not raws:
+            return []
+        peers = self._serving(self._replicas[topic], [p for p in self._peers if p not in exclude])
+        out = self._push_to(topic, raws, tree.eager_of(peers))
+        lazy = tree.lazy_of(peers)
+        if lazy:
+            ids = [event_id_of(raw) for raw in raws]
+            out += self._ihaves(topic, tree.announce(lazy, ids))
+        return out
+
+    def _tree_received(self, tree: TopicTree, peer: PeerId, replica: Replica, message: Push,
+                       fresh: list[bytes]) -> list[Effect]:
+        """A push arrived: prune a link that brought nothing new, else forward along the tree."""
+        topic = replica.topic_id
+        if not fresh:
+            self.stats["tree_dup_pushes_lazy" if peer in tree.lazy else "tree_dup_pushes"] += 1
+            if message.events and tree.duplicate_from(peer):
+                # A cycle in the tree: this copy came a longer way round. Both ends
+                # make the link lazy; ids still cross it, so it can be grafted back.
+                self.stats["prunes_sent"] += 1
+                sent = self._send(peer, Prune(topic))
+                return [sent] if sent is not None else []
+            return []
+        tree.received(event_id_of(raw) for raw in fresh)
+        if tree.fresh_from(peer):
+            self.stats["grafted_by_push"] += 1  # a lazy link carried news first: eager again
+        if not self.config.forward_pushed:
+            return []
+        return self._tree_spread(tree, topic, fresh, exclude=self._holders(replica, peer, fresh))
+
+    def _tree_tick(self, tree: TopicTree, replica: Replica, now_ms: int) -> list[Effect]:
+        """Flush the announcements, and graft for the announced ids overdue here."""
+        topic = replica.topic_id
+        out = self._ihaves(topic, tree.flush())
+        graph = replica.graph
+        asks = tree.due(now_ms, lambda i: graph.has(i) or graph.is_buffered(i)
+                        or graph.rejected_reason(i) is not None)
+        for peer, ids in sorted(asks.items()):
+            if peer not in self._peers:
+                continue
+            tree.graft(peer)
+            self.stats["grafts_sent"] += 1
+            self.stats["graft_ids_sent"] += len(ids)
+            sent = self._send(peer, Graft(topic, tuple(ids[:MAX_WANT_IDS])))
+            if sent is not None:
+                out.append(sent)
+        return out
+
+    def _ihaves(self, topic: bytes, batches: list[tuple[PeerId, list[bytes]]]) -> list[Effect]:
+        out: list[Effect] = []
+        for peer, ids in batches:
+            if ids and peer in self._peers:
+                self.stats["ihave_ids_sent"] += len(ids)
+                sent = self._send(peer, IHave(topic, tuple(ids)))
+                if sent is not None:
+                    out.append(sent)
+        return out
+
+    def _on_ihave(self, peer: PeerId, replica: Replica, message: IHave,
+                  now_ms: int) -> list[Effect]:
+        tree = self._trees.get(replica.topic_id)
+        if tree is None:  # not on the tree path here: anti-entropy brings what we lack
+            return []
+        graph = replica.graph
+        tree.announced(peer, message.ids, now_ms,
+                       lambda i: graph.has(i) or graph.is_buffered(i)
+                       or graph.rejected_reason(i) is not None)
+        return []
+
+    def _on_graft(self, peer: PeerId, replica: Replica, message: Graft,
+                  now_ms: int) -> list[Effect]:
+        """Make the link eager and push the ids asked for (bounded as a want's answer)."""
+        tree = self._trees.get(replica.topic_id)
+        if tree is not None and tree.graft(peer):
+            self.stats["grafted"] += 1
+        graph = replica.graph
+        raws = [e.raw for e in (graph.get(i) for i in message.ids) if e is not None]
+        if not raws:
+            return []
+        raws, _ = self._take_raws(raws)
+        fitting, _ = self._within_budget(peer, replica, now_ms, raws, Push(replica.topic_id, ()))
+        if not fitting:
+            return []
+        self.stats["graft_events_served"] += len(fitting)
+        sent = self._spent(peer, self._send(peer, Push(replica.topic_id, tuple(fitting))), now_ms)
+        return [sent] if sent is not None else []
+
+    def _on_prune(self, peer: PeerId, replica: Replica, message: Prune,
+                  now_ms: int) -> list[Effect]:
+        tree = self._trees.get(replica.topic_id)
+        if tree is not None and tree.prune(peer):
+            self.stats["pruned"] += 1
+        return []
+
+    _HANDLERS = {Push: _on_push, Offer: AntiEntropy._on_offer, Reply: AntiEntropy._on_reply,
+                 Want: AntiEntropy._on_want, Events: AntiEntropy._on_events,
+                 IHave: _on_ihave, Graft: _on_graft, Prune: _on_prune,
+                 JoinTemplate: JoinHandshake._on_join_template,
+                 JoinRefused: JoinHandshake._on_join_refused,
+                 JoinSubmit: JoinHandshake._on_join_submit}
 
     # ------------------------------------------------------------- internals: output
 
