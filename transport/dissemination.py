@@ -760,6 +760,8 @@ class Disseminator(Intake, AntiEntropy, JoinHandshake):
         stats["bytes_sent"] += len(data)
         stats[bytes_key] += len(data)
         stats["event_bytes_sent"] += event_bytes(message)
+        if type(message) in _CARRIES_EVENTS:  # their mean encoded size: event_bytes / events
+            stats["events_sent"] += len(message.events)  # type: ignore[union-attr]
         return Send(peer, data)
 
     def _log(self, record_type: str, now_ms: int, topic: bytes | None, *,

@@ -141,7 +141,7 @@ PUSH_ONLY = DisseminationConfig(log=False, sync_interval_ms=NEVER_MS, sync_jitte
                                 want_retry_ms=NEVER_MS, depletion=False)
 
 
-def push_only_run(tree: bool, seed: int = 3, n: int = 30) -> dict[str, float]:
+def push_only_run(tree: bool, seed: int = 3, n: int = 20) -> dict[str, float]:
     """Fast path alone, no loss: after a warm-up, what the second half of the writes cost."""
     cluster = Cluster(seed, n, neighbours=6, config=replace(PUSH_ONLY, tree=tree),
                       depletion=False)
@@ -158,18 +158,18 @@ def push_only_run(tree: bool, seed: int = 3, n: int = 30) -> dict[str, float]:
 
 def test_the_tree_delivers_everything_by_itself_at_a_fraction_of_the_copies():
     push, tree = push_only_run(tree=False), push_only_run(tree=True)
-    everyone = 29 / 30  # all but the author
+    everyone = 19 / 20  # all but the author
     assert tree["received_gossip"] == pytest.approx(everyone)  # random push: ~96%
     assert tree["duplicates"] <= 0.2 < 1.5 <= push["duplicates"], (push, tree)
     assert tree["bytes_sent_push"] <= 0.5 * push["bytes_sent_push"], (push, tree)
     assert tree["grafts_sent"] <= 0.05, tree  # the tree holds still once formed
 
 
-TREE_WORLD = Scenario(seed=0, nodes=30, loss=0.1, rounds=10, writers=3, round_ms=200,
+TREE_WORLD = Scenario(seed=0, nodes=20, loss=0.1, rounds=10, writers=3, round_ms=200,
                       partition_at_ms=800, heal_at_ms=2_000, tree=True)
 
 
-@pytest.mark.parametrize("seed", [1, 2])
+@pytest.mark.parametrize("seed", [1])  # more: python -m transport.sim --fast-path tree --sweep N
 def test_the_tree_converges_with_loss_and_a_partition(seed):
     """The authorized world (state, acks, order): every checker, as for push."""
     summary = run_scenario(replace(TREE_WORLD, seed=seed))
@@ -191,7 +191,8 @@ def test_fast_path_flag_replays_the_tree_world():
 
 
 def test_the_comparison_reports_both_paths_and_the_tree_sends_fewer_copies():
-    result = compare(replace(TREE_WORLD, seed=3, nodes=20, partition_at_ms=None, heal_at_ms=None))
+    result = compare(replace(TREE_WORLD, seed=3, nodes=15, partition_at_ms=None, heal_at_ms=None,
+                             authorization=False))
     push, tree = result["push"], result["tree"]
     assert push["announce_sent_x_event"] == 0 < tree["announce_sent_x_event"]
     assert tree["push_sent_x_event"] < push["push_sent_x_event"]
