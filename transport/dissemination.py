@@ -638,7 +638,8 @@ class Disseminator(Intake, AntiEntropy, JoinHandshake):
         topic = replica.topic_id
         if not fresh:
             self.stats["tree_dup_pushes_lazy" if peer in tree.lazy else "tree_dup_pushes"] += 1
-            if message.events and tree.duplicate_from(peer):
+            eager = len(tree.eager_of(self._peers))
+            if message.events and tree.duplicate_from(peer, eager):
                 # A cycle in the tree: this copy came a longer way round. Both ends
                 # make the link lazy; ids still cross it, so it can be grafted back.
                 self.stats["prunes_sent"] += 1

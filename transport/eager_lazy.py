@@ -53,6 +53,10 @@ GRAFT_TIMEOUT_MS: Final = 250
 # nodes off the tree (every event then needed a graft). A link first for some
 # source now and then is kept; the simulator's figures are in docs/anti-entropy.md.
 PRUNE_AFTER_DUPLICATES: Final = 3
+# Eager links a node keeps before it waits for PRUNE_AFTER_DUPLICATES: above this
+# many, the first duplicate prunes (the tree forms within a few events, where
+# every link starts eager); the last ones go only after duplicates in a row.
+KEEP_EAGER: Final = 2
 MAX_IHAVE_IDS: Final = 256  # ids in one IHave; a fuller batch is flushed before the tick
 MAX_MISSING_IDS: Final = 16_384  # announced ids awaited per topic (the oldest are forgotten)
 MAX_ANNOUNCERS: Final = 4  # announcers remembered per awaited id (each asked in turn)
@@ -87,14 +91,14 @@ class TopicTree:
     def lazy_of(self, peers: Iterable[PeerId]) -> list[PeerId]:
         return [p for p in peers if p in self.lazy]
 
-    def duplicate_from(self, peer: PeerId) -> bool:
+    def duplicate_from(self, peer: PeerId, eager: int = 0) -> bool:
         """A push from `peer` brought nothing new; True if a `Prune` is to be sent now.
 
         Also for a link already lazy here: the peer still pushing means it missed
         our prune (lost on the way), so it is told again.
         """
         count = self._useless.get(peer, 0) + 1
-        if count < self.prune_after:
+        if count < self.prune_after and eager <= KEEP_EAGER:
             self._useless[peer] = count
             return False
         self._useless.pop(peer, None)
