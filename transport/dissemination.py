@@ -621,37 +621,73 @@ class Disseminator(Intake, AntiEntropy, JoinHandshake):
 
     def _tree_spread(self, tree: TopicTree, topic: bytes, raws: list[bytes],
                      exclude: Sequence[PeerId]) -> list[Effect]:
-        """Events new here: in full on the eager links, ids queued for the lazy ones."""
+        """Events new here: in full on the links eager for their authors, ids on the others."""
         if not raws:
             return []
-        peers = self._serving(self._replicas[topic], [p for p in self._peers if p not in exclude])
-        out = self._push_to(topic, raws, tree.eager_of(peers))
-        lazy = tree.lazy_of(peers)
-        if lazy:
-            ids = [event_id_of(raw) for raw in raws]
-            out += self._ihaves(topic, tree.announce(lazy, ids))
+        replica = self._replicas[topic]
+        peers = self._serving(replica, [p for p in self._peers if p not in exclude])
+        full: dict[PeerId, list[bytes]] = {}
+        announce: dict[PeerId, list[bytes]] = {}
+        fanout = self.config.lazy_fanout
+        for raw in raws:
+            source = self._source(replica, raw)
+            lazy = [] if source is None else tree.lazy_of(peers, source)
+            for peer in peers:
+                if peer not in lazy:
+                    full.setdefault(peer, []).append(raw)
+            if len(lazy) > fanout:  # announcements repair the tree; a few per event suffice
+                lazy = self._rng.sample(lazy, fanout)
+            for peer in lazy:
+                announce.setdefault(peer, []).append(event_id_of(raw))
+        # Peers sent the same events share one encoding (one author's events: all of them).
+        groups: dict[tuple[bytes, ...], list[PeerId]] = {}
+        for peer, sent in full.items():
+            groups.setdefault(tuple(sent), []).append(peer)
+        out: list[Effect] = []
+        for sent, chosen in groups.items():
+            out += self._push_to(topic, list(sent), chosen)
+        for peer, ids in sorted(announce.items()):
+            out += self._ihaves(topic, tree.announce([peer], ids))
         return out
+
+    @staticmethod
+    def _source(replica: Replica, raw: bytes) -> bytes | None:
+        """The author of a received event (the source whose tree carries it), if held here."""
+        event_id = event_id_of(raw)
+        event = replica.graph.get(event_id) or replica.graph.buffered_event(event_id)
+        return None if event is None else event.author
 
     def _tree_received(self, tree: TopicTree, peer: PeerId, replica: Replica, message: Push,
                        fresh: list[bytes]) -> list[Effect]:
-        """A push arrived: prune a link that brought nothing new, else forward along the tree."""
+        """A push arrived: prune where it brought nothing new, forward the rest along the trees."""
         topic = replica.topic_id
-        if not fresh:
-            self.stats["tree_dup_pushes_lazy" if peer in tree.lazy else "tree_dup_pushes"] += 1
-            eager = len(tree.eager_of(self._peers))
-            if message.events and tree.duplicate_from(peer, eager):
-                # A cycle in the tree: this copy came a longer way round. Both ends
-                # make the link lazy; ids still cross it, so it can be grafted back.
+        fresh_ids = {event_id_of(raw) for raw in fresh}
+        news: set[bytes] = set()
+        stale: set[bytes] = set()
+        for raw in message.events:
+            source = self._source(replica, raw)
+            if source is not None:
+                (news if event_id_of(raw) in fresh_ids else stale).add(source)
+        out: list[Effect] = []
+        for source in sorted(stale - news):
+            # A cycle in this source's tree: the copy came a longer way round. Both
+            # ends make the link lazy for it; ids still cross, so it can be grafted back.
+            self.stats["tree_duplicate_pushes"] += 1
+            if tree.duplicate_from(peer, source, len(tree.eager_of(self._peers, source))):
                 self.stats["prunes_sent"] += 1
-                sent = self._send(peer, Prune(topic))
-                return [sent] if sent is not None else []
-            return []
-        tree.received(event_id_of(raw) for raw in fresh)
-        if tree.fresh_from(peer):
-            self.stats["grafted_by_push"] += 1  # a lazy link carried news first: eager again
+                sent = self._send(peer, Prune(topic, source))
+                if sent is not None:
+                    out.append(sent)
+        for source in sorted(news):
+            if tree.fresh_from(peer, source):
+                self.stats["grafted_by_push"] += 1  # a lazy link carried news first: eager again
+        if not fresh:
+            return out
+        tree.received(fresh_ids)
         if not self.config.forward_pushed:
-            return []
-        return self._tree_spread(tree, topic, fresh, exclude=self._holders(replica, peer, fresh))
+            return out
+        return out + self._tree_spread(tree, topic, fresh,
+                                       exclude=self._holders(replica, peer, fresh))
 
     def _tree_tick(self, tree: TopicTree, replica: Replica, now_ms: int) -> list[Effect]:
         """Flush the announcements, and graft for the announced ids overdue here."""
@@ -663,7 +699,8 @@ class Disseminator(Intake, AntiEntropy, JoinHandshake):
         for peer, ids in sorted(asks.items()):
             if peer not in self._peers:
                 continue
-            tree.graft(peer)
+            # Eager again on our side once its answer brings news (`fresh_from`):
+            # the sources of ids we do not hold are not known yet.
             self.stats["grafts_sent"] += 1
             self.stats["graft_ids_sent"] += len(ids)
             sent = self._send(peer, Graft(topic, tuple(ids[:MAX_WANT_IDS])))
@@ -694,14 +731,17 @@ class Disseminator(Intake, AntiEntropy, JoinHandshake):
 
     def _on_graft(self, peer: PeerId, replica: Replica, message: Graft,
                   now_ms: int) -> list[Effect]:
-        """Make the link eager and push the ids asked for (bounded as a want's answer)."""
+        """Push the ids asked for (bounded as a want's answer); the link is eager for their authors."""
         tree = self._trees.get(replica.topic_id)
-        if tree is not None and tree.graft(peer):
-            self.stats["grafted"] += 1
         graph = replica.graph
-        raws = [e.raw for e in (graph.get(i) for i in message.ids) if e is not None]
-        if not raws:
+        found = [e for e in (graph.get(i) for i in message.ids) if e is not None]
+        if not found:
             return []
+        if tree is not None:
+            for source in sorted({e.author for e in found}):
+                if tree.graft(peer, source):
+                    self.stats["grafted"] += 1
+        raws = [e.raw for e in found]
         raws, _ = self._take_raws(raws)
         fitting, _ = self._within_budget(peer, replica, now_ms, raws, Push(replica.topic_id, ()))
         if not fitting:
@@ -713,7 +753,7 @@ class Disseminator(Intake, AntiEntropy, JoinHandshake):
     def _on_prune(self, peer: PeerId, replica: Replica, message: Prune,
                   now_ms: int) -> list[Effect]:
         tree = self._trees.get(replica.topic_id)
-        if tree is not None and tree.prune(peer):
+        if tree is not None and tree.prune(peer, message.source):
             self.stats["pruned"] += 1
         return []
 

@@ -55,6 +55,12 @@ DEFAULT_PUSH_FANOUT: Final = 6  # GossipSub's D: copies of each new event its au
 # event grow as n·(k-1) instead of n·(push_fanout-1). docs/anti-entropy.md
 # has the simulator's figures for 5..50 replicas.
 DEFAULT_FORWARD_FANOUT: Final = 3
+# Lazy links an event's id is announced on (transport.eager_lazy), at random among
+# them. Plumtree announces on all; each node has several lazy links, and each id
+# costs ~40 bytes on each: with a few per event a node missing a push still hears
+# of it from about that many neighbours (anti-entropy covers the rest), at a
+# fraction of the bytes. docs/anti-entropy.md has the figures.
+DEFAULT_LAZY_FANOUT: Final = 2
 DEFAULT_WANT_RETRY_MS: Final = 500  # > a few one-way latencies: gives push a chance first
 # An exchange with no answer for this long counts as lost and the peer may be
 # offered to again (a late answer's events are still used). Far above a
@@ -78,6 +84,7 @@ class DisseminationConfig:
     tree: bool = False
     graft_timeout_ms: int = GRAFT_TIMEOUT_MS  # an announced id not received by then is fetched
     prune_after: int = PRUNE_AFTER_DUPLICATES  # useless pushes in a row before a link goes lazy
+    lazy_fanout: int = DEFAULT_LAZY_FANOUT  # lazy links each new event's id is announced on
     announce: bool = False  # emit `Announce` for local events (an external fast path)
     push_fanout: int = DEFAULT_PUSH_FANOUT
     forward_pushed: bool = True  # relay events first received by push
@@ -142,5 +149,5 @@ class DisseminationConfig:
             raise ValueError("wants_in_flight_per_peer must be >= 1")
         if self.offers_per_s <= 0 or self.offer_burst < 1:
             raise ValueError("offers_per_s must be > 0 and offer_burst >= 1")
-        if self.push_fanout < 0 or self.forward_fanout < 0:
-            raise ValueError("push_fanout and forward_fanout must be >= 0")
+        if self.push_fanout < 0 or self.forward_fanout < 0 or self.lazy_fanout < 0:
+            raise ValueError("push_fanout, forward_fanout and lazy_fanout must be >= 0")

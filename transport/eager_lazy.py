@@ -7,15 +7,25 @@ Random push (`transport.dissemination`, `push`) sends every event to about
 the wire that is several times the event's bytes. Plumtree (Leitão, Pereira,
 Rodrigues, "Epidemic Broadcast Trees", SRDS 2007) receives it about once:
 
-* every link of a topic is **eager** or **lazy**; new links start eager. An
-  event new here is pushed in full on the eager links and announced by id
-  only on the lazy ones (`IHave`, batched per peer and flushed once per tick
-  or as soon as a batch holds `MAX_IHAVE_IDS` ids);
-* a push that brings nothing new over an eager link means the tree has a
-  cycle there: after `PRUNE_AFTER_DUPLICATES` such pushes in a row the
-  receiver makes that link lazy and tells the sender (`Prune`), which makes
-  it lazy on its side too. The eager links left form
-  a spanning tree, shaped by the first copies received (the fastest paths);
+* every link of a topic is **eager** or **lazy** for each source (the
+  author of the events: one tree per source, as Plumtree's per-sender trees
+  and Thicket; a tree shared by many writers is the best one for none, and
+  its prunes for one writer cut the others' paths, so that every event then
+  needed a graft). New links start eager. An event new here is pushed in full
+  on the links eager for its author and announced by id only on the others
+  (`IHave`, batched per peer and flushed once per tick or as soon as a batch
+  holds `MAX_IHAVE_IDS` ids);
+* a push that brings nothing new over an eager link means the source's tree
+  has a cycle there: the receiver makes that link lazy for the source and
+  tells the sender (`Prune(topic, source)`), which does the same. It prunes
+  at the first duplicate while it keeps more than `KEEP_EAGER` eager links
+  for the source (so the tree forms within a few events, where every link
+  starts eager), else after `PRUNE_AFTER_DUPLICATES` in a row (a loss on one
+  path makes another first now and then). The eager links left form a
+  spanning tree per source, shaped by the first copies received (the fastest
+  paths). A new source starts on the tree of the source last active here
+  (any source's tree spans the overlay), so a topic with many writers does
+  not flood every link for each new one;
 * an announced id not received within `GRAFT_TIMEOUT_MS` means the tree is
   broken above us (a lost push, a closed link): the receiver asks one
   announcer for it (`Graft`), which also makes that link eager on both
@@ -31,7 +41,8 @@ sender, the author), and an id a lazy peer announced to us since the last
 flush is struck from what we announce to it (it holds it).
 
 `TopicTree` is pure state (no clock, no randomness, no IO): the engine hands
-it the time and the peers, and sends what it returns.
+it the time, the peers and each event's author, and sends what it returns.
+It keeps the trees of the `MAX_SOURCES` most recently active authors.
 """
 
 from __future__ import annotations
@@ -47,11 +58,9 @@ from transport.effects import PeerId
 # Above one tick (the announcer's batching: 50 ms in the node, 100 ms in the
 # simulator) plus a one-way latency, so a push on its way is not fetched twice.
 GRAFT_TIMEOUT_MS: Final = 250
-# Pushes in a row over one eager link that brought nothing new before it is pruned.
-# One (Plumtree's rule) suits one source; with several concurrent sources a link
-# first for one source is second for another, and pruning on every duplicate cut
-# nodes off the tree (every event then needed a graft). A link first for some
-# source now and then is kept; the simulator's figures are in docs/anti-entropy.md.
+# Pushes in a row over one of a source's last KEEP_EAGER eager links that brought
+# nothing new before it is pruned: with loss, another path is first now and then,
+# and pruning the last links at the first duplicate made the tree churn.
 PRUNE_AFTER_DUPLICATES: Final = 3
 # Eager links a node keeps before it waits for PRUNE_AFTER_DUPLICATES: above this
 # many, the first duplicate prunes (the tree forms within a few events, where
@@ -61,6 +70,9 @@ MAX_IHAVE_IDS: Final = 256  # ids in one IHave; a fuller batch is flushed before
 MAX_MISSING_IDS: Final = 16_384  # announced ids awaited per topic (the oldest are forgotten)
 MAX_ANNOUNCERS: Final = 4  # announcers remembered per awaited id (each asked in turn)
 MAX_HEARD_IDS: Final = 4_096  # ids a peer announced to us since our last flush to it
+# Sources (event authors) whose trees a topic keeps; the least recently active is
+# forgotten (its links start eager again, and prune back within a few events).
+MAX_SOURCES: Final = 256
 
 
 @dataclass
@@ -72,62 +84,96 @@ class _Awaited:
 
 
 @dataclass
+class _Links:
+    """One source's tree at this node: the links that are lazy for its events."""
+
+    lazy: set[PeerId] = field(default_factory=set)
+    useless: dict[PeerId, int] = field(default_factory=dict)  # duplicate pushes in a row
+
+
+@dataclass
 class TopicTree:
-    """One topic's lazy links, pending announcements and awaited ids (module docstring)."""
+    """One topic's trees (one per source), pending announcements and awaited ids."""
 
     graft_timeout_ms: int = GRAFT_TIMEOUT_MS
     prune_after: int = PRUNE_AFTER_DUPLICATES
-    lazy: set[PeerId] = field(default_factory=set)
-    _useless: dict[PeerId, int] = field(default_factory=dict)  # duplicate pushes in a row
+    _sources: OrderedDict[bytes, _Links] = field(default_factory=OrderedDict)
     _pending: dict[PeerId, list[bytes]] = field(default_factory=dict)
     _heard: dict[PeerId, set[bytes]] = field(default_factory=dict)
     _awaited: OrderedDict[bytes, _Awaited] = field(default_factory=OrderedDict)
 
     # ------------------------------------------------------------- links
 
-    def eager_of(self, peers: Iterable[PeerId]) -> list[PeerId]:
-        return [p for p in peers if p not in self.lazy]
+    def _links(self, source: bytes) -> _Links:
+        links = self._sources.get(source)
+        if links is None:
+            # A new source starts on the tree of the source last active here: any
+            # source's eager links span the overlay, so its first events reach every
+            # node without flooding every link; its own prunes and grafts refine it.
+            template = next(reversed(self._sources.values()), None)
+            links = self._sources[source] = _Links(
+                lazy=set(template.lazy) if template is not None else set())
+            while len(self._sources) > MAX_SOURCES:
+                self._sources.popitem(last=False)  # forgotten: its links start eager again
+        else:
+            self._sources.move_to_end(source)
+        return links
 
-    def lazy_of(self, peers: Iterable[PeerId]) -> list[PeerId]:
-        return [p for p in peers if p in self.lazy]
+    def eager_of(self, peers: Iterable[PeerId], source: bytes) -> list[PeerId]:
+        lazy = self._links(source).lazy
+        return [p for p in peers if p not in lazy]
 
-    def duplicate_from(self, peer: PeerId, eager: int = 0) -> bool:
-        """A push from `peer` brought nothing new; True if a `Prune` is to be sent now.
+    def lazy_of(self, peers: Iterable[PeerId], source: bytes) -> list[PeerId]:
+        lazy = self._links(source).lazy
+        return [p for p in peers if p in lazy]
 
-        Also for a link already lazy here: the peer still pushing means it missed
-        our prune (lost on the way), so it is told again.
+    def is_lazy(self, peer: PeerId, source: bytes) -> bool:
+        return peer in self._links(source).lazy
+
+    def duplicate_from(self, peer: PeerId, source: bytes, eager: int = 0) -> bool:
+        """A push of `source`'s events from `peer` brought nothing new; True: send a `Prune`.
+
+        `eager`: the links eager for `source` here. Above KEEP_EAGER the first
+        duplicate prunes; else PRUNE_AFTER_DUPLICATES in a row do. Also for a
+        link already lazy here: the peer still pushing means it missed our
+        prune (lost on the way), so it is told again.
         """
-        count = self._useless.get(peer, 0) + 1
+        links = self._links(source)
+        count = links.useless.get(peer, 0) + 1
         if count < self.prune_after and eager <= KEEP_EAGER:
-            self._useless[peer] = count
+            links.useless[peer] = count
             return False
-        self._useless.pop(peer, None)
-        self.prune(peer)
+        links.useless.pop(peer, None)
+        links.lazy.add(peer)
         return True
 
-    def fresh_from(self, peer: PeerId) -> bool:
-        """`peer` brought news first: its link stays (or becomes) eager; True if it was lazy."""
-        self._useless.pop(peer, None)
-        return self.graft(peer)
+    def fresh_from(self, peer: PeerId, source: bytes) -> bool:
+        """`peer` brought `source`'s news first: eager for it; True if it was lazy."""
+        links = self._links(source)
+        links.useless.pop(peer, None)
+        return self.graft(peer, source)
 
-    def prune(self, peer: PeerId) -> bool:
-        """Make the link to `peer` lazy; True if it was eager."""
-        if peer in self.lazy:
+    def prune(self, peer: PeerId, source: bytes) -> bool:
+        """Make the link to `peer` lazy for `source`; True if it was eager."""
+        links = self._links(source)
+        if peer in links.lazy:
             return False
-        self.lazy.add(peer)
+        links.lazy.add(peer)
         return True
 
-    def graft(self, peer: PeerId) -> bool:
-        """Make the link to `peer` eager; True if it was lazy."""
-        if peer not in self.lazy:
+    def graft(self, peer: PeerId, source: bytes) -> bool:
+        """Make the link to `peer` eager for `source`; True if it was lazy."""
+        links = self._sources.get(source)
+        if links is None or peer not in links.lazy:
             return False
-        self.lazy.discard(peer)
+        links.lazy.discard(peer)
         return True
 
     def forget_peer(self, peer: PeerId) -> None:
         """The link closed: a new one to the same peer starts eager."""
-        self.lazy.discard(peer)
-        self._useless.pop(peer, None)
+        for links in self._sources.values():
+            links.lazy.discard(peer)
+            links.useless.pop(peer, None)
         self._pending.pop(peer, None)
         self._heard.pop(peer, None)
         for awaited in self._awaited.values():

@@ -27,9 +27,10 @@ reason, `not_found`, whatever the cause, so a refusal reveals nothing) and
 `JoinSubmit` (my signed join).
 
 Three more carry the eager/lazy tree fast path (`transport.eager_lazy`):
-`IHave` (ids of new events, announced on a lazy link), `Graft` (make this
-link eager, and send me these announced ids) and `Prune` (make this link
-lazy: your push brought me nothing new).
+`IHave` (ids of new events, announced on a lazy link), `Graft` (send me
+these announced ids, and make this link eager for their authors) and
+`Prune` (make this link lazy for this author: your push brought me nothing
+new).
 
 Decoding is strict and bounded: the frame size is checked before parsing,
 msgpack is told the largest string/array/bin it may allocate, and every field
@@ -256,10 +257,10 @@ class Graft:
 
 @dataclass(frozen=True, slots=True)
 class Prune:
-    """Make this link lazy: your push brought me nothing new."""
+    """Make this link lazy for `source`'s events: your push of them brought me nothing new."""
 
     topic: bytes
-
+    source: bytes  # an author key
 
 Message = Union[Push, Offer, Reply, Want, Events, JoinAsk, JoinTemplate, JoinRefused, JoinSubmit,
                 IHave, Graft, Prune]
@@ -323,7 +324,9 @@ def encode(message: Message) -> bytes:
     elif isinstance(message, Graft):
         body = head + [TAG_GRAFT, message.topic, _check_ids(message.ids, MAX_WANT_IDS, "ids")]
     elif isinstance(message, Prune):
-        body = head + [TAG_PRUNE, message.topic]
+        if len(message.source) != ID_BYTES:
+            raise ValueError("a prune's source is a 32-byte key")
+        body = head + [TAG_PRUNE, message.topic, message.source]
     else:
         raise TypeError(f"not a message: {message!r}")
     frame = msgpack.packb(body, use_bin_type=True)
@@ -413,7 +416,7 @@ def _bloom(value: Any) -> BloomFilter:
 # Field count (after version and tag) of each message kind.
 _ARITY = {TAG_PUSH: 2, TAG_OFFER: 7, TAG_REPLY: 6, TAG_WANT: 2, TAG_EVENTS: 4,
           TAG_JOIN_ASK: 1, TAG_JOIN_TEMPLATE: 4, TAG_JOIN_REFUSED: 2, TAG_JOIN_SUBMIT: 2,
-          TAG_IHAVE: 2, TAG_GRAFT: 2, TAG_PRUNE: 1}
+          TAG_IHAVE: 2, TAG_GRAFT: 2, TAG_PRUNE: 2}
 _REFUSALS = {r.value: r for r in JoinRefusal}
 
 
@@ -460,7 +463,10 @@ def decode(data: bytes) -> Message:
     if tag == TAG_GRAFT:
         return Graft(topic, _ids(fields[1], MAX_WANT_IDS, "ids"))
     if tag == TAG_PRUNE:
-        return Prune(topic)
+        source = fields[1]
+        if not (isinstance(source, bytes) and len(source) == ID_BYTES):
+            raise _fail("bad_field", "source")
+        return Prune(topic, source)
     if tag >= TAG_JOIN_ASK:
         return _decode_join(tag, topic, fields)
     _, xid, more, events = fields

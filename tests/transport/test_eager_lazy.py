@@ -11,16 +11,20 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import msgpack
 import pytest
 
 from transport.dissemination_config import DisseminationConfig
 from transport.eager_lazy import (
     GRAFT_TIMEOUT_MS,
+    KEEP_EAGER,
     MAX_IHAVE_IDS,
+    MAX_SOURCES,
     PRUNE_AFTER_DUPLICATES,
     TopicTree,
 )
-from transport.messages import Graft, IHave, MessageError, Prune, decode, encode
+from transport.messages import (TAG_PRUNE, WIRE_VERSION, Graft, IHave, MessageError, Prune,
+                                decode, encode)
 from transport.sim import Cluster
 from transport.sim.cli import build_parser, scenario_from_args
 from transport.sim.fast_paths import compare
@@ -42,25 +46,52 @@ def never_held(_: bytes) -> bool:
 # ------------------------------------------------------------------ TopicTree
 
 
-def test_new_links_are_eager_and_a_link_is_pruned_after_duplicates_in_a_row():
+S = b"s" * 32  # a source (an author key)
+T = b"t" * 32
+
+
+def test_new_links_are_eager_and_the_last_ones_are_pruned_after_duplicates_in_a_row():
     tree = TopicTree()
-    assert tree.eager_of(["a", "b"]) == ["a", "b"] and tree.lazy_of(["a", "b"]) == []
+    assert tree.eager_of(["a", "b"], S) == ["a", "b"] and tree.lazy_of(["a", "b"], S) == []
     for _ in range(PRUNE_AFTER_DUPLICATES - 1):
-        assert not tree.duplicate_from("a")
-    assert tree.fresh_from("a") is False  # news first: the count starts again
+        assert not tree.duplicate_from("a", S, eager=KEEP_EAGER)
+    assert tree.fresh_from("a", S) is False  # news first: the count starts again
     for _ in range(PRUNE_AFTER_DUPLICATES - 1):
-        assert not tree.duplicate_from("a")
-    assert tree.duplicate_from("a")
-    assert tree.eager_of(["a", "b"]) == ["b"] and tree.lazy_of(["a", "b"]) == ["a"]
-    assert tree.fresh_from("a") is True  # a lazy link that brings news first is eager again
-    assert tree.eager_of(["a"]) == ["a"]
+        assert not tree.duplicate_from("a", S, eager=KEEP_EAGER)
+    assert tree.duplicate_from("a", S, eager=KEEP_EAGER)
+    assert tree.eager_of(["a", "b"], S) == ["b"] and tree.lazy_of(["a", "b"], S) == ["a"]
+    assert tree.fresh_from("a", S) is True  # a lazy link that brings news first is eager again
+    assert tree.eager_of(["a"], S) == ["a"]
+
+
+def test_above_keep_eager_links_the_first_duplicate_prunes():
+    tree = TopicTree()
+    assert tree.duplicate_from("a", S, eager=KEEP_EAGER + 1)
+    assert tree.is_lazy("a", S)
+
+
+def test_each_source_has_its_tree_and_a_new_one_starts_on_the_last_ones():
+    tree = TopicTree()
+    tree.prune("a", S)
+    assert tree.is_lazy("a", S)
+    assert tree.is_lazy("a", T)  # T is new here: it starts on S's tree
+    tree.graft("a", T)
+    assert not tree.is_lazy("a", T) and tree.is_lazy("a", S)  # ... and then is its own
+    assert tree.prune("b", T) and not tree.is_lazy("b", S)
+
+
+def test_the_trees_of_the_least_active_sources_are_forgotten():
+    tree = TopicTree()
+    for i in range(MAX_SOURCES + 1):
+        tree.prune("a", i.to_bytes(32, "big"))
+    assert len(tree._sources) == MAX_SOURCES
 
 
 def test_a_peer_still_pushing_over_a_lazy_link_is_told_again():
     """Its Prune was lost: after as many useless pushes it is sent another."""
     tree = TopicTree(prune_after=1)
-    assert tree.duplicate_from("a")
-    assert tree.duplicate_from("a")  # lazy here already, but the peer keeps pushing
+    assert tree.duplicate_from("a", S)
+    assert tree.duplicate_from("a", S)  # lazy here already, but the peer keeps pushing
 
 
 def test_announcements_wait_for_the_flush_unless_a_batch_is_full():
@@ -104,11 +135,11 @@ def test_ids_received_or_held_are_not_grafted():
 
 def test_a_closed_link_forgets_its_state_and_reopens_eager():
     tree = TopicTree(prune_after=1)
-    tree.duplicate_from("a")
+    tree.duplicate_from("a", S)
     tree.announce(["a"], ids("x"))
     tree.announced("a", ids("y"), 0, never_held)
     tree.forget_peer("a")
-    assert tree.eager_of(["a"]) == ["a"]
+    assert tree.eager_of(["a"], S) == ["a"]
     assert tree.flush() == []
     assert tree.due(GRAFT_TIMEOUT_MS, never_held) == {}
 
@@ -117,7 +148,7 @@ def test_a_closed_link_forgets_its_state_and_reopens_eager():
 
 
 @pytest.mark.parametrize("message", [IHave(TOPIC, tuple(ids("x", "y"))), Graft(TOPIC, ()),
-                                     Graft(TOPIC, tuple(ids("x"))), Prune(TOPIC)])
+                                     Graft(TOPIC, tuple(ids("x"))), Prune(TOPIC, S)])
 def test_tree_messages_round_trip(message):
     assert decode(encode(message)) == message
 
@@ -129,9 +160,18 @@ def test_a_malformed_ihave_is_a_message_error():
         decode(encode(IHave(TOPIC, ()))[:-1] + b"\x91\xc4\x01x")  # a 1-byte id
 
 
-def test_the_config_rejects_a_zero_timeout():
+def test_a_prune_names_a_32_byte_source():
+    with pytest.raises(ValueError):
+        encode(Prune(TOPIC, b"short"))
+    with pytest.raises(MessageError):
+        decode(msgpack.packb([WIRE_VERSION, TAG_PRUNE, TOPIC, b"short"], use_bin_type=True))
+
+
+def test_the_config_rejects_a_zero_timeout_and_a_negative_lazy_fanout():
     with pytest.raises(ValueError):
         DisseminationConfig(graft_timeout_ms=0)
+    with pytest.raises(ValueError):
+        DisseminationConfig(lazy_fanout=-1)
 
 
 # ------------------------------------------------------------------ seeded worlds
