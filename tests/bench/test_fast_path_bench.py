@@ -46,7 +46,6 @@ from tests.bench.test_cluster_bench import (
     WARMUP_S,
     LogTail,
     Observed,
-    open_topic,
     run_publishers,
     stats_of,
     summary_ms,
@@ -104,6 +103,21 @@ class SparseCluster(LocalCluster):
                 raise AssertionError(f"overlay not connected after {timeout_s} s: {lacking}")
             time.sleep(0.3)
 
+    def open_topic(self, name: str) -> str:
+        """Create a topic on node 0; the others join layer by layer from it (breadth first):
+        a join asks the connected peers, so each node joins once a neighbour holds it."""
+        topic = self.cli(0, "topic", "create", name)["topic"]
+        holders = {0}
+        while len(holders) < len(self.nodes):
+            layer = sorted({j for a, b in self.overlay for i, j in ((a, b), (b, a))
+                            if i in holders and j not in holders})
+            assert layer, "the overlay is not connected"
+            for j in layer:
+                self.cli(j, "topic", "join", topic)
+            self.wait_joined(topic, JOIN_TIMEOUT_S, layer)
+            holders.update(layer)
+        return topic
+
     def degrees(self) -> list[int]:
         return [len(self.status(i)["peers"]) for i in range(len(self.nodes))]
 
@@ -128,7 +142,7 @@ def wire_bytes_received(pids: set[int]) -> dict[str, int]:
 
 def measure(base_dir: Path, fast_path: str, mode: str) -> dict[str, Any]:
     with SparseCluster(base_dir, NODES, fast_path) as cluster:
-        topic = open_topic(cluster, f"fp-{fast_path}-{mode}")
+        topic = cluster.open_topic(f"fp-{fast_path}-{mode}")
         degrees = cluster.degrees()
         indices = list(range(NODES))
         node_ids = [n.node_id for n in cluster.nodes]
