@@ -14,9 +14,10 @@ bench waits until every node delivered every event (the bound of the
 dissemination bench). Figures:
 
 * wire_bytes_per_node_event: TCP payload bytes the daemons' sockets received
-  (`ss -ti` bytes_received, per connection: all libp2p framing, noise,
-  yamux, acks and anti-entropy included; gossipsub's own traffic too), from
-  just before publishing to the end of the drain, / nodes / events in the run;
+  (`ss -ti` bytes_received, per connection, sampled every WIRE_SAMPLE_S: all
+  libp2p framing, noise, yamux, acks and anti-entropy included; gossipsub's
+  own traffic too), from just before publishing to the end of the drain,
+  / nodes / events in the run;
   `wire_x_event` divides that by the mean encoded event size (the engines'
   `event_bytes_sent / events_sent`); the target is <= 1.5;
 * duplicates_per_node_event: the `duplicate` records / events / nodes;
@@ -34,6 +35,7 @@ import os
 import random
 import re
 import subprocess
+import threading
 import time
 from collections import Counter
 from pathlib import Path
@@ -63,6 +65,7 @@ MODES = [m for m in os.environ.get("MEGNODE_BENCH_PUBLISH_MODES", "single,batch"
 OVERLAY_SEED = 14
 MAX_PUBLISHERS = 5
 CONNECT_TIMEOUT_S = 60.0
+WIRE_SAMPLE_S = 0.5
 # The connection manager's marks for the sparse overlay (node.core.connection_manager).
 SPARSE_CONFIG = ("connections_low = 2\nconnections_high = 8\ndial_known_peers = false\n")
 _BYTES_RECEIVED = re.compile(r"bytes_received:(\d+)")
@@ -140,6 +143,34 @@ def wire_bytes_received(pids: set[int]) -> dict[str, int]:
     return sockets
 
 
+class WireMeter:
+    """Samples the daemons' sockets every WIRE_SAMPLE_S while it runs (a thread).
+
+    Connections may close and reopen during a run; a closed socket's count is
+    gone from `ss`, so each socket's last sample is kept: what a socket
+    received in its last WIRE_SAMPLE_S before closing is missed (an undercount,
+    reported as `sockets_seen`).
+    """
+
+    def __init__(self, pids: set[int]) -> None:
+        self.pids = pids
+        self.first = wire_bytes_received(pids)
+        self.last = dict(self.first)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(WIRE_SAMPLE_S):
+            self.last.update(wire_bytes_received(self.pids))
+
+    def stop(self) -> int:
+        self._stop.set()
+        self._thread.join()
+        self.last.update(wire_bytes_received(self.pids))
+        return sum(v - self.first.get(k, 0) for k, v in self.last.items())
+
+
 def measure(base_dir: Path, fast_path: str, mode: str) -> dict[str, Any]:
     with SparseCluster(base_dir, NODES, fast_path) as cluster:
         topic = cluster.open_topic(f"fp-{fast_path}-{mode}")
@@ -152,17 +183,16 @@ def measure(base_dir: Path, fast_path: str, mode: str) -> dict[str, Any]:
         for tail in tails:
             observed.add(tail.read_new())  # the join's records: not part of the window
         before = stats_of(cluster, indices)
-        wire_before = wire_bytes_received(pids)
+        meter = WireMeter(pids)
         publishers = min(NODES, MAX_PUBLISHERS)
         results = run_publishers(cluster, topic, publishers, WARMUP_S + SECONDS, mode=mode,
                                  rate_per_s=RATE_PER_S)
         all_ids = [i for r in results for _, i in r.ids]
         measured = [i for r in results for t, i in r.ids if t >= WARMUP_S]
         drain_s = wait_all_delivered(tails, observed, node_ids, all_ids, DRAIN_TIMEOUT_S)
-        wire_after = wire_bytes_received(pids)
+        wire = meter.stop()
         after = stats_of(cluster, indices)
         load = os.getloadavg()[0]
-    wire = sum(v - wire_before.get(k, 0) for k, v in wire_after.items())
     events = len(all_ids)
     event_size = (summed_delta(before, after, "event_bytes_sent")
                   / max(1, summed_delta(before, after, "events_sent")))
@@ -184,6 +214,7 @@ def measure(base_dir: Path, fast_path: str, mode: str) -> dict[str, Any]:
         "event_bytes": round(event_size, 1),
         "wire_bytes_per_node_event": round(wire / per, 1),
         "wire_x_event": round(wire / per / event_size, 3) if event_size else None,
+        "sockets_seen": len(meter.last),
         "engine_bytes_received_x_event": round(
             summed_delta(before, after, "bytes_received") / per / event_size, 3)
         if event_size else None,
