@@ -41,7 +41,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from deploy.cluster import LocalCluster
+from deploy.cluster import ClusterError, LocalCluster
 from tests.bench.test_cluster_bench import (
     JOIN_TIMEOUT_S,
     DRAIN_TIMEOUT_S,
@@ -59,7 +59,7 @@ NODES = int(os.environ.get("MEGNODE_BENCH_FP_NODES", "10"))
 DIALS = int(os.environ.get("MEGNODE_BENCH_FP_DIALS", "3"))
 SECONDS = float(os.environ.get("MEGNODE_BENCH_SECONDS", "30"))
 RATE_PER_S = float(os.environ.get("MEGNODE_BENCH_RATE", "200"))
-PATHS = [p for p in os.environ.get("MEGNODE_BENCH_FAST_PATHS", "push,gossipsub,tree").split(",")
+PATHS = [p for p in os.environ.get("MEGNODE_BENCH_FAST_PATHS", "tree,push,gossipsub").split(",")
          if p]
 MODES = [m for m in os.environ.get("MEGNODE_BENCH_PUBLISH_MODES", "single,batch").split(",") if m]
 OVERLAY_SEED = 14
@@ -232,18 +232,23 @@ def test_fast_paths_on_the_wire(tmp_path, record_figures):
     runs = []
     for mode in MODES:
         for path in PATHS:
-            figures = measure(tmp_path / f"{path}-{mode}", path, mode)
+            try:
+                figures = measure(tmp_path / f"{path}-{mode}", path, mode)
+            except (AssertionError, ClusterError) as failure:
+                # One fast path failing (gossipsub on a loaded machine: a publisher
+                # stuck past its slack) is a figure too; the others still run.
+                figures = {"fast_path": path, "publish_mode": mode, "error": str(failure)[:500]}
             print(figures, flush=True)
             runs.append(figures)
-            assert figures["delivery_ratio"] == 1.0
-            assert figures["publish_errors"] == 0
-    by = {(r["publish_mode"], r["fast_path"]): r for r in runs}
+    failed = [r for r in runs if "error" in r or r["delivery_ratio"] != 1.0
+              or r["publish_errors"]]
+    by = {(r["publish_mode"], r["fast_path"]): r for r in runs if "error" not in r}
     ratios: dict[str, Any] = {}
     for mode in MODES:
         base = by.get((mode, "push"))
         for path in PATHS:
-            run = by[(mode, path)]
-            if base and run["latency_ms"] and base["latency_ms"]:
+            run = by.get((mode, path))
+            if base and run and run["latency_ms"] and base["latency_ms"]:
                 ratios[f"{mode}/{path}"] = {
                     "wire_x_event": run["wire_x_event"],
                     "duplicates_per_node_event": run["duplicates_per_node_event"],
@@ -252,3 +257,4 @@ def test_fast_paths_on_the_wire(tmp_path, record_figures):
     record_figures("fast_paths", {"cpus": os.cpu_count(), "overlay_dials": DIALS,
                                   "join_timeout_s": JOIN_TIMEOUT_S, "runs": runs,
                                   "ratios": ratios, "wall_s": round(time.monotonic() - started, 1)})
+    assert not failed, failed
