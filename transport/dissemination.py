@@ -570,7 +570,12 @@ class Disseminator(Intake, AntiEntropy, JoinHandshake):
         """The fast path for events authored here: push them, and announce them if asked."""
         tree = self._trees.get(topic)
         if tree is not None:
-            out = self._tree_spread(tree, topic, raws, exclude=())
+            # The author is the root of its events' tree: it pushes them on all its
+            # links (GossipSub's flood publishing). Each neighbour then hears them
+            # first from here and prunes its other paths for this source, so the
+            # first hop costs no duplicates once the tree formed, and one hop less.
+            out = self._push_to(topic, raws,
+                                self._serving(self._replicas[topic], self._peers))
         else:
             out = self._push(topic, raws, exclude=(), fanout=self.config.push_fanout)
         out += self._tell_removed(self._replicas[topic], raws)
