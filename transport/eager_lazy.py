@@ -55,9 +55,12 @@ from typing import Final
 from transport.effects import PeerId
 
 # An announced id not received within this is fetched from its announcer (a graft).
-# Above one tick (the announcer's batching: 50 ms in the node, 100 ms in the
-# simulator) plus a one-way latency, so a push on its way is not fetched twice.
-GRAFT_TIMEOUT_MS: Final = 250
+# Far above one tick (the announcer's batching: 50 ms in the node, 100 ms in the
+# simulator) plus a one-way latency, so a push on its way is not fetched twice:
+# on a loaded machine a hop of the tree took hundreds of ms, and at 250 ms the
+# cluster bench grafted (then pruned) 0.2 links per event. GossipSub waits 3 s
+# for an IWANT's answer; anti-entropy (2 s) repairs what grafts do not.
+GRAFT_TIMEOUT_MS: Final = 1_000
 # Pushes in a row over one of a source's last KEEP_EAGER eager links that brought
 # nothing new before it is pruned: with loss, another path is first now and then,
 # and pruning the last links at the first duplicate made the tree churn.
