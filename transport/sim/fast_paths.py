@@ -18,7 +18,8 @@ world's loss is applied after sending); `bytes_received` counts what arrived.
 
 `python -m transport.sim.fast_paths --seed 1 --nodes 100 --loss 0.1 ...`
 takes the simulator's flags (transport.sim.cli) and prints one JSON object,
-keyed by fast path; `--out FILE` also writes it there.
+keyed by fast path; `--out FILE` also writes it there. `--phases K` measures
+the steady state instead (`phases`).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from transport.sim.scenario import Scenario
 from transport.sim.world import Cluster
 
 FAST_PATHS = ("push", "tree")
+SETTLE_MS = 1_000  # after a phase's last write round (phases)
 
 
 def figures(cluster: Cluster, convergence_ms: int | None) -> dict[str, Any]:
@@ -86,18 +88,51 @@ def compare(scenario: Scenario, paths: tuple[str, ...] = FAST_PATHS) -> dict[str
     return {path: run_path(scenario, path) for path in paths}
 
 
+PHASE_KEYS = ("bytes_received", "bytes_sent_push", "bytes_sent_ihave", "duplicates",
+              "received_gossip", "received_sync", "prunes_sent", "grafts_sent")
+
+
+def phases(scenario: Scenario, path: str, count: int) -> list[dict[str, Any]]:
+    """The steady state: `count` phases of `scenario.rounds` write rounds (and 1 s to settle)
+    in one authorized world, each phase's counters per node and per event.
+
+    A short run measures mostly the start, where every link is eager and every
+    node's join is a new source; the later phases show what the fast path costs
+    once formed. Loss stays on; no partition; anti-entropy on as always.
+    """
+    s = replace(scenario, push=path != "none", tree=path == "tree")
+    cluster = Cluster(s.seed, s.nodes, loss=s.loss, latency_ms=s.latency_ms,
+                      neighbours=s.neighbours, config=s.dissemination_config(log=False),
+                      authorization=s.authorization)
+    out = []
+    for _ in range(count):
+        before, events_before = dict(cluster.totals()), len(cluster.event_ids(0))
+        cluster.write(rounds=s.rounds, writers=s.writers, round_ms=s.round_ms)
+        cluster.run_until(cluster.fault_phase_end() + SETTLE_MS)
+        totals, events = cluster.totals(), len(cluster.event_ids(0)) - events_before
+        per = max(1, events * s.nodes)
+        out.append({"events": events} | {
+            key: round((totals.get(key, 0) - before.get(key, 0)) / per, 3) for key in PHASE_KEYS})
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser("python -m transport.sim.fast_paths")
     parser.add_argument("--paths", default=",".join(FAST_PATHS),
                         help="fast paths to compare, comma-separated (push, tree, none)")
     parser.add_argument("--out", default=None, help="also write the JSON here")
+    parser.add_argument("--phases", type=int, default=0,
+                        help="instead: this many phases of --rounds each in one world, "
+                             "counters per node and event per phase (the steady state)")
     ns = parser.parse_args(argv)
     scenario = scenario_from_args(ns)
     if scenario.fleet:
         print("fast_paths: the fleet world is not compared here", file=sys.stderr)
         return 2
     try:
-        result = compare(scenario, tuple(p for p in ns.paths.split(",") if p))
+        paths = tuple(p for p in ns.paths.split(",") if p)
+        result = ({path: phases(scenario, path, ns.phases) for path in paths} if ns.phases
+                  else compare(scenario, paths))
     except AssertionError as failure:
         print(failure, file=sys.stderr)
         return 1
