@@ -9,7 +9,7 @@ Example (deploy/examples/node.toml)::
 
     listen = ["/ip4/0.0.0.0/tcp/4001"]
     bootstrap = ["/ip4/192.0.2.10/tcp/4001/p2p/12D3KooW..."]
-    fast_path = "push"        # or "gossipsub", or "none" (anti-entropy only)
+    fast_path = "push"        # or "tree" (eager/lazy), "gossipsub", "none" (anti-entropy only)
     mdns = false
     anti_entropy_interval_ms = 2000
     ack_interval_ms = 250     # an indexer's empty acknowledgements, at most one per interval
@@ -56,7 +56,8 @@ DEFAULT_MAX_CONNECTIONS_PER_IP = 8
 class FastPath(StrEnum):
     """How new events travel first; anti-entropy repairs whatever it loses."""
 
-    PUSH = "push"  # our batched push over libp2p streams
+    PUSH = "push"  # our batched push over libp2p streams, to random peers
+    TREE = "tree"  # the same streams, eager along a tree and ids on the other links
     GOSSIPSUB = "gossipsub"  # libp2p GossipSub
     NONE = "none"  # anti-entropy only
 

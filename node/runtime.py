@@ -145,7 +145,8 @@ class Node:
         self.disseminator = Disseminator(
             self.node_id, rng,
             DisseminationConfig(
-                push=fast_path == FastPath.PUSH,
+                push=fast_path in (FastPath.PUSH, FastPath.TREE),
+                tree=fast_path == FastPath.TREE,  # transport.eager_lazy
                 # GossipSub carries every event authored here (`Announce` effects).
                 announce=fast_path == FastPath.GOSSIPSUB,
                 sync_interval_ms=config.anti_entropy_interval_ms,

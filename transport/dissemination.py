@@ -35,6 +35,12 @@ and the measurements):
    replicas; anti-entropy delivers the rest. Duplicates are recognised by id
    before the signature is checked, so they cost one hash (`_ingest` in
    `transport.intake`, the hot path every received event takes).
+   With `config.tree` the fast path is the eager/lazy tree instead
+   (`transport.eager_lazy`, Plumtree with one tree per author): an event new
+   here, whatever brought it, goes in full on the links eager for its author
+   and by id (`IHave`) on a few lazy ones; duplicates prune (`Prune`), ids
+   not received in time are fetched and their link grafted (`Graft`). About
+   one copy per node instead of ~`forward_fanout`.
 2. **Anti-entropy (the guarantee)** and 3. **the want backstop**: the
    exchanges live in `transport.anti_entropy` (a mixin of this class), the
    reconciliation they run in `transport.reconcile`. An exchange that moved
@@ -93,6 +99,7 @@ from node.replica.replica import Replica
 from node.state.types import TYPE_MEMBER, Membership, content_of, user_id
 from transport.anti_entropy import AntiEntropy
 from transport.depletion import DepletionMode, DepletionTimer
+from transport.eager_lazy import TopicTree
 from transport.dissemination_config import DisseminationConfig
 from transport.effects import Announce, Effect, Log, PeerId, Send
 from transport.join_handshake import JoinHandshake
@@ -102,13 +109,17 @@ from transport.peer_budget import AnswerBudget, RateBucket
 from transport.messages import (
     EVENT_FRAMING_BYTES,
     Events,
+    Graft,
+    IHave,
     JoinAsk,
     JoinRefused,
     JoinSubmit,
     JoinTemplate,
     Message,
+    MAX_WANT_IDS,
     MessageError,
     Offer,
+    Prune,
     Push,
     Reply,
     Want,
@@ -120,9 +131,9 @@ from transport.intake import Intake
 
 _STAT_KEYS = {kind: (f"messages_sent_{kind.__name__.lower()}", f"bytes_sent_{kind.__name__.lower()}")
               for kind in (Push, Offer, Reply, Want, Events, JoinAsk, JoinTemplate, JoinRefused,
-                           JoinSubmit)}
+                           JoinSubmit, IHave, Graft, Prune)}
 # Messages that carry a topic's events or event ids: the read filter applies to them.
-_GUARDED = frozenset({Push, Offer, Reply, Want, Events})
+_GUARDED = frozenset({Push, Offer, Reply, Want, Events, IHave, Graft})
 _CARRIES_EVENTS = frozenset({Push, Reply, Events})
 _REMOVALS = frozenset({Membership.BAN, Membership.LEAVE})  # set by another: a ban or a kick  # what history_access may thin out
 NOT_MEMBER = "not_member"  # the log reason of a message dropped by the read filter
@@ -177,6 +188,7 @@ class Disseminator(Intake, AntiEntropy, JoinHandshake):
         self._keys: dict[PeerId, bytes | None] = {}  # peer_key of each connected peer
         self._replicas: dict[bytes, Replica] = {}
         self._timers: dict[bytes, _TopicTimers] = {}
+        self._trees: dict[bytes, TopicTree] = {}  # the tree fast path's links (config.tree)
         self._peers: list[PeerId] = []  # sorted: random choices must not depend on hash order
         self._init_anti_entropy()
         self._init_join_handshake()
@@ -199,11 +211,15 @@ class Disseminator(Intake, AntiEntropy, JoinHandshake):
     def add_topic(self, replica: Replica) -> None:
         self._replicas[replica.topic_id] = replica
         self._timers[replica.topic_id] = _TopicTimers()
+        if self.config.push and self.config.tree:
+            self._trees[replica.topic_id] = TopicTree(self.config.graft_timeout_ms,
+                                                     self.config.prune_after)
 
     def remove_topic(self, topic: bytes) -> None:
         """Stop replicating `topic` here (the runtime's `leave`); unknown topics are ignored."""
         self._replicas.pop(topic, None)
         self._timers.pop(topic, None)
+        self._trees.pop(topic, None)
         self._forget_topic(topic)
         self._forget_join_topic(topic)
 
@@ -241,6 +257,8 @@ class Disseminator(Intake, AntiEntropy, JoinHandshake):
             return []
         self._peers.remove(peer)
         self._keys.pop(peer, None)
+        for tree in self._trees.values():
+            tree.forget_peer(peer)
         self._forget_peer(peer)
         self._forget_join_peer(peer)
         return self._clean([self._log("peer_down", now_ms, None, peer=peer)])
@@ -374,7 +392,10 @@ class Disseminator(Intake, AntiEntropy, JoinHandshake):
     def _on_push(self, peer: PeerId, replica: Replica, message: Push, now_ms: int) -> list[Effect]:
         out: list[Effect] = []
         fresh = self._ingest(peer, replica, message.events, GOSSIP, now_ms, out)
-        if fresh and self.config.forward_pushed:
+        tree = self._trees.get(replica.topic_id)
+        if tree is not None:
+            out += self._tree_received(tree, peer, replica, message, fresh)
+        elif fresh and self.config.forward_pushed:
             # Only events new here (each node relays an event at most once), never
             # to a peer sure to hold them (the sender, their author), to a bounded
             # number of others.
@@ -439,12 +460,6 @@ class Disseminator(Intake, AntiEntropy, JoinHandshake):
         if self._accountable:
             self._answers.trust(peer)
 
-    _HANDLERS = {Push: _on_push, Offer: AntiEntropy._on_offer, Reply: AntiEntropy._on_reply,
-                 Want: AntiEntropy._on_want, Events: AntiEntropy._on_events,
-                 JoinTemplate: JoinHandshake._on_join_template,
-                 JoinRefused: JoinHandshake._on_join_refused,
-                 JoinSubmit: JoinHandshake._on_join_submit}
-
     # ------------------------------------------------------------- read access
 
     def _key(self, peer: PeerId) -> bytes | None:
@@ -501,7 +516,9 @@ class Disseminator(Intake, AntiEntropy, JoinHandshake):
             timers.next_sync_ms = (now_ms + self.config.sync_interval_ms
                                    + rng.randint(-jitter, jitter))
             out += self._sync_random(topic, now_ms, rng, exclude=None)
-        elif news_from is not None and self.config.sync_on_news:
+        elif news_from is not None and self.config.sync_on_news and topic not in self._trees:
+            # (On the tree path the events a sync brought travel on along the tree,
+            # `_ingest`: one more exchange would only race it.)
             # Rumor mongering with feedback (Demers et al. 1987): an exchange that
             # moved events suggests other peers lack them too, so exchange with one
             # more peer now instead of at the next interval. Both sides do, so news
@@ -511,6 +528,9 @@ class Disseminator(Intake, AntiEntropy, JoinHandshake):
         if now_ms >= timers.next_want_ms:
             timers.next_want_ms = now_ms + self.config.want_retry_ms
             out += self._wants(topic, replica, rng)
+        tree = self._trees.get(topic)
+        if tree is not None:
+            out += self._tree_tick(tree, replica, now_ms)
         if self.config.log and now_ms >= timers.next_width_ms:
             timers.next_width_ms = now_ms + self.config.width_sample_ms
             out.append(self._log("width", now_ms, topic, width=replica.graph.width,
@@ -581,7 +601,16 @@ class Disseminator(Intake, AntiEntropy, JoinHandshake):
 
     def _spread_local(self, topic: bytes, raws: list[bytes]) -> list[Effect]:
         """The fast path for events authored here: push them, and announce them if asked."""
-        out = self._push(topic, raws, exclude=(), fanout=self.config.push_fanout)
+        tree = self._trees.get(topic)
+        if tree is not None:
+            # The author is the root of its events' tree: it pushes them on all its
+            # links (GossipSub's flood publishing). Each neighbour then hears them
+            # first from here and prunes its other paths for this source, so the
+            # first hop costs no duplicates once the tree formed, and one hop less.
+            out = self._push_to(topic, raws,
+                                self._serving(self._replicas[topic], self._peers))
+        else:
+            out = self._push(topic, raws, exclude=(), fanout=self.config.push_fanout)
         out += self._tell_removed(self._replicas[topic], raws)
         if self.config.announce and raws and not self._replicas[topic].is_private():
             out.append(Announce(topic, tuple(raws)))  # never for a private topic
@@ -595,7 +624,11 @@ class Disseminator(Intake, AntiEntropy, JoinHandshake):
                                    [p for p in self._peers if p not in exclude])
         if not candidates:
             return []
-        chosen = self._rng.sample(candidates, min(fanout, len(candidates)))
+        return self._push_to(topic, raws, self._rng.sample(candidates,
+                                                           min(fanout, len(candidates))))
+
+    def _push_to(self, topic: bytes, raws: list[bytes], chosen: Sequence[PeerId]) -> list[Effect]:
+        """Push `raws` to each of `chosen`, in messages within the per-message bounds."""
         # One encoding for every peer, unless what each may read differs (history).
         shared = not self._replicas[topic].limits_history()
         out: list[Effect] = []
@@ -610,6 +643,170 @@ class Disseminator(Intake, AntiEntropy, JoinHandshake):
                     data = sent.data if shared else None
                     out.append(sent)
         return out
+
+    # ------------------------------------------------------------- internals: the tree
+
+    def _ingest(self, peer: PeerId, replica: Replica, raws: Sequence[bytes], channel: str,
+                now_ms: int, out: list[Effect]) -> list[bytes]:
+        """`Intake._ingest`; on the tree path, events a sync brought go on along the tree.
+
+        Plumtree's tree carries every event new at a node, whatever brought it:
+        after a partition heals, one exchange across it repairs each side by push
+        instead of one exchange per node. (Pushed events are forwarded by `_on_push`.)
+        """
+        fresh = Intake._ingest(self, peer, replica, raws, channel, now_ms, out)
+        tree = self._trees.get(replica.topic_id)
+        if fresh and tree is not None and channel != GOSSIP:
+            tree.received(event_id_of(raw) for raw in fresh)
+            if self.config.forward_pushed:
+                self.stats["tree_forwarded_sync"] += len(fresh)
+                out += self._tree_spread(tree, replica.topic_id, fresh, exclude=(peer,))
+        return fresh
+
+    def _tree_spread(self, tree: TopicTree, topic: bytes, raws: list[bytes],
+                     exclude: Sequence[PeerId]) -> list[Effect]:
+        """Events new here: in full on the links eager for their authors, ids on the others."""
+        if not raws:
+            return []
+        replica = self._replicas[topic]
+        peers = self._serving(replica, [p for p in self._peers if p not in exclude])
+        full: dict[PeerId, list[bytes]] = {}
+        announce: dict[PeerId, list[bytes]] = {}
+        fanout = self.config.lazy_fanout
+        for raw in raws:
+            source = self._source(replica, raw)
+            lazy = [] if source is None else tree.lazy_of(peers, source)
+            for peer in peers:
+                if peer not in lazy:
+                    full.setdefault(peer, []).append(raw)
+            if len(lazy) > fanout:  # announcements repair the tree; a few per event suffice
+                lazy = self._rng.sample(lazy, fanout)
+            for peer in lazy:
+                announce.setdefault(peer, []).append(event_id_of(raw))
+        # Peers sent the same events share one encoding (one author's events: all of them).
+        groups: dict[tuple[bytes, ...], list[PeerId]] = {}
+        for peer, sent in full.items():
+            groups.setdefault(tuple(sent), []).append(peer)
+        out: list[Effect] = []
+        for sent, chosen in groups.items():
+            out += self._push_to(topic, list(sent), chosen)
+        for peer, ids in sorted(announce.items()):
+            out += self._ihaves(topic, tree.announce([peer], ids))
+        return out
+
+    @staticmethod
+    def _source(replica: Replica, raw: bytes) -> bytes | None:
+        """The author of a received event (the source whose tree carries it), if held here."""
+        event_id = event_id_of(raw)
+        event = replica.graph.get(event_id) or replica.graph.buffered_event(event_id)
+        return None if event is None else event.author
+
+    def _tree_received(self, tree: TopicTree, peer: PeerId, replica: Replica, message: Push,
+                       fresh: list[bytes]) -> list[Effect]:
+        """A push arrived: prune where it brought nothing new, forward the rest along the trees."""
+        topic = replica.topic_id
+        fresh_ids = {event_id_of(raw) for raw in fresh}
+        news: set[bytes] = set()
+        stale: set[bytes] = set()
+        for raw in message.events:
+            source = self._source(replica, raw)
+            if source is not None:
+                (news if event_id_of(raw) in fresh_ids else stale).add(source)
+        out: list[Effect] = []
+        for source in sorted(stale - news):
+            # A cycle in this source's tree: the copy came a longer way round. Both
+            # ends make the link lazy for it; ids still cross, so it can be grafted back.
+            self.stats["tree_duplicate_pushes"] += 1
+            if tree.duplicate_from(peer, source, len(tree.eager_of(self._peers, source))):
+                self.stats["prunes_sent"] += 1
+                sent = self._send(peer, Prune(topic, source))
+                if sent is not None:
+                    out.append(sent)
+        for source in sorted(news):
+            if tree.fresh_from(peer, source):
+                self.stats["grafted_by_push"] += 1  # a lazy link carried news first: eager again
+        if not fresh:
+            return out
+        tree.received(fresh_ids)
+        if not self.config.forward_pushed:
+            return out
+        return out + self._tree_spread(tree, topic, fresh,
+                                       exclude=self._holders(replica, peer, fresh))
+
+    def _tree_tick(self, tree: TopicTree, replica: Replica, now_ms: int) -> list[Effect]:
+        """Flush the announcements, and graft for the announced ids overdue here."""
+        topic = replica.topic_id
+        out = self._ihaves(topic, tree.flush())
+        graph = replica.graph
+        asks = tree.due(now_ms, lambda i: graph.has(i) or graph.is_buffered(i)
+                        or graph.rejected_reason(i) is not None)
+        for peer, ids in sorted(asks.items()):
+            if peer not in self._peers:
+                continue
+            # Eager again on our side once its answer brings news (`fresh_from`):
+            # the sources of ids we do not hold are not known yet.
+            self.stats["grafts_sent"] += 1
+            self.stats["graft_ids_sent"] += len(ids)
+            sent = self._send(peer, Graft(topic, tuple(ids[:MAX_WANT_IDS])))
+            if sent is not None:
+                out.append(sent)
+        return out
+
+    def _ihaves(self, topic: bytes, batches: list[tuple[PeerId, list[bytes]]]) -> list[Effect]:
+        out: list[Effect] = []
+        for peer, ids in batches:
+            if ids and peer in self._peers:
+                self.stats["ihave_ids_sent"] += len(ids)
+                sent = self._send(peer, IHave(topic, tuple(ids)))
+                if sent is not None:
+                    out.append(sent)
+        return out
+
+    def _on_ihave(self, peer: PeerId, replica: Replica, message: IHave,
+                  now_ms: int) -> list[Effect]:
+        tree = self._trees.get(replica.topic_id)
+        if tree is None:  # not on the tree path here: anti-entropy brings what we lack
+            return []
+        graph = replica.graph
+        tree.announced(peer, message.ids, now_ms,
+                       lambda i: graph.has(i) or graph.is_buffered(i)
+                       or graph.rejected_reason(i) is not None)
+        return []
+
+    def _on_graft(self, peer: PeerId, replica: Replica, message: Graft,
+                  now_ms: int) -> list[Effect]:
+        """Push the ids asked for (bounded as a want's answer); the link is eager for their authors."""
+        tree = self._trees.get(replica.topic_id)
+        graph = replica.graph
+        found = [e for e in (graph.get(i) for i in message.ids) if e is not None]
+        if not found:
+            return []
+        if tree is not None:
+            for source in sorted({e.author for e in found}):
+                if tree.graft(peer, source):
+                    self.stats["grafted"] += 1
+        raws = [e.raw for e in found]
+        raws, _ = self._take_raws(raws)
+        fitting, _ = self._within_budget(peer, replica, now_ms, raws, Push(replica.topic_id, ()))
+        if not fitting:
+            return []
+        self.stats["graft_events_served"] += len(fitting)
+        sent = self._spent(peer, self._send(peer, Push(replica.topic_id, tuple(fitting))), now_ms)
+        return [sent] if sent is not None else []
+
+    def _on_prune(self, peer: PeerId, replica: Replica, message: Prune,
+                  now_ms: int) -> list[Effect]:
+        tree = self._trees.get(replica.topic_id)
+        if tree is not None and tree.prune(peer, message.source):
+            self.stats["pruned"] += 1
+        return []
+
+    _HANDLERS = {Push: _on_push, Offer: AntiEntropy._on_offer, Reply: AntiEntropy._on_reply,
+                 Want: AntiEntropy._on_want, Events: AntiEntropy._on_events,
+                 IHave: _on_ihave, Graft: _on_graft, Prune: _on_prune,
+                 JoinTemplate: JoinHandshake._on_join_template,
+                 JoinRefused: JoinHandshake._on_join_refused,
+                 JoinSubmit: JoinHandshake._on_join_submit}
 
     # ------------------------------------------------------------- internals: output
 
@@ -648,6 +845,8 @@ class Disseminator(Intake, AntiEntropy, JoinHandshake):
         stats["bytes_sent"] += len(data)
         stats[bytes_key] += len(data)
         stats["event_bytes_sent"] += event_bytes(message)
+        if type(message) in _CARRIES_EVENTS:  # their mean encoded size: event_bytes / events
+            stats["events_sent"] += len(message.events)  # type: ignore[union-attr]
         return Send(peer, data)
 
     def _log(self, record_type: str, now_ms: int, topic: bytes | None, *,

@@ -5,7 +5,8 @@ start-up rather than as a stuck exchange. The defaults a deployed node shares
 with the simulator (sync interval, misbehaviour threshold) live in
 `transport.defaults`; the reconciliation's own knobs (depth window, Bloom
 filter) in `transport.reconcile`; the dummy backoff in `transport.depletion`.
-What is left here are the push fan-outs, the timers, the per-peer budgets
+What is left here are the fast path's shape (random push or the eager/lazy
+tree of `transport.eager_lazy`, whose timers live there), the push fan-outs, the timers, the per-peer budgets
 (defaults in `transport.peer_budget` and `transport.misbehaviour`) and the
 memory bounds of the engine (`transport.dissemination`).
 """
@@ -21,6 +22,7 @@ from transport.defaults import (
     MISBEHAVIOUR_THRESHOLD,
 )
 from transport.depletion import DEFAULT_DEPLETION_BACKOFF_MS, DepletionMode
+from transport.eager_lazy import GRAFT_TIMEOUT_MS, PRUNE_AFTER_DUPLICATES
 from transport.intake_budget import (PEER_BYTES_BURST, PEER_BYTES_PER_S, PEER_EVENTS_BURST,
                                      PEER_EVENTS_PER_S, WANTS_IN_FLIGHT_PER_PEER)
 from transport.misbehaviour import STRAY_ALLOWANCE_BURST, STRAY_ALLOWANCE_PER_S
@@ -53,6 +55,12 @@ DEFAULT_PUSH_FANOUT: Final = 6  # GossipSub's D: copies of each new event its au
 # event grow as n·(k-1) instead of n·(push_fanout-1). docs/anti-entropy.md
 # has the simulator's figures for 5..50 replicas.
 DEFAULT_FORWARD_FANOUT: Final = 3
+# Lazy links an event's id is announced on (transport.eager_lazy), at random among
+# them. Plumtree announces on all; each node has several lazy links, and each id
+# costs ~40 bytes on each: with a few per event a node missing a push still hears
+# of it from about that many neighbours (anti-entropy covers the rest), at a
+# fraction of the bytes. docs/anti-entropy.md has the figures.
+DEFAULT_LAZY_FANOUT: Final = 2
 DEFAULT_WANT_RETRY_MS: Final = 500  # > a few one-way latencies: gives push a chance first
 # An exchange with no answer for this long counts as lost and the peer may be
 # offered to again (a late answer's events are still used). Far above a
@@ -78,6 +86,12 @@ class DisseminationConfig:
     """Every knob of one engine; `__post_init__` rejects values the wire or the timers cannot honour."""
 
     push: bool = True
+    # With `push`: the eager/lazy tree (transport.eager_lazy) instead of random push:
+    # new events go in full along a tree of eager links, their ids on the lazy ones.
+    tree: bool = False
+    graft_timeout_ms: int = GRAFT_TIMEOUT_MS  # an announced id not received by then is fetched
+    prune_after: int = PRUNE_AFTER_DUPLICATES  # useless pushes in a row before a link goes lazy
+    lazy_fanout: int = DEFAULT_LAZY_FANOUT  # lazy links each new event's id is announced on
     announce: bool = False  # emit `Announce` for local events (an external fast path)
     push_fanout: int = DEFAULT_PUSH_FANOUT
     forward_pushed: bool = True  # relay events first received by push
@@ -131,6 +145,8 @@ class DisseminationConfig:
             raise ValueError("the depth window must start >= 1 and grow by >= 2")
         if self.sync_jitter_ms < 0 or self.sync_jitter_ms >= self.sync_interval_ms:
             raise ValueError("sync_jitter_ms must be in [0, sync_interval_ms)")
+        if self.graft_timeout_ms < 1 or self.prune_after < 1:
+            raise ValueError("graft_timeout_ms and prune_after must be >= 1")
         if self.depletion_backoff_ms < 1:
             raise ValueError("depletion_backoff_ms must be >= 1")
         if self.amplification_factor < 0 or self.answer_allowance_bytes < 0:
@@ -142,5 +158,5 @@ class DisseminationConfig:
             raise ValueError("wants_in_flight_per_peer must be >= 1")
         if self.offers_per_s <= 0 or self.offer_burst < 1:
             raise ValueError("offers_per_s must be > 0 and offer_burst >= 1")
-        if self.push_fanout < 0 or self.forward_fanout < 0:
-            raise ValueError("push_fanout and forward_fanout must be >= 0")
+        if self.push_fanout < 0 or self.forward_fanout < 0 or self.lazy_fanout < 0:
+            raise ValueError("push_fanout, forward_fanout and lazy_fanout must be >= 0")

@@ -4,7 +4,7 @@ Theory of operation
 -------------------
 Every message is one msgpack array, ``[WIRE_VERSION, type tag, topic, ...]``,
 so a frame names its protocol version, its kind and the topic it is about
-before anything else. Five kinds exist (see `transport.dissemination` and
+before anything else. Five kinds move events (see `transport.dissemination` and
 `transport.anti_entropy` for the protocol that uses them):
 
 * `Push`   — new events, eagerly sent to neighbours (the gossip fast path).
@@ -25,6 +25,12 @@ Four more carry the join handshake of a private topic
 sign your join on these parents, auth refs and seq), `JoinRefused` (one
 reason, `not_found`, whatever the cause, so a refusal reveals nothing) and
 `JoinSubmit` (my signed join).
+
+Three more carry the eager/lazy tree fast path (`transport.eager_lazy`):
+`IHave` (ids of new events, announced on a lazy link), `Graft` (send me
+these announced ids, and make this link eager for their authors) and
+`Prune` (make this link lazy for this author: your push brought me nothing
+new).
 
 Decoding is strict and bounded: the frame size is checked before parsing,
 msgpack is told the largest string/array/bin it may allocate, and every field
@@ -67,6 +73,9 @@ TAG_JOIN_ASK = 6
 TAG_JOIN_TEMPLATE = 7
 TAG_JOIN_REFUSED = 8
 TAG_JOIN_SUBMIT = 9
+TAG_IHAVE = 10
+TAG_GRAFT = 11
+TAG_PRUNE = 12
 
 # Limits. A peer can make us allocate or loop at most this much per message.
 MAX_FRAME_BYTES = 4 * 1024 * 1024  # one message; a libp2p frame or a sim packet
@@ -230,7 +239,31 @@ class JoinSubmit:
     raw: bytes
 
 
-Message = Union[Push, Offer, Reply, Want, Events, JoinAsk, JoinTemplate, JoinRefused, JoinSubmit]
+@dataclass(frozen=True, slots=True)
+class IHave:
+    """Ids of events new at the sender, announced on a lazy link (transport.eager_lazy)."""
+
+    topic: bytes
+    ids: tuple[bytes, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Graft:
+    """Make this link eager, and push me these announced ids (none: only the link)."""
+
+    topic: bytes
+    ids: tuple[bytes, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Prune:
+    """Make this link lazy for `source`'s events: your push of them brought me nothing new."""
+
+    topic: bytes
+    source: bytes  # an author key
+
+Message = Union[Push, Offer, Reply, Want, Events, JoinAsk, JoinTemplate, JoinRefused, JoinSubmit,
+                IHave, Graft, Prune]
 
 
 # --------------------------------------------------------------------------- encoding
@@ -286,6 +319,14 @@ def encode(message: Message) -> bytes:
         body = head + [TAG_JOIN_REFUSED, message.topic, str(JoinRefusal(message.reason))]
     elif isinstance(message, JoinSubmit):
         body = head + [TAG_JOIN_SUBMIT, message.topic, _check_events((message.raw,))[0]]
+    elif isinstance(message, IHave):
+        body = head + [TAG_IHAVE, message.topic, _check_ids(message.ids, MAX_WANT_IDS, "ids")]
+    elif isinstance(message, Graft):
+        body = head + [TAG_GRAFT, message.topic, _check_ids(message.ids, MAX_WANT_IDS, "ids")]
+    elif isinstance(message, Prune):
+        if len(message.source) != ID_BYTES:
+            raise ValueError("a prune's source is a 32-byte key")
+        body = head + [TAG_PRUNE, message.topic, message.source]
     else:
         raise TypeError(f"not a message: {message!r}")
     frame = msgpack.packb(body, use_bin_type=True)
@@ -374,7 +415,8 @@ def _bloom(value: Any) -> BloomFilter:
 
 # Field count (after version and tag) of each message kind.
 _ARITY = {TAG_PUSH: 2, TAG_OFFER: 7, TAG_REPLY: 6, TAG_WANT: 2, TAG_EVENTS: 4,
-          TAG_JOIN_ASK: 1, TAG_JOIN_TEMPLATE: 4, TAG_JOIN_REFUSED: 2, TAG_JOIN_SUBMIT: 2}
+          TAG_JOIN_ASK: 1, TAG_JOIN_TEMPLATE: 4, TAG_JOIN_REFUSED: 2, TAG_JOIN_SUBMIT: 2,
+          TAG_IHAVE: 2, TAG_GRAFT: 2, TAG_PRUNE: 2}
 _REFUSALS = {r.value: r for r in JoinRefusal}
 
 
@@ -416,6 +458,15 @@ def decode(data: bytes) -> Message:
                      _flag(truncated, "truncated"), _flag(more, "more"), _events(events))
     if tag == TAG_WANT:
         return Want(topic, _ids(fields[1], MAX_WANT_IDS, "wanted ids"))
+    if tag == TAG_IHAVE:
+        return IHave(topic, _ids(fields[1], MAX_WANT_IDS, "ids"))
+    if tag == TAG_GRAFT:
+        return Graft(topic, _ids(fields[1], MAX_WANT_IDS, "ids"))
+    if tag == TAG_PRUNE:
+        source = fields[1]
+        if not (isinstance(source, bytes) and len(source) == ID_BYTES):
+            raise _fail("bad_field", "source")
+        return Prune(topic, source)
     if tag >= TAG_JOIN_ASK:
         return _decode_join(tag, topic, fields)
     _, xid, more, events = fields

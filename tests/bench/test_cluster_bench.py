@@ -221,8 +221,12 @@ class Published:
 
 
 def publish_at_rate(socket_path: Path, topic: str, publisher: int, rate_per_s: float,
-                    duration_s: float, start: float, out: Published) -> None:
-    """Publish `rate_per_s` events/s for `duration_s` from `start` (monotonic), in ticks."""
+                    duration_s: float, start: float, out: Published,
+                    mode: str | None = None) -> None:
+    """Publish `rate_per_s` events/s for `duration_s` from `start` (monotonic), in ticks.
+
+    `mode`: single | batch (default PUBLISH_MODE)."""
+    mode = mode or PUBLISH_MODE
     sent = 0
     while True:
         elapsed = time.monotonic() - start
@@ -233,7 +237,7 @@ def publish_at_rate(socket_path: Path, topic: str, publisher: int, rate_per_s: f
             payloads = [f"bench p{publisher} n{sent + k} ".ljust(PAYLOAD_BYTES, "x")
                         for k in range(due)]
             try:
-                if PUBLISH_MODE == "batch":
+                if mode == "batch":
                     reply = control_call(socket_path, {"op": "publish_batch", "topic": topic,
                                                        "payloads": payloads}, CONTROL_TIMEOUT_S)
                     out.ids += [(elapsed, i) for i in reply["ids"]]
@@ -249,13 +253,15 @@ def publish_at_rate(socket_path: Path, topic: str, publisher: int, rate_per_s: f
 
 
 def run_publishers(cluster: LocalCluster, topic: str, publishers: int,
-                   duration_s: float) -> list[Published]:
+                   duration_s: float, mode: str | None = None,
+                   rate_per_s: float | None = None) -> list[Published]:
     start = time.monotonic()
     results = [Published() for _ in range(publishers)]
     threads = [threading.Thread(
         target=publish_at_rate,
-        args=(cluster.nodes[p].data_dir / CONTROL_SOCKET, topic, p, RATE_PER_S / publishers,
-              duration_s, start, results[p]), daemon=True) for p in range(publishers)]
+        args=(cluster.nodes[p].data_dir / CONTROL_SOCKET, topic, p,
+              (rate_per_s or RATE_PER_S) / publishers, duration_s, start, results[p], mode),
+        daemon=True) for p in range(publishers)]
     for thread in threads:
         thread.start()
     for thread in threads:

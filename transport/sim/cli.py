@@ -53,6 +53,9 @@ def build_parser(prog: str = PROGRAM) -> argparse.ArgumentParser:
     p.add_argument("--liveness-bound", type=int, default=d.liveness_bound_ms,
                    help="virtual ms after healing within which every node must hold everything")
     p.add_argument("--no-push", action="store_true", help="no push fast path: anti-entropy only")
+    p.add_argument("--fast-path", choices=("push", "tree", "none"), default="push",
+                   help="how new events travel first: random push, the eager/lazy tree "
+                        "(transport.eager_lazy), or none (anti-entropy only; as --no-push)")
     p.add_argument("--no-peer-state", action="store_true",
                    help="no per-peer state in anti-entropy")
     p.add_argument("--no-depletion", action="store_true", help="no depletion dummies")
@@ -107,7 +110,9 @@ def scenario_from_args(ns: argparse.Namespace) -> Scenario:
         seed=ns.seed, nodes=ns.nodes, loss=ns.loss, duplicate=ns.duplicate, reorder=ns.reorder,
         latency_ms=(ns.latency[0], ns.latency[1]), neighbours=ns.neighbours, rounds=ns.rounds,
         writers=ns.writers, round_ms=ns.round_ms, partition_at_ms=ns.partition_at,
-        heal_at_ms=ns.heal_at, groups=ns.groups, push=not ns.no_push, fanout=ns.fanout,
+        heal_at_ms=ns.heal_at, groups=ns.groups,
+        push=not ns.no_push and ns.fast_path != "none", tree=ns.fast_path == "tree",
+        fanout=ns.fanout,
         forward_fanout=ns.forward_fanout,
         sync_interval_ms=ns.sync_interval, peer_state=not ns.no_peer_state, d_max=ns.d_max,
         depletion=not ns.no_depletion, depletion_mode=ns.depletion_mode,

@@ -42,6 +42,7 @@ class Scenario:
     heal_at_ms: int | None = None
     groups: int = 2  # a partition splits the nodes into this many groups (round robin)
     push: bool = True
+    tree: bool = False  # with push: the eager/lazy tree (transport.eager_lazy), not random push
     fanout: int = DEFAULT_PUSH_FANOUT
     forward_fanout: int = DEFAULT_FORWARD_FANOUT
     sync_interval_ms: int = DEFAULT_SYNC_INTERVAL_MS
@@ -95,6 +96,8 @@ class Scenario:
                 "--sync-interval", str(self.sync_interval_ms), "--d-max", str(self.d_max),
                 "--liveness-bound", str(self.liveness_bound_ms),
                 "--indexers", str(self.indexers), "--crashes", str(self.crashes)]
+        if self.push and self.tree:
+            args += ["--fast-path", "tree"]
         if self.outsiders:
             args += ["--outsiders", str(self.outsiders)]
         if self.depletion_mode != DepletionMode.COORDINATED.value:
@@ -123,7 +126,7 @@ class Scenario:
         return PROGRAM + " " + " ".join(self.argv())
 
     def dissemination_config(self, log: bool) -> DisseminationConfig:
-        return DisseminationConfig(push=self.push, push_fanout=self.fanout,
+        return DisseminationConfig(push=self.push, tree=self.tree, push_fanout=self.fanout,
                                    forward_fanout=self.forward_fanout,
                                    sync_interval_ms=self.sync_interval_ms,
                                    sync_jitter_ms=self.sync_interval_ms // 4,
