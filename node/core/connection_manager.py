@@ -9,6 +9,8 @@ of which to keep. The rules (the runtime, node.fleet, carries them out):
   IP address (issue 16: a flood of connections costs the flooder, not the
   node). Loopback is exempt from the per-IP bound (a local cluster, tests);
   the node-wide bound holds for it too.
+  A connection refused at the node-wide limit first answers one peer-exchange
+  request (`lingers`), so a joiner a full bootstrap refuses learns the fleet.
 * Above the high water mark the manager trims down to the low water mark,
   closing first peers that share no topic with us, then the most recently
   connected; a peer connected less than GRACE_MS ago is spared (it has not
@@ -33,6 +35,10 @@ HIGH_WATER = 48  # above this many, trim down to LOW_WATER
 MAX_CONNECTIONS = 128  # node-wide: a connection past this is closed at once
 MAX_CONNECTIONS_PER_IP = 8  # from one IP address (loopback exempt)
 GRACE_MS = 30_000  # a new connection is not trimmed for this long
+# A connection refused at the node-wide limit stays open this long to answer one
+# peer-exchange request before it is closed (see `lingers`); the asker asks 0.5 s after up.
+REFUSED_LINGER_MS = 2_000
+MAX_LINGERING = 16  # at most this many refused connections linger at once
 
 
 class Refusal(str, Enum):
@@ -80,6 +86,18 @@ def admit(new: Connection, others: list[Connection], limits: Limits) -> Refusal 
         if same >= limits.max_per_ip:
             return Refusal.IP_LIMIT
     return None
+
+
+def lingers(refusal: Refusal, lingering: int) -> bool:
+    """Whether a refused connection first answers the peer's peer-exchange request
+    (for at most REFUSED_LINGER_MS), as gossipsub's PRUNE carries peer exchange.
+
+    A node at its node-wide limit is typically a bootstrap the whole fleet knows of;
+    a joiner it refuses knows nobody else, and would be lost with it. Only that
+    refusal lingers: one past the per-IP limit (a flood from one address) is closed at
+    once, and at most MAX_LINGERING linger at a time (`lingering`: how many do now).
+    """
+    return refusal is Refusal.NODE_LIMIT and lingering < MAX_LINGERING
 
 
 def to_trim(connections: list[Connection], now_ms: int, limits: Limits) -> list[str]:
