@@ -43,18 +43,20 @@ def test_node_wide_and_per_ip_limits() -> None:
     assert admit(Connection("u", None, 0), conns(2), limits) is None  # unknown IP: node-wide only
 
 
-def test_above_the_high_water_mark_the_least_wanted_go_down_to_the_low_one() -> None:
-    limits = Limits(low_water=2, high_water=4, max_connections=10, max_per_ip=10)
+def test_above_the_high_water_mark_the_least_wanted_go_down_to_the_trim_point() -> None:
+    limits = Limits(low_water=2, high_water=6, max_connections=10, max_per_ip=10)
+    assert limits.trim_to == 4  # half way between the marks (TRIM_POINT)
     now = 10 * GRACE_MS
     sharing = [Connection(f"s{i}", None, i, True) for i in range(2)]
-    strangers = [Connection(f"x{i}", None, 100 + i) for i in range(3)]
-    assert to_trim(sharing + strangers[:2], now, limits) == []  # at the high water mark
+    strangers = [Connection(f"x{i}", None, 100 + i) for i in range(5)]
+    assert to_trim(sharing + strangers[:4], now, limits) == []  # at the high water mark
     trimmed = to_trim(sharing + strangers, now, limits)
-    assert sorted(trimmed) == ["x0", "x1", "x2"]  # topic peers stay
+    assert sorted(trimmed) == ["x2", "x3", "x4"]  # down to 4, newest first; topic peers stay
     fresh = [Connection("new", None, now - 1)]
     assert "new" not in to_trim(sharing + strangers + fresh, now, limits)  # grace period
-    assert wants_more(3, limits) and not wants_more(4, limits)
+    assert wants_more(3, limits) and not wants_more(4, limits)  # discovery: below the point
     assert needs_more(1, limits) and not needs_more(2, limits)
+    assert Limits(low_water=16, high_water=48).trim_to == 32
 
 
 async def test_a_connection_past_the_node_limit_is_closed(tmp_path) -> None:
