@@ -277,12 +277,16 @@ class ConnectionKeeper:
         refusal = admit(Connection(peer_id, ip, now_ms()), others, self.limits)
         if refusal is not None:
             self._stats["connections_refused"] += 1
-            logger.info("closing the connection of %s from %s: %s", peer_id, ip, refusal.value)
             if peer_id not in self._lingering and lingers(refusal, len(self._lingering)):
+                logger.info("closing the connection of %s from %s in %d s: %s (it may ask "
+                            "for peers first)", peer_id, ip, REFUSED_LINGER_MS // 1_000,
+                            refusal.value)
                 self._lingering.add(peer_id)
                 self._dropped.add(peer_id)  # not redialled when it goes down
                 self._nursery.start_soon(self._linger_then_close, peer_id)
             elif peer_id not in self._lingering:
+                logger.info("closing the connection of %s from %s: %s", peer_id, ip,
+                            refusal.value)
                 self._close(peer_id)
             return False
         self._dropped.discard(peer_id)
