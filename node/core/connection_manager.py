@@ -42,7 +42,7 @@ GRACE_MS = 30_000  # a new connection is not trimmed for this long
 TRIM_POINT = 0.5
 # A connection refused at the node-wide limit stays open this long to answer one
 # peer-exchange request before it is closed (see `lingers`); the asker asks 0.5 s after up.
-REFUSED_LINGER_MS = 2_000
+REFUSED_LINGER_MS = 5_000  # (2 s was too short for a loaded 2-core machine)
 MAX_LINGERING = 16  # at most this many refused connections linger at once
 
 
