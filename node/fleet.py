@@ -22,8 +22,8 @@ from collections.abc import Callable, Iterable
 import trio
 
 from node.committer import CommitError, Committer, Records
-from node.core.connection_manager import (Connection, Limits, admit, needs_more, to_trim,
-                                          wants_more)
+from node.core.connection_manager import (REFUSED_LINGER_MS, Connection, Limits, admit,
+                                          lingers, needs_more, to_trim, wants_more)
 from node.core.peer_book import FAILURES_BEFORE_STALE, PeerBook
 from node.core.peer_policy import PeerPolicy
 from node.core.peer_exchange import (MAX_PX_TOPICS, PROTOCOL_PX, decode_answer,
@@ -249,6 +249,9 @@ class ConnectionKeeper:
         self._stats = stats
         self._since: dict[str, tuple[int, str | None]] = {}  # peer -> (up at, its IP)
         self._closing: set[str] = set()
+        # Refused at the node-wide limit, left open to answer the peer's peer-exchange
+        # request first (connection_manager.lingers); not counted as connections.
+        self._lingering: set[str] = set()
         # Peers this manager disconnected (refused or trimmed): not redialled when they
         # go down. Emptied as each goes down.
         self._dropped: set[str] = set()
@@ -274,8 +277,17 @@ class ConnectionKeeper:
         refusal = admit(Connection(peer_id, ip, now_ms()), others, self.limits)
         if refusal is not None:
             self._stats["connections_refused"] += 1
-            logger.info("closing the connection of %s from %s: %s", peer_id, ip, refusal.value)
-            self._close(peer_id)
+            if peer_id not in self._lingering and lingers(refusal, len(self._lingering)):
+                logger.info("closing the connection of %s from %s in %d s: %s (it may ask "
+                            "for peers first)", peer_id, ip, REFUSED_LINGER_MS // 1_000,
+                            refusal.value)
+                self._lingering.add(peer_id)
+                self._dropped.add(peer_id)  # not redialled when it goes down
+                self._nursery.start_soon(self._linger_then_close, peer_id)
+            elif peer_id not in self._lingering:
+                logger.info("closing the connection of %s from %s: %s", peer_id, ip,
+                            refusal.value)
+                self._close(peer_id)
             return False
         self._dropped.discard(peer_id)
         self._since[peer_id] = (now_ms(), ip)
@@ -293,11 +305,24 @@ class ConnectionKeeper:
         ours = self._our_topics()
         out = []
         for peer in self._host.peers():
+            if peer in self._lingering:
+                continue
             since, ip = self._since.get(peer, (now_ms(), None))
             entry = self._book.get(peer)
             shares = entry is not None and any(t in ours for t in entry.topics)
             out.append(Connection(peer, ip, since, shares))
         return out
+
+    async def _linger_then_close(self, peer_id: str) -> None:
+        """Leave a refused connection open for REFUSED_LINGER_MS (the peer asks for peers
+        half a second after it comes up, and is answered), then close it."""
+        try:
+            await trio.sleep(REFUSED_LINGER_MS / 1_000)
+        finally:
+            self._lingering.discard(peer_id)
+        if peer_id in self._host.peers():
+            self._close(peer_id)
+        # (gone meanwhile: peer_down has already forgotten it)
 
     def _close(self, peer_id: str) -> None:
         self._dropped.add(peer_id)

@@ -43,18 +43,20 @@ def test_node_wide_and_per_ip_limits() -> None:
     assert admit(Connection("u", None, 0), conns(2), limits) is None  # unknown IP: node-wide only
 
 
-def test_above_the_high_water_mark_the_least_wanted_go_down_to_the_low_one() -> None:
-    limits = Limits(low_water=2, high_water=4, max_connections=10, max_per_ip=10)
+def test_above_the_high_water_mark_the_least_wanted_go_down_to_the_trim_point() -> None:
+    limits = Limits(low_water=2, high_water=6, max_connections=10, max_per_ip=10)
+    assert limits.trim_to == 4  # half way between the marks (TRIM_POINT)
     now = 10 * GRACE_MS
     sharing = [Connection(f"s{i}", None, i, True) for i in range(2)]
-    strangers = [Connection(f"x{i}", None, 100 + i) for i in range(3)]
-    assert to_trim(sharing + strangers[:2], now, limits) == []  # at the high water mark
+    strangers = [Connection(f"x{i}", None, 100 + i) for i in range(5)]
+    assert to_trim(sharing + strangers[:4], now, limits) == []  # at the high water mark
     trimmed = to_trim(sharing + strangers, now, limits)
-    assert sorted(trimmed) == ["x0", "x1", "x2"]  # topic peers stay
+    assert sorted(trimmed) == ["x2", "x3", "x4"]  # down to 4, newest first; topic peers stay
     fresh = [Connection("new", None, now - 1)]
     assert "new" not in to_trim(sharing + strangers + fresh, now, limits)  # grace period
-    assert wants_more(3, limits) and not wants_more(4, limits)
+    assert wants_more(3, limits) and not wants_more(4, limits)  # discovery: below the point
     assert needs_more(1, limits) and not needs_more(2, limits)
+    assert Limits(low_water=16, high_water=48).trim_to == 32
 
 
 async def test_a_connection_past_the_node_limit_is_closed(tmp_path) -> None:
@@ -76,3 +78,42 @@ async def test_a_connection_past_the_node_limit_is_closed(tmp_path) -> None:
         assert a.host.peer_id in hub.host.peers()
         assert hub.status()["connections"]["max"] == 1
         assert b.node_id not in hub.peer_policy.redialling()  # refused: never redialled
+
+
+def test_only_a_refusal_at_the_node_limit_lingers_and_only_so_many() -> None:
+    assert cm.lingers(Refusal.NODE_LIMIT, 0)
+    assert not cm.lingers(Refusal.NODE_LIMIT, cm.MAX_LINGERING)
+    assert not cm.lingers(Refusal.IP_LIMIT, 0)  # a flood from one address: closed at once
+
+
+async def test_a_joiner_a_full_node_refuses_hears_of_its_peers_first(tmp_path) -> None:
+    """The hub holds its one allowed connection (a); b, restarted knowing only the hub,
+    is refused but still gets the hub's peer-exchange answer before the close, and
+    connects to a: a node that only ever reached a full bootstrap is not lost with it."""
+    limited = NodeConfig().with_overrides(connections_low=0, connections_high=1,
+                                          max_connections=1)
+    async with Node.open(tmp_path / "hub", config=limited, seed=1) as hub:
+        topic = await hub.create_topic("fleet")
+        async with Node.open(tmp_path / "b", seed=3) as b:  # b gets the topic, then stops
+            await b.connect(hub.addresses[0])
+            await b.join(topic.topic_id)
+            await b._book_keeper.flush()  # the hub's entry, for the restart
+        with trio.fail_after(WAIT_S):
+            while hub.host.peers():
+                await trio.sleep(POLL_S)
+        async with Node.open(tmp_path / "a", seed=2) as a:
+            await a.connect(hub.addresses[0])
+            await a.join(topic.topic_id)
+            with trio.fail_after(WAIT_S):  # a asked the hub: the hub knows a serves the topic
+                while (entry := hub.peer_book.get(a.host.peer_id)) is None or not entry.topics:
+                    await trio.sleep(POLL_S)
+            # b restarts; its book holds the hub alone, which is full
+            async with Node.open(tmp_path / "b", seed=3) as b:
+                with trio.fail_after(WAIT_S):
+                    while a.host.peer_id not in b.host.peers():
+                        await trio.sleep(POLL_S)
+                with trio.fail_after(WAIT_S):  # the hub closed b's connection after answering
+                    while b.host.peer_id in hub.host.peers():
+                        await trio.sleep(POLL_S)
+                assert hub.stats["connections_refused"] >= 1
+                assert a.host.peer_id in hub.host.peers()

@@ -50,3 +50,31 @@ async def test_connect_to_a_closed_port_fails_with_a_reason(tmp_path) -> None:
             assert "connect" in str(exc)
         else:
             raise AssertionError("connected to a closed port")
+
+
+async def test_two_peers_restarted_together_on_new_ports_find_each_other(tmp_path) -> None:
+    """b and c, connected to each other and to a, restart at once on new ports with their
+    peer books: each knows the other only at its old address, and learns the new one
+    from a by peer exchange. It used to fail twice over: a skipped identify for a peer
+    it had identified before (so it knew them at their old addresses), and a dial of
+    the new address dialled the old one the peerstore still held."""
+    async with Node.open(tmp_path / "a", seed=1) as a:
+        topic = await a.create_topic("fleet")
+        async with Node.open(tmp_path / "b", seed=2) as b, \
+                Node.open(tmp_path / "c", seed=3) as c:
+            await b.connect(a.addresses[0])
+            await c.connect(a.addresses[0])
+            await b.join(topic.topic_id)
+            await c.join(topic.topic_id)
+            with trio.fail_after(WAIT_S):  # peer exchange joined b and c
+                while c.host.peer_id not in b.host.peers():
+                    await trio.sleep(POLL_S)
+            b_id, c_id, old = b.host.peer_id, c.host.peer_id, set(b.addresses + c.addresses)
+            await b._book_keeper.flush()
+            await c._book_keeper.flush()
+        async with Node.open(tmp_path / "b", seed=2) as b, \
+                Node.open(tmp_path / "c", seed=3) as c:  # any free port: new ones
+            assert not old & set(b.addresses + c.addresses)
+            with trio.fail_after(WAIT_S):
+                while c_id not in b.host.peers() or b_id not in c.host.peers():
+                    await trio.sleep(POLL_S)

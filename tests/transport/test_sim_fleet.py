@@ -99,3 +99,23 @@ def test_the_fleet_world_runs_the_runtimes_timers() -> None:
                               (sim.KEEP_INTERVAL_MS, runtime.KEEP_INTERVAL_S),
                               (sim.FILL_REDIAL_MS, runtime.FILL_REDIAL_S)):
         assert sim_ms == runtime_s * 1_000
+
+
+# A bootstrap full from the start (its node-wide limit is a third of the fleet) that dies
+# while joiners it refused still know nobody else (issue 12).
+FULL_BOOTSTRAP = replace(SMALL_FLEET, seed=3, nodes=30, churn=0.0, fleet_ms=50_000,
+                         rounds=4, kill_bootstrap_at_ms=12_000, low_water=4, high_water=8)
+
+
+def test_a_joiner_refused_by_a_full_bootstrap_is_not_lost_with_it() -> None:
+    """A node that only ever reached a full bootstrap learns the fleet from it before the
+    close (the refused connection answers one peer-exchange request), so the bootstrap's
+    death at 12 s leaves no node isolated. Without that, this seed left 8+ nodes that
+    never got a connection."""
+    cluster = FleetCluster.from_scenario(FULL_BOOTSTRAP)
+    cluster.limits = replace(cluster.limits, max_connections=10)
+    summary = cluster.run()
+    assert summary.converged
+    assert cluster.overlay.counts["refused"] > 0  # node 0 was full and refused joiners
+    assert cluster.overlay.counts["px_refused"] > 0  # ... and told them of the fleet
+    assert not cluster.overlay.never_joined and not cluster.overlay.split_samples

@@ -17,7 +17,8 @@ out on the simulated network):
   `select`; news resets a running redial (`PeerPolicy.reset`) and is dialled
   while the connection manager `wants_more`;
 * the connection manager (node.core.connection_manager): `admit` as each
-  connection comes up, and every KEEP_INTERVAL_MS `to_trim` above the high
+  connection comes up (one refused at the node-wide limit first answers the
+  refused side's peer-exchange request: `lingers`), and every KEEP_INTERVAL_MS `to_trim` above the high
   water mark and, below the low one, dials from the book (an entry at most
   once per FILL_REDIAL_MS);
 * the peer policy's redial backoff (node.core.peer_policy): a connection that
@@ -59,8 +60,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from node.core.connection_manager import (GRACE_MS, Connection, Limits, admit, needs_more,
-                                          to_trim, wants_more)
+from node.core.connection_manager import (GRACE_MS, Connection, Limits, Refusal, admit,
+                                          lingers, needs_more, to_trim, wants_more)
 from node.core.peer_book import FAILURES_BEFORE_STALE, PeerBook
 from node.core.peer_exchange import (decode_answer, decode_request, encode_answer,
                                      encode_request, select)
@@ -87,6 +88,7 @@ SETTLE_MS = JOIN_SPREAD_MS + GRACE_MS + KEEP_INTERVAL_MS  # the overlay is check
 SAMPLE_MS = 1_000  # how often the overlay is sampled
 CHURN_WINDOW_MS = 60_000  # `churn` is a fraction of the nodes per this much virtual time
 BASE_PORT = 4001
+REFUSED_ASK_MS = 1_000  # a node asks a refusal at most this often (the dial budget: 60/min)
 OBSERVE_EVERY_MS = 1_000  # the order watch looks at a node at most this often
 AGED_MS = GRACE_MS + KEEP_INTERVAL_MS  # a connection this old has faced a trim round
 
@@ -107,6 +109,8 @@ class FleetState:
     dropped: set[int] = field(default_factory=set)  # closed by this side: not redialled
     filled: dict[str, int] = field(default_factory=dict)  # peer id -> last fill dial
     px_soon: dict[int, int] = field(default_factory=dict)  # peer index -> first ask due
+    refused_by: list[int] = field(default_factory=list)  # lingering refusals to ask
+    next_refused_ask_ms: int = 0
     px_interval_ms: int = PX_INTERVAL_MIN_MS
     next_px_ms: int = 0
     next_keep_ms: int = 0
@@ -132,7 +136,7 @@ class Overlay:
     never_joined: list[int] = field(default_factory=list)  # live nodes, at the check
     counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(
         ("refused", "trimmed", "restarts", "moved", "px_asked", "px_heard", "px_dialled",
-         "fill_dials", "dials_failed"), 0))
+         "fill_dials", "dials_failed", "px_refused"), 0))
 
 
 class LiveView:
@@ -330,6 +334,18 @@ class FleetCluster(Cluster):
             return
         if st.bootstrap_due_ms is not None and now >= st.bootstrap_due_ms:
             self._dial_bootstrap(i)
+        # A refusal's answer, at a tick (asked at once, its dials could be refused and
+        # asked in turn, recursively), while this node still needs peers, and at most one
+        # per REFUSED_ASK_MS: the runtime's discovery budget, not modelled, bounds the
+        # dials such answers cause (a fleet whose nodes are all full would otherwise
+        # refuse and answer in a storm).
+        refused_by, st.refused_by = st.refused_by, []
+        live = [k for k in refused_by if self.nodes[k].alive]
+        if live and now >= st.next_refused_ask_ms \
+                and needs_more(len(self._adjacent[i]), self.limits):
+            st.next_refused_ask_ms = now + REFUSED_ASK_MS
+            self.overlay.counts["px_refused"] += 1
+            self._ask(i, live[-1])
         for peer, due in sorted(st.px_soon.items()):
             if due <= now:
                 del st.px_soon[peer]
@@ -395,12 +411,13 @@ class FleetCluster(Cluster):
         """A connection a -> b comes up: each side's connection manager admits it or closes
         it at once; a side that did not close it sees it go down (and redials)."""
         now = self.now_ms
-        refused = []
+        refused: dict[int, Refusal] = {}
         for me, other in ((a, b), (b, a)):
             others = [Connection(self.nodes[k].node_id, None, 0) for k in self._adjacent[me]]
-            if admit(Connection(self.nodes[other].node_id, None, now), others,
-                     self.limits) is not None:
-                refused.append(me)
+            refusal = admit(Connection(self.nodes[other].node_id, None, now), others,
+                            self.limits)
+            if refusal is not None:
+                refused[me] = refusal
         if refused:
             self.overlay.counts["refused"] += len(refused)
             for me, other in ((a, b), (b, a)):
@@ -410,6 +427,8 @@ class FleetCluster(Cluster):
                 assert node.policy is not None
                 self.fleet[me].book.connected(peer.node_id, [self._address_of(other)], now)
                 self._apply_policy(node, node.policy.peer_up(peer.node_id, now))
+                if lingers(refused[other], 0):  # it answers our ask before the close
+                    self.fleet[me].refused_by.append(other)
                 self._apply_policy(node, node.policy.peer_down(peer.node_id, now))
             return
         self._link(a, b)

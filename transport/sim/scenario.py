@@ -81,7 +81,7 @@ class Scenario:
     fleet_ms: int = 150_000
     # Late enough for every node to have met another than node 0 (a full node 0 refuses
     # the last joiners for a while: docs/fleet.md, "The fleet world").
-    kill_bootstrap_at_ms: int = 90_000
+    kill_bootstrap_at_ms: int = 40_000
     low_water: int = 8
     high_water: int = 16
 
