@@ -49,6 +49,7 @@ from transport.dissemination_config import DisseminationConfig
 from transport.effects import Disconnect, Effect, Log, PeerId
 from transport.intake_budget import IntakeBudget
 from transport.messages import MessageError, Push, decode
+from transport.peer_budget import AnswerBudget
 from transport.misbehaviour import (
     AUTH_BLAMED_REASONS,
     FAULT_WEIGHTS,
@@ -127,6 +128,7 @@ class Intake:
         def _push(self, topic: bytes, raws: list[bytes], exclude: Sequence[PeerId],
                   fanout: int) -> list[Effect]: ...
         _replicas: dict[bytes, Replica]
+        _answers: AnswerBudget
         intake_budget: IntakeBudget
 
     def check_gossip(self, peer: PeerId, data: bytes, now_ms: int) -> tuple[bool, list[Effect]]:
@@ -254,6 +256,14 @@ class Intake:
                     awaiting[(topic, event_id)] = peer
                     if len(awaiting) > MAX_AWAITING_FORWARD:
                         awaiting.popitem(last=False)
+                if self._accountable and (channel != SYNC or not self._answers.is_trusted(peer)) \
+                        and not self.intake_budget.take_buffered(peer, now_ms):
+                    # A flood of events on made-up parents (transport.intake_budget): the
+                    # rest of this frame is dropped unread. Pushes always count; answers
+                    # only from a peer not trusted, since a catch-up from a trusted one
+                    # may buffer many (a Bloom false positive hides a parent of them all).
+                    out += self._over_budget(peer, now_ms, "buffered")
+                    break
             # Events failing the topic's auth rules never become vertices here (the
             # replica's gate): nothing of them is forwarded, offered or delivered.
             unauthorized = dict(outcome.unauthorized)

@@ -106,7 +106,10 @@ RSS_BOUND_MB = 256  # node0's resident set, at its highest
 # be banned. The others' traffic could come from a confused honest peer (wants, events on
 # parents not yet seen, a banned member's old-looking writes relayed by anyone).
 MUST_BAN = frozenset({"nonmember_flood_open_topic", "offer_flood", "unknown_topic_flood",
-                      "oversize_frames", "gossip_junk"})
+                      "oversize_frames", "gossip_junk", "buffer_flood_unknown_parents"})
+# The buffer flood is unambiguous since a correct node pushes on only what it applied
+# (transport.intake): a peer over the buffered-event budget (transport.intake_budget)
+# is the flood's source, and node1 must not blame node0 for it (node0 relays none).
 
 Attack = Callable[[P2PHost, str, bytes, bytes], Awaitable[int]]
 
@@ -348,6 +351,11 @@ async def run_attack(victim: Victim, name: str, attack: Attack,
     figures["status_after_s"] = await trio.to_thread.run_sync(status_seconds, victim.control0)
     after = await trio.to_thread.run_sync(victim_counters, victim.control0)
     figures["victim"] = {key: after[key] - before[key] for key in VICTIM_COUNTERS}
+    # Did the honest neighbour blame the victim for the attack (it must not: the victim
+    # relays nothing it has not judged)?
+    neighbour_bans: set[str] = set()
+    await trio.to_thread.run_sync(status_seconds, victim.control1, neighbour_bans)
+    figures["victim_banned_by_neighbour"] = victim.cluster.nodes[0].node_id in neighbour_bans
     return figures
 
 
@@ -423,6 +431,8 @@ def verdict(name: str, f: dict, baseline_probe_s: float) -> dict:
     }
     if name in MUST_BAN:
         checks["ban"] = f.get("ban_s") is not None and f["ban_s"] <= BAN_BOUND_S
+    if "victim_banned_by_neighbour" in f:
+        checks["neighbour_kept_victim"] = not f["victim_banned_by_neighbour"]
     return {"pass": all(checks.values()), "checks": checks, "probe_bound_s": probe_bound}
 
 
