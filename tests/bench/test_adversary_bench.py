@@ -345,10 +345,14 @@ async def run_attack(victim: Victim, name: str, attack: Attack,
 
         async with trio.open_nursery() as nursery:
             nursery.start_soon(attacker)
-            nursery.start_soon(victim.watch, start + ATTACK_S, figures,
-                               Identity.from_seed(seed).public_key.hex())
             nursery.start_soon(drop_watch)
-            await trio.sleep(ATTACK_S + 1)
+            # Not cancelled with the rest: a probe or `status` still in flight when the
+            # attack ends is measured to its end (bounded by PROBE_WAIT_S), not lost.
+            await victim.watch(start + ATTACK_S, figures,
+                               Identity.from_seed(seed).public_key.hex())
+            with trio.move_on_after(max(0.0, start + ATTACK_S + 1 - trio.current_time())):
+                while "frames_sent" not in figures:  # the attacker stops at its deadline
+                    await trio.sleep(0.05)
             nursery.cancel_scope.cancel()
         figures["first_drop_s"] = round(drops[0] - start, 3) if drops else None
         figures["drops"] = len(drops)
