@@ -43,6 +43,7 @@ Data dir layout::
 
 from __future__ import annotations
 
+import itertools
 import logging
 import random
 from collections import Counter
@@ -116,6 +117,7 @@ TICK_INTERVAL_S = 0.05  # how often the protocol timer runs; its own intervals a
 PEER_EVENT_CAPACITY = 1_024
 MAX_TOPICS = 1_024
 MAX_BANS_SHOWN = 32  # banned peers listed by status (their count is always given)
+MAX_REFUSALS_SHOWN = 8  # the intake's newest refusals listed by status, newest first
 # A join by id (no local state) gives up after this long: waiting for a first peer,
 # asking peers (`Disseminator.request_join`) and receiving enough of the topic to
 # hold its own join. A member answers at once and the topic follows by
@@ -768,6 +770,7 @@ class Node:
             "fast_path": self.config.fast_path,
             "banned_peers": self._banned_peers(now_ms()),
             "rejected": most_common(dict(rejected), MAX_REJECT_REASONS_SHOWN),
+            "refusals": self._refusals(),
             "topics": topics,
             "damaged_topics": {t.hex(): why for t, why in self.damaged_topics.items()},
             "stats": dict(self.stats) | {k: v for k, v in self.disseminator.stats.items()}
@@ -777,6 +780,17 @@ class Node:
     def peers_report(self) -> dict[str, Any]:
         """What `megnode peers` prints (node.fleet.peers_report)."""
         return peers_report(self.peer_book, self.host.peers(), self.peer_policy, now_ms())
+
+    def _refusals(self) -> dict[str, Any]:
+        """The intake's recent refusals by the auth rules (`Disseminator.refusals`, the
+        newest MAX_REJECTIONS_KEPT): how many are kept, by reason, and the newest few."""
+        kept = self.disseminator.refusals
+        reasons: Counter[str] = Counter(r.reason for r in kept)
+        newest = [{"topic": r.topic.hex(), "event": r.event_id.hex(), "reason": r.reason,
+                   "peer": r.peer} for r in itertools.islice(reversed(kept), MAX_REFUSALS_SHOWN)]
+        return {"kept": len(kept), "by_reason": most_common(dict(reasons),
+                                                            MAX_REJECT_REASONS_SHOWN),
+                "newest": newest}
 
     def _banned_peers(self, now: int) -> dict[str, Any]:
         """The peers banned now, the longest remaining first (at most MAX_BANS_SHOWN listed)."""

@@ -35,7 +35,7 @@ reads the engine's state listed in its class body.
 
 from __future__ import annotations
 
-from collections import Counter, deque
+from collections import Counter, OrderedDict, deque
 from dataclasses import dataclass
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -49,6 +49,7 @@ from transport.dissemination_config import DisseminationConfig
 from transport.effects import Disconnect, Effect, Log, PeerId
 from transport.intake_budget import IntakeBudget
 from transport.messages import MessageError, Push, decode
+from transport.peer_budget import AnswerBudget
 from transport.misbehaviour import (
     AUTH_BLAMED_REASONS,
     FAULT_WEIGHTS,
@@ -66,6 +67,11 @@ _BUFFERED = AddStatus.BUFFERED
 
 
 MAX_REJECTIONS_KEPT = 1_024  # newest refusals by the auth rules kept for diagnostics
+# Events received by push while their past was missing, remembered so that they are
+# pushed on once the past arrives and the cascade applies them (`_ingest`). The
+# bound of the buffer itself (node.core.buffer.MAX_BUFFERED_TOTAL): a forgotten
+# one is only not relayed by this node (anti-entropy still spreads it).
+MAX_AWAITING_FORWARD = 16_384
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,6 +96,15 @@ class Intake:
             kept = self.__dict__["_refusals"] = deque(maxlen=MAX_REJECTIONS_KEPT)
         return kept
 
+    @property
+    def _awaiting_forward(self) -> OrderedDict[tuple[bytes, bytes], PeerId]:
+        """(topic, id) of events pushed to us and buffered, and who pushed each
+        (oldest first, at most MAX_AWAITING_FORWARD)."""
+        kept = self.__dict__.get("_awaiting")
+        if kept is None:
+            kept = self.__dict__["_awaiting"] = OrderedDict()
+        return kept
+
     # The engine's state this part reads (set by `Disseminator.__init__`).
     config: DisseminationConfig
     stats: Counter[str]
@@ -108,7 +123,12 @@ class Intake:
         def _trust(self, peer: PeerId) -> None: ...
         def _stray_fault(self, peer: PeerId, now_ms: int, fault: Fault) -> list[Effect]: ...
         def _over_budget(self, peer: PeerId, now_ms: int, what: str) -> list[Effect]: ...
+        def _holders(self, replica: Replica, sender: PeerId,
+                     raws: Sequence[bytes]) -> tuple[PeerId, ...]: ...
+        def _push(self, topic: bytes, raws: list[bytes], exclude: Sequence[PeerId],
+                  fanout: int) -> list[Effect]: ...
         _replicas: dict[bytes, Replica]
+        _answers: AnswerBudget
         intake_budget: IntakeBudget
 
     def check_gossip(self, peer: PeerId, data: bytes, now_ms: int) -> tuple[bool, list[Effect]]:
@@ -173,11 +193,29 @@ class Intake:
 
     def _ingest(self, peer: PeerId, replica: Replica, raws: Sequence[bytes], channel: str,
                 now_ms: int, out: list[Effect]) -> list[bytes]:
-        """Receive a batch, commit it once, log it; return the raws that were new here."""
+        """Receive a batch, commit it once, log it; return the raws applied here.
+
+        The returned raws are what `_on_push` may pass on: the events this batch
+        applied that were new here and passed the auth rules and soft fail,
+        including buffered descendants that a received parent released (the
+        cascade), in the order they were applied. An event only *buffered*
+        (parents unknown here, so not judged yet) is never returned: a node
+        relays only what it has judged, so a flood on made-up parents stops at
+        the first honest node and its budget (`transport.intake_budget`) blames
+        the true source. Such an event, when it came by push, is remembered
+        (`_awaiting_forward`) and, if the past that releases it arrives on the
+        SYNC channel (a want's answer, an exchange), pushed on here as push
+        would have done; on the push channel it is simply in the returned raws.
+        On SYNC, an exchange that applied something is news (`_note_news`);
+        one that only buffered is not: nothing of it can be offered yet.
+        """
         graph = replica.graph
         topic = replica.topic_id
         logging = self.config.log
         fresh: list[bytes] = []
+        awaiting = self._awaiting_forward
+        released: list[bytes] = []  # pushed earlier, buffered, applied now on SYNC
+        pushers: set[PeerId] = set()
         for raw in raws:
             event_id = event_id_of(raw)
             # Content-addressed: a known id is these very bytes, so skip the signature
@@ -208,14 +246,24 @@ class Intake:
                 self.stats["duplicates"] += 1
                 continue
             soft_failed = dict(outcome.soft_failed) if outcome.soft_failed else {}
-            if event_id not in soft_failed:  # a soft-failed event is kept, never pushed on
-                fresh.append(raw)
             self.stats[f"received_{channel}"] += 1
             out.append(self._log("received", now_ms, topic, event_id=event_id, channel=channel))
             if outcome.status is _BUFFERED:
                 out.append(self._log("buffered", now_ms, topic, event_id=event_id))
                 for parent in outcome.missing:
                     self._note_want_source(topic, parent, peer)
+                if channel != SYNC:
+                    awaiting[(topic, event_id)] = peer
+                    if len(awaiting) > MAX_AWAITING_FORWARD:
+                        awaiting.popitem(last=False)
+                if self._accountable and (channel != SYNC or not self._answers.is_trusted(peer)) \
+                        and not self.intake_budget.take_buffered(peer, now_ms):
+                    # A flood of events on made-up parents (transport.intake_budget): the
+                    # rest of this frame is dropped unread. Pushes always count; answers
+                    # only from a peer not trusted, since a catch-up from a trusted one
+                    # may buffer many (a Bloom false positive hides a parent of them all).
+                    out += self._over_budget(peer, now_ms, "buffered")
+                    break
             # Events failing the topic's auth rules never become vertices here (the
             # replica's gate): nothing of them is forwarded, offered or delivered.
             unauthorized = dict(outcome.unauthorized)
@@ -230,6 +278,14 @@ class Intake:
                 else:
                     if event.id == event_id:
                         self._trust(peer)  # useful traffic: an authorized event new here
+                    # Judged and applied here: the only kind passed on (a buffered event
+                    # joins `fresh` when its past arrives and the cascade applies it).
+                    fresh.append(event.raw)
+                    if awaiting and event.id != event_id:
+                        pusher = awaiting.pop((topic, event.id), None)
+                        if pusher is not None and channel == SYNC:
+                            released.append(event.raw)
+                            pushers.add(pusher)
                     out.append(self._log("delivered", now_ms, topic, event=event,
                                          channel=channel, depth=graph.depth(event.id)))
             self._log_cascade(outcome, event_id, topic, now_ms, out)
@@ -240,6 +296,12 @@ class Intake:
             replica.commit()
         if fresh and channel == SYNC:
             self._note_news(topic, peer)
+        if released and self.config.forward_pushed:
+            # After the commit above: durable before it is relayed.
+            self.stats["forwarded_when_released"] += len(released)
+            exclude = set(self._holders(replica, peer, released)) | pushers
+            out += self._push(topic, released, exclude=tuple(exclude),
+                              fanout=self.config.forward_fanout)
         return fresh
 
     def _log_cascade(self, outcome: Received, event_id: bytes, topic: bytes, now_ms: int,

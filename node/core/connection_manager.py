@@ -117,10 +117,14 @@ def to_trim(connections: list[Connection], now_ms: int, limits: Limits) -> list[
     if len(connections) <= limits.high_water:
         return []
     excess = len(connections) - limits.trim_to
-    candidates = [c for c in connections if now_ms - c.since_ms >= GRACE_MS]
     # Sharing no topic goes first; then the most recent (older links have proven useful).
-    candidates.sort(key=lambda c: (c.shares_topics, -c.since_ms, c.peer))
-    return [c.peer for c in candidates[:excess]]
+    # The order is over every connection, those in their grace period included, and only
+    # then are those skipped: a connection goes now only if it would go were they all
+    # past their grace. Choosing among the old ones alone would close an old topic peer
+    # while a flood of newer strangers waits out its grace (issue 16: the honest peer of
+    # the adversary bench's 200-connection flood was trimmed, then refused at the limit).
+    order = sorted(connections, key=lambda c: (c.shares_topics, -c.since_ms, c.peer))
+    return [c.peer for c in order[:excess] if now_ms - c.since_ms >= GRACE_MS]
 
 
 def wants_more(count: int, limits: Limits) -> bool:

@@ -74,7 +74,7 @@ def precheck(replica: Replica, raw: bytes, now_ms: int,
         before = graph.rejected_reason(event_id)
         if before is not None:
             return Precheck(Verdict.REFUSED_BEFORE, str(before))
-    verdict = replica.monitor.check(raw, now_ms)
+    verdict = replica.monitor.check(raw, now_ms, remember=True)  # the ingest skips the signature
     if isinstance(verdict, Rejected):
         return Precheck(Verdict.REFUSED, str(verdict.reason))
     event = verdict

@@ -30,9 +30,10 @@ the issue's thresholds (PROBE_BOUND_S or PROBE_BASELINE_FACTOR x baseline,
 STATUS_BOUND_S, RSS_BOUND_MB, EXTREMITIES_BOUND_S, and BAN_BOUND_S for the
 attacks in MUST_BAN); any failed check fails the test, after the JSON is written.
 
-The 200-connection flood opens 200 py-libp2p hosts in this process (one
-identity each); its probe and status figures include this process's own
-load (the probe's reader thread shares the interpreter with 200 hosts).
+The 200-connection flood opens 200 py-libp2p hosts (one identity each) in a
+child process, which dials them one after another and then holds every
+connection for ATTACK_S: node0 is measured throughout, while they dial
+(`connecting`) and while all are held at node0's connection limit (`held`).
 
 Attacks: buffer flood (events from BUFFER_FLOOD_KEYS throwaway keys on
 unknown parents), signed non-member flood on the open topic (Pushes of the attacker's
@@ -62,6 +63,7 @@ from __future__ import annotations
 import json
 import os
 import statistics
+import subprocess
 import sys
 import threading
 import time
@@ -91,6 +93,7 @@ OVERSIZE_BYTES = 8 << 20
 NO_GOSSIP = GossipConfig(enabled=False)
 BIG = StreamLimits(max_message_bytes=16 << 20)
 SETUP_BOUND_S = 60.0
+CONNECT_PHASE_BOUND_S = 120.0  # the connection flood's dialling, measured until it ends
 BUFFER_FLOOD_KEYS = 20  # throwaway keys, each a chain of events on unknown parents
 BACKDATED_EVENTS = 30  # a banned member's chain, authored after the ban on pre-ban parents
 
@@ -106,7 +109,10 @@ RSS_BOUND_MB = 256  # node0's resident set, at its highest
 # be banned. The others' traffic could come from a confused honest peer (wants, events on
 # parents not yet seen, a banned member's old-looking writes relayed by anyone).
 MUST_BAN = frozenset({"nonmember_flood_open_topic", "offer_flood", "unknown_topic_flood",
-                      "oversize_frames", "gossip_junk"})
+                      "oversize_frames", "gossip_junk", "buffer_flood_unknown_parents"})
+# The buffer flood is unambiguous since a correct node pushes on only what it applied
+# (transport.intake): a peer over the buffered-event budget (transport.intake_budget)
+# is the flood's source, and node1 must not blame node0 for it (node0 relays none).
 
 Attack = Callable[[P2PHost, str, bytes, bytes], Awaitable[int]]
 
@@ -272,8 +278,11 @@ class Victim:
         tag = f"probe {self._probes}"
         return await trio.to_thread.run_sync(self.probe.measure, self.control1, self.topic, tag)
 
-    async def watch(self, until: float, figures: dict, attacker: str | None = None) -> None:
-        """Sample `status` latency and RSS until `until`; probe PROBES_PER_ATTACK times;
+    async def watch(self, until: float, figures: dict, attacker: str | None = None,
+                    done: trio.Event | None = None,
+                    max_probes: int | None = PROBES_PER_ATTACK) -> None:
+        """Sample `status` latency and RSS until `until` (or `done` is set); probe every
+        ATTACK_S / (PROBES_PER_ATTACK + 1) s, at most `max_probes` times (None: no bound);
         `ban_s`: when node0's status first listed `attacker` (a node id) as banned."""
         start = trio.current_time()
         banned: set[str] = set()
@@ -283,12 +292,13 @@ class Victim:
         rss: list[float] = []
         spacing = ATTACK_S / (PROBES_PER_ATTACK + 1)
         next_probe = trio.current_time() + spacing / 2
-        while trio.current_time() < until:
+        while trio.current_time() < until and not (done is not None and done.is_set()):
             statuses.append(await trio.to_thread.run_sync(status_seconds, self.control0, banned))
             if attacker in banned and figures["ban_s"] is None:
                 figures["ban_s"] = round(trio.current_time() - start, 3)
             rss.append(rss_mb(self.pid))
-            if trio.current_time() >= next_probe and len(probes) < PROBES_PER_ATTACK:
+            if trio.current_time() >= next_probe and (max_probes is None
+                                                      or len(probes) < max_probes):
                 probes.append(await self.probe_once())
                 next_probe += spacing
             await trio.sleep(STATUS_EVERY_S)
@@ -335,10 +345,14 @@ async def run_attack(victim: Victim, name: str, attack: Attack,
 
         async with trio.open_nursery() as nursery:
             nursery.start_soon(attacker)
-            nursery.start_soon(victim.watch, start + ATTACK_S, figures,
-                               Identity.from_seed(seed).public_key.hex())
             nursery.start_soon(drop_watch)
-            await trio.sleep(ATTACK_S + 1)
+            # Not cancelled with the rest: a probe or `status` still in flight when the
+            # attack ends is measured to its end (bounded by PROBE_WAIT_S), not lost.
+            await victim.watch(start + ATTACK_S, figures,
+                               Identity.from_seed(seed).public_key.hex())
+            with trio.move_on_after(max(0.0, start + ATTACK_S + 1 - trio.current_time())):
+                while "frames_sent" not in figures:  # the attacker stops at its deadline
+                    await trio.sleep(0.05)
             nursery.cancel_scope.cancel()
         figures["first_drop_s"] = round(drops[0] - start, 3) if drops else None
         figures["drops"] = len(drops)
@@ -348,6 +362,11 @@ async def run_attack(victim: Victim, name: str, attack: Attack,
     figures["status_after_s"] = await trio.to_thread.run_sync(status_seconds, victim.control0)
     after = await trio.to_thread.run_sync(victim_counters, victim.control0)
     figures["victim"] = {key: after[key] - before[key] for key in VICTIM_COUNTERS}
+    # Did the honest neighbour blame the victim for the attack (it must not: the victim
+    # relays nothing it has not judged)?
+    neighbour_bans: set[str] = set()
+    await trio.to_thread.run_sync(status_seconds, victim.control1, neighbour_bans)
+    figures["victim_banned_by_neighbour"] = victim.cluster.nodes[0].node_id in neighbour_bans
     return figures
 
 
@@ -378,36 +397,88 @@ async def main(address, count, hold_s):
             except Exception:
                 pass
         connect_s = round(trio.current_time() - start, 2)
-        await trio.sleep(max(1.0, hold_s - (trio.current_time() - start)))
+        print(json.dumps({"connect_s": connect_s, "connected": connected}), flush=True)
+        await trio.sleep(hold_s)  # every connection held while the parent measures
         still = sum(1 for h in hosts if any(True for _ in h.peers()))
-        print(json.dumps({"connect_s": connect_s, "connected": connected,
-                          "still_connected": still}), flush=True)
+        print(json.dumps({"still_connected": still}), flush=True)
 
 trio.run(main, sys.argv[1], int(sys.argv[2]), float(sys.argv[3]))
 """
 
 
 async def connection_flood(victim: Victim) -> dict:
+    """CONNECTIONS hosts dial node0 one after another (a child process), then hold their
+    connections for ATTACK_S. Measured throughout: while they dial (`connecting`, probes
+    every ATTACK_S / (PROBES_PER_ATTACK + 1) s) and while all are held (`held`)."""
     figures: dict = {"rss_before_mb": rss_mb(victim.pid),
                      "extremities_before": await trio.to_thread.run_sync(victim.extremities)}
     address = victim.cluster.nodes[0].address
-    start = trio.current_time()
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(victim.watch, start + ATTACK_S, figures)
-        root = Path(__file__).resolve().parents[2]
-        child = await trio.run_process(
-            [sys.executable, "-c", CONNECTION_FLOOD_CHILD, str(address), str(CONNECTIONS),
-             str(ATTACK_S)], cwd=root, capture_stdout=True, capture_stderr=True, check=False)
-        lines = child.stdout.decode().strip().splitlines()
-        figures.update(json.loads(lines[-1]) if lines else {"connected": None})
+    root = Path(__file__).resolve().parents[2]
+    connecting: dict = {}
+    held: dict = {}
+    child = await trio.lowlevel.open_process(
+        [sys.executable, "-c", CONNECTION_FLOOD_CHILD, str(address), str(CONNECTIONS),
+         str(ATTACK_S + 1)], cwd=root, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    try:
+        lines = _Lines(child.stdout)
+        dialled = trio.Event()
+
+        async def read_connected() -> None:
+            figures.update(json.loads(await lines.next()))
+            dialled.set()
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(read_connected)
+            await victim.watch(trio.current_time() + CONNECT_PHASE_BOUND_S, connecting,
+                               done=dialled, max_probes=None)
+        await victim.watch(trio.current_time() + ATTACK_S, held)
         status = await trio.to_thread.run_sync(
             lambda: control_call(victim.control0, {"op": "status"})["status"])
-        figures["victim_peers"] = len(status.get("peers", []))
+        figures["victim_peers_held"] = len(status.get("peers", []))
+        # The honest peer must have kept its link: neither trimmed nor refused at the limit.
+        figures["neighbour_connected_held"] = (victim.cluster.nodes[1].info["peer_id"]
+                                               in status.get("peers", []))
+        figures["victim"] = {key: status.get("stats", {}).get(key, 0) for key in (
+            "connections_refused", "connections_trimmed")}
+        figures.update(json.loads(await lines.next()))
+        await child.wait()
+    finally:
+        if child.returncode is None:
+            child.kill()
+            await child.wait()
+    figures["connecting"] = connecting
+    figures["held"] = held
+    figures["probes_s"] = connecting.get("probes_s", []) + held.get("probes_s", [])
+    figures["probe_s"] = _worst(figures["probes_s"])
+    figures["status_max_s"] = _worst([connecting.get("status_max_s"), held.get("status_max_s")])
+    figures["rss_max_mb"] = max(connecting.get("rss_max_mb", 0.0), held.get("rss_max_mb", 0.0))
     figures["extremities_normal_s"] = await victim.extremities_normal_s(
         (figures["extremities_before"] or 1) + EXTREMITIES_SLACK)
     figures["probe_after_s"] = await victim.probe_once()
     figures["status_after_s"] = await trio.to_thread.run_sync(status_seconds, victim.control0)
     return figures
+
+
+def _worst(values: list[float | None]) -> float | None:
+    """The largest, None (no answer) counting as the worst."""
+    return max(values, default=None, key=lambda v: float("inf") if v is None else v)
+
+
+class _Lines:
+    """Lines of a child's stdout, one at a time."""
+
+    def __init__(self, stream: trio.abc.ReceiveStream) -> None:
+        self._stream = stream
+        self._buffer = b""
+
+    async def next(self) -> str:
+        while b"\n" not in self._buffer:
+            chunk = await self._stream.receive_some()
+            if not chunk:
+                raise EOFError("the connection flood's child ended early")
+            self._buffer += chunk
+        line, self._buffer = self._buffer.split(b"\n", 1)
+        return line.decode()
 
 
 def verdict(name: str, f: dict, baseline_probe_s: float) -> dict:
@@ -423,6 +494,10 @@ def verdict(name: str, f: dict, baseline_probe_s: float) -> dict:
     }
     if name in MUST_BAN:
         checks["ban"] = f.get("ban_s") is not None and f["ban_s"] <= BAN_BOUND_S
+    if "neighbour_connected_held" in f:
+        checks["neighbour_connected"] = f["neighbour_connected_held"]
+    if "victim_banned_by_neighbour" in f:
+        checks["neighbour_kept_victim"] = not f["victim_banned_by_neighbour"]
     return {"pass": all(checks.values()), "checks": checks, "probe_bound_s": probe_bound}
 
 

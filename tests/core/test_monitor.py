@@ -333,3 +333,32 @@ def test_mutated_valid_events_never_raise(world, position, value, cut):
     assert outcome.status in set(AddStatus)
     if outcome.status is AddStatus.REJECTED:
         assert outcome.reason
+
+
+def test_a_signature_checked_by_the_gossip_precheck_is_not_checked_again(monkeypatch):
+    """The validator's look remembers a good signature; the ingest of the same bytes skips
+    it, once; the memory is bounded (MAX_VERIFIED_IDS) and a bad signature is never kept."""
+    import node.core.monitor as monitor_module
+    from node.core.monitor import ReferenceMonitor
+    origin = new_topic()
+    events = [child(identity("bob"), origin.topic_id, [origin.topic_id], seq=n)
+              for n in range(1, 5)]
+    checks = []
+    real = monitor_module.verify_signature
+    monkeypatch.setattr(monitor_module, "verify_signature",
+                        lambda event: checks.append(event.id) or real(event))
+    monkeypatch.setattr(monitor_module, "MAX_VERIFIED_IDS", 2)
+    monitor = ReferenceMonitor(origin.topic_id)
+    first = events[0]
+    assert monitor.check(first.raw, NOW_MS, remember=True) == first
+    assert monitor.check(first.raw, NOW_MS, known=lambda _: False) == first  # the ingest
+    assert checks == [first.id] and monitor.signatures_skipped == 1
+    monitor.check(first.raw, NOW_MS)  # used once: checked again
+    assert checks.count(first.id) == 2
+    for event in events[1:]:  # three remembered, the bound is two: the oldest goes
+        monitor.check(event.raw, NOW_MS, remember=True)
+    monitor.check(events[1].raw, NOW_MS)
+    assert checks.count(events[1].id) == 2
+    tampered = bytearray(events[3].raw)
+    tampered[-1] ^= 1  # another signature: another id (the id hashes every byte)
+    assert monitor.check(bytes(tampered), NOW_MS, remember=True) != events[3]

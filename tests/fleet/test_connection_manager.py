@@ -59,6 +59,22 @@ def test_above_the_high_water_mark_the_least_wanted_go_down_to_the_trim_point() 
     assert Limits(low_water=16, high_water=48).trim_to == 32
 
 
+def test_an_old_peer_is_not_trimmed_while_newer_strangers_wait_out_their_grace() -> None:
+    # issue 16's connection flood: the honest peer (old, its topics maybe not told yet)
+    # must outlast a crowd of newer strangers, some still in their grace period.
+    limits = Limits(low_water=2, high_water=4, max_connections=10, max_per_ip=10)
+    assert limits.trim_to == 3
+    now = 10 * GRACE_MS
+    honest = Connection("honest", None, 0)
+    past_grace = [Connection(f"old{i}", None, now - GRACE_MS - 10 + i) for i in range(3)]
+    in_grace = [Connection(f"new{i}", None, now - i - 1) for i in range(4)]
+    trimmed = to_trim([honest] + past_grace + in_grace, now, limits)
+    assert "honest" not in trimmed and not any(p.startswith("new") for p in trimmed)
+    assert trimmed == ["old2"]  # the newest past its grace; the others wait for the new ones
+    sharing = Connection("member", None, now - GRACE_MS - 100, True)
+    assert "member" not in to_trim([sharing] + past_grace + in_grace, now, limits)
+
+
 async def test_a_connection_past_the_node_limit_is_closed(tmp_path) -> None:
     limited = NodeConfig().with_overrides(connections_low=0, connections_high=1,
                                           max_connections=1)

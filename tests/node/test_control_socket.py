@@ -165,6 +165,25 @@ async def test_status_lists_banned_peers_with_their_remaining_time(tmp_path):
         assert "expired" not in json.dumps(banned)
 
 
+async def test_status_shows_the_intakes_newest_refusals(tmp_path):
+    from node.runtime import MAX_REFUSALS_SHOWN
+    from transport.intake import Refusal
+    async with Node.open(tmp_path / "n") as node:
+        kept = node.disseminator.refusals
+        for n in range(MAX_REFUSALS_SHOWN + 4):
+            reason = "sender_not_joined" if n % 2 else "insufficient_power"
+            kept.append(Refusal(b"\x01" * 32, n.to_bytes(32, "big"), reason, f"peer{n}"))
+        refusals = node.status()["refusals"]
+        assert refusals["kept"] == MAX_REFUSALS_SHOWN + 4
+        assert refusals["by_reason"] == {"sender_not_joined": 6, "insufficient_power": 6}
+        newest = refusals["newest"]
+        assert len(newest) == MAX_REFUSALS_SHOWN
+        last = MAX_REFUSALS_SHOWN + 3
+        assert newest[0] == {"topic": "01" * 32, "event": last.to_bytes(32, "big").hex(),
+                             "reason": "sender_not_joined", "peer": f"peer{last}"}
+        json.dumps(refusals)  # what the control socket sends
+
+
 async def test_a_line_over_the_size_bound_is_answered_and_the_connection_closed(tmp_path, caplog):
     from node.control import MAX_REQUEST_BYTES
     async with Node.open(tmp_path / "n") as node:

@@ -75,3 +75,61 @@ def test_wants_to_one_peer_per_round_are_bounded():
              and isinstance(decode(e.data), Want)]
     assert sum(len(w.ids) for w in wants) == 3
     assert engine.stats["wants_deferred"] == 7
+
+
+def test_a_flood_of_events_on_unknown_parents_is_cut_at_the_buffered_budget():
+    from transport.intake_budget import PEER_BUFFERED_BURST
+    mesh = Mesh(["a", "b"], join_rule="public")
+    mesh.pump(mesh.connect("a", "b"))
+    key = mesh.replicas["b"].identity
+    raws = tuple(sign_event(key, topic=mesh.topic, seq=i, parents=[bytes([i % 251]) * 32],
+                            timestamp_ms=mesh.now_ms, kind="message", payload=b"x",
+                            auth=(mesh.topic,)).raw
+                 for i in range(PEER_BUFFERED_BURST + 50))
+    engine = mesh.engines["a"]
+    for start in range(0, len(raws), 500):  # frames of 500, as fast as they come
+        engine.on_message(mesh.ids["b"], encode(Push(mesh.topic, raws[start:start + 500])),
+                          mesh.now_ms)
+    buffered = mesh.replicas["a"].graph.buffered_count
+    assert buffered <= PEER_BUFFERED_BURST + 1  # the rest dropped unread
+    assert engine.stats["intake_throttled_buffered"] >= 1
+
+
+SMALL_BURST = 100  # a buffered burst below the buffer's bound per author (1,024)
+
+
+def _reversed_catch_up(trusted: bool) -> tuple[object, object]:
+    """b sends a, by Events (the SYNC channel), 100 at a time, newest first, a chain
+    of more events than the buffered burst: all but the last frame only buffer."""
+    from tests.transport.pair import lagging
+    from transport.messages import Events
+    pair = lagging(SMALL_BURST * 5 + 1)
+    made = [e for _, e in pair.replicas["b"].graph.deliveries(0, pair.replicas["b"].graph
+                                                                .delivered_count)
+            if not pair.replicas["a"].graph.has(e.id)]
+    engine = pair.engines["a"]
+    engine.intake_budget = IntakeBudget(buffered_per_s=1, buffered_burst=SMALL_BURST)
+    first, rest = made[0], made[1:]
+    if trusted:  # b handed over an applied, new event: trusted (transport.peer_budget)
+        engine.on_message("b", encode(Push(pair.topic, (first.raw,))), pair.now_ms)
+        assert engine._answers.is_trusted("b")
+    else:
+        rest = made
+    raws = [e.raw for e in reversed(rest)]
+    for start in range(0, len(raws), SMALL_BURST):
+        frame = Events(pair.topic, 1, False, tuple(raws[start:start + SMALL_BURST]))
+        engine.on_message("b", encode(frame), pair.now_ms)
+    return pair, engine
+
+
+def test_a_catch_up_from_a_trusted_peer_is_not_cut_by_the_buffered_budget():
+    pair, engine = _reversed_catch_up(trusted=True)
+    assert engine.stats["intake_throttled_buffered"] == 0
+    assert pair.same()  # the last frame released the whole chain
+
+
+def test_answers_from_a_peer_not_trusted_count_against_the_buffered_budget():
+    pair, engine = _reversed_catch_up(trusted=False)
+    assert engine.stats["intake_throttled_buffered"] >= 1
+    # Past the burst, each later frame buffers one event before the rest is cut.
+    assert pair.replicas["a"].graph.buffered_count <= SMALL_BURST + 5

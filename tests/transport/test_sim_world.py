@@ -61,8 +61,11 @@ def assert_honest_traffic_under_intake_budgets(cluster: Cluster) -> None:
     assert sum(n.engine.stats["intake_throttled"] for n in honest) == 0
     bytes_left = min(n.engine.intake_budget.low_water()[0] for n in honest)
     events_left = min(n.engine.intake_budget.low_water()[1] for n in honest)
-    print(f"intake headroom at the busiest peer: bytes {bytes_left:.4f}, events {events_left:.4f}")
+    buffered_left = min(n.engine.intake_budget.buffered_low_water() for n in honest)
+    print(f"intake headroom at the busiest peer: bytes {bytes_left:.4f}, events "
+          f"{events_left:.4f}, buffered {buffered_left:.4f}")
     assert bytes_left >= MIN_INTAKE_HEADROOM and events_left >= MIN_INTAKE_HEADROOM
+    assert buffered_left >= MIN_INTAKE_HEADROOM
 
 
 @pytest.mark.parametrize("seed", [1, 2, 3])
