@@ -391,10 +391,16 @@ class Disseminator(Intake, AntiEntropy, JoinHandshake):
 
     def _on_push(self, peer: PeerId, replica: Replica, message: Push, now_ms: int) -> list[Effect]:
         out: list[Effect] = []
-        fresh = self._ingest(peer, replica, message.events, GOSSIP, now_ms, out)
         tree = self._trees.get(replica.topic_id)
+        graph = replica.graph
+        # Copies that brought nothing new (what prunes a tree link): known before this
+        # push. Not "absent from fresh": an event only buffered is new, yet not passed on.
+        known = None if tree is None else {
+            event_id for event_id in map(event_id_of, message.events)
+            if graph.has(event_id) or graph.is_buffered(event_id)}
+        fresh = self._ingest(peer, replica, message.events, GOSSIP, now_ms, out)
         if tree is not None:
-            out += self._tree_received(tree, peer, replica, message, fresh)
+            out += self._tree_received(tree, peer, replica, message, fresh, known or set())
         elif fresh and self.config.forward_pushed:
             # Only events new here (each node relays an event at most once), never
             # to a peer sure to hold them (the sender, their author), to a bounded
@@ -702,8 +708,9 @@ class Disseminator(Intake, AntiEntropy, JoinHandshake):
         return None if event is None else event.author
 
     def _tree_received(self, tree: TopicTree, peer: PeerId, replica: Replica, message: Push,
-                       fresh: list[bytes]) -> list[Effect]:
-        """A push arrived: prune where it brought nothing new, forward the rest along the trees."""
+                       fresh: list[bytes], known: set[bytes]) -> list[Effect]:
+        """A push arrived: prune where it brought nothing new (`known`: its events held
+        before), forward what it applied along the trees."""
         topic = replica.topic_id
         fresh_ids = {event_id_of(raw) for raw in fresh}
         news: set[bytes] = set()
@@ -711,7 +718,7 @@ class Disseminator(Intake, AntiEntropy, JoinHandshake):
         for raw in message.events:
             source = self._source(replica, raw)
             if source is not None:
-                (news if event_id_of(raw) in fresh_ids else stale).add(source)
+                (stale if event_id_of(raw) in known else news).add(source)
         out: list[Effect] = []
         for source in sorted(stale - news):
             # A cycle in this source's tree: the copy came a longer way round. Both

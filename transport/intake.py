@@ -128,6 +128,7 @@ class Intake:
         def _push(self, topic: bytes, raws: list[bytes], exclude: Sequence[PeerId],
                   fanout: int) -> list[Effect]: ...
         _replicas: dict[bytes, Replica]
+        _trees: dict[bytes, Any]
         _answers: AnswerBudget
         intake_budget: IntakeBudget
 
@@ -296,8 +297,10 @@ class Intake:
             replica.commit()
         if fresh and channel == SYNC:
             self._note_news(topic, peer)
-        if released and self.config.forward_pushed:
-            # After the commit above: durable before it is relayed.
+        if released and self.config.forward_pushed and topic not in self._trees:
+            # After the commit above: durable before it is relayed. (On the tree fast
+            # path the engine's `_ingest` sends everything a sync applied along the
+            # tree, these included.)
             self.stats["forwarded_when_released"] += len(released)
             exclude = set(self._holders(replica, peer, released)) | pushers
             out += self._push(topic, released, exclude=tuple(exclude),

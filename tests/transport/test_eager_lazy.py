@@ -176,9 +176,11 @@ def test_the_config_rejects_a_zero_timeout_and_a_negative_lazy_fanout():
 
 # ------------------------------------------------------------------ seeded worlds
 
+# The fast path with only the want backstop under it: a node relays only events it has
+# applied (issue 16), so a child that outran its parent waits for the parent, and with
+# no repair at all a node that missed one event would stop relaying its descendants.
 PUSH_ONLY = DisseminationConfig(log=False, sync_interval_ms=NEVER_MS, sync_jitter_ms=0,
-                                sync_on_connect=False, sync_on_news=False,
-                                want_retry_ms=NEVER_MS, depletion=False)
+                                sync_on_connect=False, sync_on_news=False, depletion=False)
 
 
 def push_only_run(tree: bool, seed: int = 3, n: int = 20) -> dict[str, float]:
@@ -199,10 +201,14 @@ def push_only_run(tree: bool, seed: int = 3, n: int = 20) -> dict[str, float]:
 def test_the_tree_delivers_everything_by_itself_at_a_fraction_of_the_copies():
     push, tree = push_only_run(tree=False), push_only_run(tree=True)
     everyone = 19 / 20  # all but the author
-    assert tree["received_gossip"] == pytest.approx(everyone)  # random push: ~96%
-    # (Measured 0.24 against 2.19: 20 writers each writing twice a phase, so each
-    # author's own tree below its first hop has few events to form on.)
-    assert tree["duplicates"] <= 0.3 < 1.5 <= push["duplicates"], (push, tree)
+    # No loss: most copies by the fast path (the rest by a want, when a child outran its
+    # parent: measured 0.85 for the tree, 0.945 for push).
+    assert tree["received_gossip"] >= 0.8 * everyone
+    assert push["received_gossip"] >= 0.9 * everyone
+    # (Measured 0.47 against 2.18: 20 writers each writing twice a phase, so each
+    # author's own tree below its first hop has few events to form on; 0.24 before
+    # nodes relayed only applied events.)
+    assert tree["duplicates"] <= 0.5 < 1.5 <= push["duplicates"], (push, tree)
     assert tree["bytes_sent_push"] <= 0.5 * push["bytes_sent_push"], (push, tree)
     assert tree["grafts_sent"] <= 0.05, tree  # the tree holds still once formed
 
