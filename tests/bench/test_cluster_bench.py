@@ -1,4 +1,5 @@
-"""Real `megnode run` clusters on loopback: dissemination per fast path, and catch-up.
+"""Real `megnode run` clusters on loopback: dissemination per fast path (and helpers the
+catch-up bench shares).
 
 Dissemination (bench-results/cluster.json): for each node count and each
 fast path ("push": our batched epidemic push; "gossipsub": py-libp2p's
@@ -44,13 +45,10 @@ one); MEGNODE_BENCH_PUBLISH=batch sends each tick's share as one
 `publish_batch`, which both fast paths carry as one push or gossip message
 per chunk.
 
-Catch-up (bench-results/cluster_catchup.json): a node is SIGSTOPped while the
-others publish N events with `megnode publish - --lines`, and every running
-node has them; then SIGCONT. Figures: events/s of its catch-up (from its log:
-`delivered` records after SIGCONT, first to last) and the anti-entropy
-exchanges it ran (deltas of its status stats: sessions, offers_sent = round
-trips, wants_sent) and how its events came (received_sync / received_gossip:
-push frames queued in the kernel while it was stopped arrive as "gossip").
+Catch-up is measured by tests/bench/test_catch_up_bench.py (the ingest limit
+and the SIGSTOP catch-up of 10k and 50k missed events, in one run); the
+helpers it shares with this bench (publish_lines, wait_catch_up,
+delivered_without_acks) live here.
 
 Settings (environment):
     MEGNODE_BENCH_SECONDS     publish window, s (default 60)
@@ -60,8 +58,6 @@ Settings (environment):
     MEGNODE_BENCH_PUBLISH     single (default) | batch
     MEGNODE_BENCH_CATCHUP     missed events, comma separated (default 10000,50000)
     MEGNODE_BENCH_CATCHUP_NODES  nodes in the catch-up cluster (default 5)
-    MEGNODE_BENCH_CATCHUP_PUBLISHERS  running nodes publishing the missed events at
-                              once (default 1: see below)
 
 History of the catch-up default: several nodes publishing thousands of
 events at once used to break py-libp2p's yamux/noise connections, and a node
@@ -79,7 +75,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import threading
 import time
 from collections import Counter
@@ -104,7 +99,6 @@ RATE_PER_S = float(os.environ.get("MEGNODE_BENCH_RATE", "100"))
 PUBLISH_MODE = os.environ.get("MEGNODE_BENCH_PUBLISH", "single")
 CATCH_UP_EVENTS = _env_ints("MEGNODE_BENCH_CATCHUP", "10000,50000")
 CATCH_UP_NODES = int(os.environ.get("MEGNODE_BENCH_CATCHUP_NODES", "5"))
-CATCH_UP_PUBLISHERS = int(os.environ.get("MEGNODE_BENCH_CATCHUP_PUBLISHERS", "1"))
 
 MAX_PUBLISHERS = 5  # "several publishers": the first min(nodes, 5) nodes publish
 PUBLISH_TICK_S = 0.1
@@ -403,66 +397,6 @@ def publish_lines(cluster: LocalCluster, index: int, topic: str, count: int, tag
         outcomes[index] = "ok"
 
 
-def measure_catch_up(cluster: LocalCluster, topic: str, stopped: int,
-                     missed: int) -> dict[str, Any]:
-    running = [i for i in range(len(cluster.nodes)) if i != stopped]
-    publishers = running[:CATCH_UP_PUBLISHERS]
-    # Start from agreement: every node holds the same events (acks aside).
-    base = max(delivered_without_acks(cluster, i, topic) for i in range(len(cluster.nodes)))
-    cluster.wait_delivered(topic, base, JOIN_TIMEOUT_S)
-    target = base + missed
-    tail = LogTail(cluster.nodes[stopped].data_dir / "logs")
-    tail.read_new()  # skip the history
-    before = cluster.status(stopped)["stats"]
-    timeout_s = max(CATCH_UP_MIN_TIMEOUT_S, missed / CATCH_UP_MIN_RATE_PER_S)
-
-    cluster.signal(stopped, signal.SIGSTOP)
-    stopped_at = time.monotonic()
-    try:
-        shares = [missed // len(publishers) + (k < missed % len(publishers))
-                  for k in range(len(publishers))]
-        outcomes: dict[int, str] = {}
-        threads = [threading.Thread(target=publish_lines, daemon=True,
-                                    args=(cluster, p, topic, share, f"missed{missed}", outcomes))
-                   for p, share in zip(publishers, shares)]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join(timeout=max(CONTROL_TIMEOUT_S, missed / PUBLISH_LINES_PER_S_FLOOR)
-                        + THREAD_JOIN_SLACK_S)
-        assert outcomes == {p: "ok" for p in publishers}, outcomes
-    finally:
-        # Resume as soon as the others have published: a longer stop wedges the
-        # node's connections (see the module docstring).
-        resumed_ms = now_ms()
-        cluster.signal(stopped, signal.SIGCONT)
-    stopped_s = time.monotonic() - stopped_at
-    polled_s = wait_catch_up(cluster, topic, stopped, target, timeout_s)
-    after = cluster.status(stopped)["stats"]
-
-    delivered = [r["ts_ms"] for r in tail.read_new()
-                 if r["type"] == "delivered" and r["ts_ms"] >= resumed_ms]
-    caught_up = len(delivered)  # the missed events, plus acks and dummies made meanwhile
-    span_ms = max(1, max(delivered) - resumed_ms) if delivered else None
-    delta = {key: after.get(key, 0) - before.get(key, 0)
-             for key in ("sessions", "offers_sent", "wants_sent", "messages_sent",
-                         "received_sync", "received_gossip", "bytes_received", "duplicates",
-                         "sessions_timed_out")}
-    return {
-        "missed_events": missed,
-        "events_to_catch_up": caught_up,
-        "publishers": len(publishers),
-        "stopped_s": round(stopped_s, 1),
-        "catch_up_s_from_log": round(span_ms / MS_PER_S, 2) if span_ms else None,
-        "first_delivery_after_resume_ms": min(delivered) - resumed_ms if delivered else None,
-        "catch_up_s_polled": round(polled_s, 1),
-        "events_per_s": round(caught_up / (span_ms / MS_PER_S)) if span_ms else None,
-        "anti_entropy_sessions": delta["sessions"],
-        "round_trips_offers_sent": delta["offers_sent"],
-        "stats_delta": delta,
-    }
-
-
 def wait_catch_up(cluster: LocalCluster, topic: str, stopped: int, target: int,
                   timeout_s: float) -> float:
     """Seconds until `stopped` delivered `target` events (acks aside).
@@ -491,21 +425,3 @@ def wait_catch_up(cluster: LocalCluster, topic: str, stopped: int, target: int,
 def delivered_without_acks(cluster: LocalCluster, index: int, topic: str) -> int:
     status = cluster.topic_status(index, topic)
     return status["delivered"] - status.get("acks", 0)
-
-
-def test_catch_up_after_sigstop(tmp_path, record_figures):
-    started = time.monotonic()
-    with LocalCluster(tmp_path / "catch-up", CATCH_UP_NODES) as cluster:
-        topic = open_topic(cluster, "bench-catch-up")
-        stopped = CATCH_UP_NODES - 1
-        runs = [measure_catch_up(cluster, topic, stopped, missed) for missed in CATCH_UP_EVENTS]
-    for run in runs:
-        assert run["events_per_s"] is not None and run["events_to_catch_up"] >= run["missed_events"]
-    record_figures("cluster_catchup", {
-        "cpus": os.cpu_count(),
-        "nodes": CATCH_UP_NODES,
-        "fast_path": "push",
-        "runs": runs,
-        "wall_s": round(time.monotonic() - started, 1),
-        "load_average_1m_at_end": os.getloadavg()[0],
-    })
