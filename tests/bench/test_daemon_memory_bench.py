@@ -54,7 +54,7 @@ from pathlib import Path
 from typing import Any
 
 from deploy.cluster import LocalCluster
-from node.cli import PUBLISH_BATCH as CLI_PUBLISH_BATCH
+from node.cli_surface import PUBLISH_BATCH as CLI_PUBLISH_BATCH
 from node.control_client import control_call
 from node.runtime import CONTROL_SOCKET
 
