@@ -31,6 +31,7 @@ from pathlib import Path
 import trio
 
 from node.core.identity import Identity
+from node.data_dir import open_data_dir
 from node.replica.replica import Replica, ReplicaConfig
 from node.runtime import PROTOCOL_DISSEMINATION, Node
 from node.state.types import RULE_PUBLIC
@@ -50,6 +51,7 @@ PUBLISH_EVENTS = 400
 CONCURRENT_PUBLISHERS = 16
 RUN_TIMEOUT_S = 240.0
 LOOPBACK = ["/ip4/127.0.0.1/tcp/0"]
+HELD_EVENTS = 16  # the topic's creation and first events, stored before the node starts
 
 
 def store_rates(tmp: Path) -> dict[str, float]:
@@ -88,8 +90,24 @@ async def ignore(peer: str, data: bytes) -> None:
     return None
 
 
+def hold_first_events(directory: Path, topics: list[tuple[Replica, list[bytes]]]
+                      ) -> list[tuple[Replica, list[bytes]]]:
+    """Store each topic's first HELD_EVENTS in the node's data dir before it starts, and
+    return the rest. A join by handshake needs a member peer, and the raw hosts are none:
+    holding the topic's creation, the node joins on its own."""
+    identity, store = open_data_dir(directory)
+    with store:
+        for replica, raws in topics:
+            held = Replica(store, replica.topic_id, identity, ReplicaConfig())
+            for raw in raws[:HELD_EVENTS]:
+                held.receive(raw, int(time.time() * 1000))
+            held.commit()
+    return [(replica, raws[HELD_EVENTS:]) for replica, raws in topics]
+
+
 async def burst(tmp: Path, senders: int) -> dict[str, float]:
-    topics = [authored_topic(BURST_EVENTS // senders) for _ in range(senders)]
+    topics = [authored_topic(BURST_EVENTS // senders + HELD_EVENTS) for _ in range(senders)]
+    topics = hold_first_events(tmp / f"node{senders}", topics)
     total = sum(len(raws) for _, raws in topics)
     async with Node.open(tmp / f"node{senders}", listen=LOOPBACK) as node:
         handles = [await node.join(replica.topic_id) for replica, _ in topics]
