@@ -278,6 +278,11 @@ class Victim:
         tag = f"probe {self._probes}"
         return await trio.to_thread.run_sync(self.probe.measure, self.control1, self.topic, tag)
 
+    async def baseline_probe_s(self) -> float:
+        """The median of BASELINE_PROBES probes before any attack (undelivered ones left out)."""
+        probes = [await self.probe_once() for _ in range(BASELINE_PROBES)]
+        return statistics.median(p for p in probes if p is not None)
+
     async def watch(self, until: float, figures: dict, attacker: str | None = None,
                     done: trio.Event | None = None,
                     max_probes: int | None = PROBES_PER_ATTACK) -> None:
@@ -510,9 +515,8 @@ async def test_adversary_bench(tmp_path, record_figures):
         await run(1, "topic", "join", topic)
         await trio.to_thread.run_sync(cluster.wait_joined, topic, SETUP_BOUND_S)
         victim = Victim(cluster, topic)
-        baseline = [await victim.probe_once() for _ in range(BASELINE_PROBES)]
         figures: dict = {
-            "baseline_probe_s": statistics.median(p for p in baseline if p is not None),
+            "baseline_probe_s": await victim.baseline_probe_s(),
             "baseline_status_s": await trio.to_thread.run_sync(status_seconds, victim.control0),
             "attack_s": ATTACK_S, "cpus": os.cpu_count(), "attacks": {},
         }
@@ -569,8 +573,7 @@ async def test_gossip_junk_bench(tmp_path, record_figures):
         await run(1, "topic", "join", topic)
         await trio.to_thread.run_sync(cluster.wait_joined, topic, SETUP_BOUND_S)
         victim = Victim(cluster, topic)
-        figures["baseline_probe_s"] = statistics.median(
-            p for p in [await victim.probe_once() for _ in range(BASELINE_PROBES)] if p is not None)
+        figures["baseline_probe_s"] = await victim.baseline_probe_s()
         before0 = await trio.to_thread.run_sync(gossip_counters, victim.control0)
         before1 = await trio.to_thread.run_sync(gossip_counters, victim.control1)
         figures["extremities_before"] = await trio.to_thread.run_sync(victim.extremities)
@@ -670,8 +673,7 @@ async def test_backdated_writes_bench(tmp_path, record_figures):
         await trio.to_thread.run_sync(cluster.wait_joined, topic, SETUP_BOUND_S)
         victim = Victim(cluster, topic)
         honest = Probe(victim.control1, topic)  # what node1 delivers
-        figures["baseline_probe_s"] = statistics.median(
-            p for p in [await victim.probe_once() for _ in range(BASELINE_PROBES)] if p is not None)
+        figures["baseline_probe_s"] = await victim.baseline_probe_s()
         pre_ban = (await run(2, "publish", topic, "pre-ban"))["id"]
         with trio.fail_after(SETUP_BOUND_S):
             while "pre-ban" not in victim.probe.arrived or "pre-ban" not in honest.arrived:
@@ -752,8 +754,7 @@ async def test_graft_prune_bench(tmp_path, record_figures):
         await run(1, "topic", "join", topic)
         await trio.to_thread.run_sync(cluster.wait_joined, topic, SETUP_BOUND_S)
         victim = Victim(cluster, topic)
-        baseline = statistics.median(
-            p for p in [await victim.probe_once() for _ in range(BASELINE_PROBES)] if p is not None)
+        baseline = await victim.baseline_probe_s()
         figures["baseline_probe_s"] = baseline
         figures["extremities_before"] = await trio.to_thread.run_sync(victim.extremities)
         figures["rss_before_mb"] = rss_mb(victim.pid)
