@@ -276,7 +276,16 @@ class Committer:
                 self._full_since = self._clock_ms()
             await self._drained.wait()
         self._queued_bytes += len(data)
+        if self._full_since is None and self._queue_full():
+            # Full by count (many small pushes): this handler waits below, and every
+            # stream's frames behind it wait unread, as when full by bytes.
+            self.stats["waits_for_space"] += 1
+            self._full_since = self._clock_ms()
         await self._send.send(Frame(peer, data, accountable))
+
+    def _queue_full(self) -> bool:
+        stats = self._send.statistics()
+        return stats.current_buffer_used >= stats.max_buffer_size
 
     async def submit(self, work: Local) -> Any:
         """Queue `work`; its result once its step committed and its effects were carried out.
@@ -310,7 +319,8 @@ class Committer:
         if self._queued_bytes < self._max_queued_bytes:
             self._drained.set()
             self._drained = trio.Event()
-            self._full_since = None
+            if not self._queue_full():
+                self._full_since = None
 
     async def _collect(self, first: _Queued) -> list[_Queued]:
         batch = [first]

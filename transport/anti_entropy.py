@@ -40,7 +40,7 @@ import random
 from collections import Counter, OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
 from node.core.event import Event, EventFormatError, decode_event, event_id_of
 from node.core.graph import Graph
@@ -72,6 +72,12 @@ from transport.messages import (
 )
 from transport.reconcile import filter_capacity, judge_offer, offer_floor, recent_events
 
+# The longest an exchange waits for its answer while the peer keeps sending us
+# other frames (pushes queued ahead of the answer on the same stream: after a
+# SIGSTOP a peer's outbound queue holds ~1,024 frames for us). Such a peer is
+# not silent, so `session_timeout_ms` does not apply; this bounds the wait for
+# a peer that sends everything but the answer (it dropped our offer).
+MAX_ANSWER_WAIT_MS: Final = 30_000
 
 
 @dataclass
@@ -85,6 +91,7 @@ class _Session:
     window: int
     rounds: int = 0  # offers that brought nothing new
     streaming: bool = False  # the last reply said `more`: a catch-up runs on this exchange
+    offered_ms: int = 0  # when the offer now waiting for its answer left (`MAX_ANSWER_WAIT_MS`)
     # Pipelining (`prefetch`): the offer we last sent (its filter is reused for the
     # next page's offer), the heads we will hold once every received page is
     # applied, and the xids of pages received but not applied yet.
@@ -125,6 +132,13 @@ class AntiEntropy:
         self._next_xid = 1
         self._offered: list[_Session] = []  # offers of the current step (`offers_sent_at`)
         self._last_due_ms: int | None = None  # the driver's last tick (`_discount_absence`)
+        # When a frame of each peer last reached the driver (`prefetch` sees them all):
+        # a peer that sends is not silent, though its answer waits behind its frames.
+        self._heard_ms: dict[PeerId, int] = {}
+        # topic -> (peer, when): we answered that peer's offer naming heads we lack, so
+        # its Events with our missing pages are on their way (`_on_offer`): no second
+        # peer is asked for the same pages meanwhile (`_streaming`).
+        self._expecting: dict[bytes, tuple[PeerId, int]] = {}
 
     def _forget_topic(self, topic: bytes) -> None:
         for key in [k for k in self._sessions if k[1] == topic]:
@@ -133,10 +147,14 @@ class AntiEntropy:
             del self._since[key]
         for key in [k for k in self._want_source if k[0] == topic]:
             del self._want_source[key]
+        self._expecting.pop(topic, None)
 
     def _forget_peer(self, peer: PeerId) -> None:
         for key in [k for k in self._sessions if k[0] == peer]:
             del self._sessions[key]
+        self._heard_ms.pop(peer, None)
+        for topic in [t for t, (p, _) in self._expecting.items() if p == peer]:
+            del self._expecting[topic]
 
     def _expire_sessions(self, now_ms: int) -> None:
         """Drop the exchanges whose peer has been silent for `session_timeout_ms` at `now_ms`.
@@ -144,12 +162,27 @@ class AntiEntropy:
         The timeout is about the peer's silence, not about our own backlog: a
         driver whose steps queue behind a long catch-up passes the time the
         tick was *due* (`tick(due_ms=...)`), so an answer that reached us
-        before then but still waits in our queue does not count as lost.
+        before then but still waits in our queue does not count as lost. A
+        peer whose other frames keep reaching us (`_heard_ms`) is not silent
+        either: its answer is queued behind them on the same stream; it waits
+        at most `MAX_ANSWER_WAIT_MS` from when the offer left.
         """
-        timeout = self.config.session_timeout_ms
-        for key in [k for k, s in self._sessions.items() if now_ms - s.active_ms > timeout]:
-            del self._sessions[key]
+        for key in [k for k, s in self._sessions.items() if not self._alive(s, now_ms)]:
+            session = self._sessions.pop(key)
             self.stats["sessions_timed_out"] += 1
+            # Which exchange waited (diagnosis: the catch-up bench reports these).
+            kind = "streaming" if session.streaming else "opening"
+            heard = self._heard_ms.get(session.peer, -1) > session.active_ms
+            self.stats[f"sessions_timed_out:{kind}{':heard' if heard else ''}"] += 1
+
+    def _alive(self, session: _Session, now_ms: int) -> bool:
+        """Is `session`'s peer still answering, as of `now_ms`? (`_expire_sessions`)"""
+        timeout = self.config.session_timeout_ms
+        if now_ms - session.active_ms <= timeout:
+            return True
+        heard = self._heard_ms.get(session.peer)
+        return (heard is not None and now_ms - heard <= timeout
+                and now_ms - session.offered_ms <= MAX_ANSWER_WAIT_MS)
 
     def _discount_absence(self, due_ms: int) -> None:
         """Time we could not listen does not count as the peers' silence.
@@ -168,6 +201,7 @@ class AntiEntropy:
             self.stats["absences"] += 1
             for session in self._sessions.values():
                 session.active_ms += away
+                session.offered_ms += away
 
     def offers_sent_at(self, now_ms: int) -> None:
         """The driver carried out this step's effects at `now_ms`: its offers left then.
@@ -179,6 +213,7 @@ class AntiEntropy:
         """
         for session in self._offered:
             session.active_ms = max(session.active_ms, now_ms)
+            session.offered_ms = max(session.offered_ms, now_ms)
         self._offered.clear()
 
     def _solicited(self, peer: PeerId, message: Message) -> bool:
@@ -220,6 +255,7 @@ class AntiEntropy:
         node verifies and stores in a few hundred ms. Anything else: [] and
         the step does what it always did. Never raises for bad input.
         """
+        self._heard_ms[peer] = max(now_ms, self._heard_ms.get(peer, now_ms))
         if not self.config.pipeline or not _may_be_reply(data):
             return []
         try:
@@ -249,7 +285,7 @@ class AntiEntropy:
         session.queued.add(message.xid)
         session.frontier = frontier
         session.xid = self._new_xid()
-        session.active_ms = now_ms
+        session.active_ms = session.offered_ms = now_ms
         session.offer = Offer(last.topic, session.xid, frontier[:MAX_HEADS], last.since,
                               last.floor, last.final, last.bloom)
         self.stats["offers_sent"] += 1
@@ -257,20 +293,40 @@ class AntiEntropy:
         return self._clean([self._send(peer, session.offer)])
 
     def _streaming(self, topic: bytes, now_ms: int, exclude: PeerId | None = None) -> bool:
-        """Does a catch-up (an exchange whose last answer said `more`) run on `topic`?"""
-        timeout = self.config.session_timeout_ms
-        return any(s.streaming and s.topic == topic and s.peer != exclude
-                   and now_ms - s.active_ms <= timeout for s in self._sessions.values())
+        """Does a catch-up run on `topic` with a peer other than `exclude`?
 
-    def sync_with(self, peer: PeerId, topic: bytes, now_ms: int) -> list[Effect]:
-        """Open an anti-entropy exchange with `peer` on `topic` now (tick does this on a timer)."""
+        An exchange whose last answer said `more` (or opened to continue one),
+        or a peer whose offer we answered naming heads we lack (its pages are
+        on their way, `_expecting`).
+        """
+        expecting = self._expecting.get(topic)
+        if expecting is not None and expecting[0] != exclude \
+                and now_ms - expecting[1] <= self.config.session_timeout_ms:
+            return True
+        return any(s.streaming and s.topic == topic and s.peer != exclude
+                   and self._alive(s, now_ms) for s in self._sessions.values())
+
+    def sync_with(self, peer: PeerId, topic: bytes, now_ms: int,
+                  streaming: bool = False) -> list[Effect]:
+        """Open an anti-entropy exchange with `peer` on `topic` now (tick does this on a timer).
+
+        `streaming`: it continues a catch-up that peer's answer cut (`more`), so
+        it counts as the topic's stream from the start (`_streaming`): a second
+        peer's cut answer arriving meanwhile does not open another.
+        """
         current = self._sessions.get((peer, topic))
-        if current is not None and now_ms - current.active_ms <= self.config.session_timeout_ms:
+        if current is not None and self._alive(current, now_ms):
             return []  # one exchange at a time per peer and topic
+        if not streaming and self._streaming(topic, now_ms, exclude=peer):
+            # A catch-up streams from another peer (e.g. this one just reconnected):
+            # our offer would draw the same pages from this one. Later, not now.
+            self.stats["syncs_deferred"] += 1
+            return []
         if not self._may_serve(peer, self._replicas[topic]):
             return []  # a private topic: our heads are not for this peer
         session = _Session(peer, topic, xid=0, active_ms=now_ms,
-                           window=self.config.initial_window_depth)
+                           window=self.config.initial_window_depth, streaming=streaming,
+                           offered_ms=now_ms)
         self._sessions[(peer, topic)] = session
         self.stats["sessions"] += 1
         return self._clean([self._offer(session, now_ms)])
@@ -318,6 +374,10 @@ class AntiEntropy:
         reply = Reply(replica.topic_id, offer.xid, heads, truncated, more or cut, tuple(events))
         if events:
             self._note_news(replica.topic_id, peer)  # the offerer lacked something
+        if not holds_all:
+            # The offerer holds what we lack: once it has our heads it sends it
+            # (`_send_missing`). Until then no other peer is asked for those pages.
+            self._expecting[replica.topic_id] = (peer, now_ms)
         return [self._spent(peer, self._send(peer, reply), now_ms)]
 
     @staticmethod
@@ -394,12 +454,15 @@ class AntiEntropy:
         out: list[Effect | None] = []
         graph = replica.graph
         applied_before = graph.delivered_count
+        duplicates_before = self.stats["duplicates"]
         self._ingest(peer, replica, reply.events, SYNC, now_ms, out)
         # Progress is what was applied here: events buffered on parents nobody
         # sent (a peer answering with made-up parents) do not keep an exchange going.
         progressed = graph.delivered_count > applied_before
         key = (peer, replica.topic_id)
         session = self._sessions.get(key)
+        self._count_duplicates(duplicates_before, "stale" if session is None or (
+            session.xid != reply.xid and reply.xid not in session.queued) else "page")
         if session is not None and reply.xid in session.queued:
             # A page received while the one before it was verified: the next page
             # was asked for when it arrived (`prefetch`).
@@ -417,7 +480,7 @@ class AntiEntropy:
             if progressed and (reply.more or not all(graph.has(h) for h in reply.heads)):
                 # A late answer of a catch-up: carry on from here rather than wait
                 # for the next periodic exchange (no-op while another is open).
-                out += self.sync_with(peer, replica.topic_id, now_ms)
+                out += self.sync_with(peer, replica.topic_id, now_ms, streaming=reply.more)
             return out
         if all(graph.has(h) for h in reply.heads):
             # We now hold all of the peer's graph, so we know exactly what it lacks.
@@ -436,14 +499,15 @@ class AntiEntropy:
                 return out
         if progressed:
             self._advance_since(peer, replica, reply)
-        if reply.more and progressed and self._streaming(replica.topic_id, now_ms, exclude=peer):
+        if reply.more and self._streaming(replica.topic_id, now_ms, exclude=peer):
             # Another peer's catch-up stream already brings these pages (several
             # start at once when a node resumes and answers the offers waiting in
-            # its sockets): keep one, end this exchange.
+            # its sockets, or a peer reconnects): keep one, end this exchange,
+            # whether this page was new or the other stream's copy.
             del self._sessions[key]
             self.stats["continuations_deferred"] += 1
             return out
-        session.streaming = reply.more and progressed
+        session.streaming = reply.more and (progressed or session.streaming)
         if reply.truncated:
             session.window *= self.config.window_growth
         # more: continuation; neither flag: a Bloom false positive hid something (fresh salt).
@@ -452,7 +516,12 @@ class AntiEntropy:
 
     def _on_events(self, peer: PeerId, replica: Replica, message: Events, now_ms: int) -> list[Effect]:
         out: list[Effect] = []
+        duplicates_before = self.stats["duplicates"]
         self._ingest(peer, replica, message.events, SYNC, now_ms, out)
+        topic = replica.topic_id
+        self._count_duplicates(duplicates_before, "events" if message.xid else "want")
+        if self._expecting.get(topic, (None,))[0] == peer:
+            del self._expecting[topic]  # the pages we were waiting for came
         if message.more:
             # The sender had more than one message's worth: continue by offering our new
             # heads, unless a catch-up already runs with another peer: it brings the same
@@ -461,8 +530,19 @@ class AntiEntropy:
             if self._streaming(replica.topic_id, now_ms, exclude=peer):
                 self.stats["continuations_deferred"] += 1
             else:
-                out += self.sync_with(peer, replica.topic_id, now_ms)
+                out += self.sync_with(peer, topic, now_ms, streaming=True)
         return out
+
+    def _count_duplicates(self, before: int, cause: str) -> None:
+        """Count the copies an answer brought that we held already, by what answer it was.
+
+        Causes: "page" (an answer to our open exchange), "stale" (to one
+        that timed out or was replaced), "events" (a peer's Events after our
+        reply), "want" (an answer to a want). Pushes are not counted here.
+        """
+        extra = self.stats["duplicates"] - before
+        if extra:
+            self.stats[f"duplicates:{cause}"] += extra
 
     def _on_want(self, peer: PeerId, replica: Replica, want: Want,
                  now_ms: int) -> list[Effect | None]:
@@ -493,7 +573,7 @@ class AntiEntropy:
 
     def _idle(self, peer: PeerId, topic: bytes, now_ms: int) -> bool:
         session = self._sessions.get((peer, topic))
-        return session is None or now_ms - session.active_ms > self.config.session_timeout_ms
+        return session is None or not self._alive(session, now_ms)
 
     def _wants(self, topic: bytes, replica: Replica,
                rng: random.Random) -> list[Effect | None]:
@@ -564,7 +644,7 @@ class AntiEntropy:
         bloom = BloomFilter.build(ids, self._rng.randbytes(BLOOM_SALT_BYTES),
                                   self.config.bloom_bits_per_item, self.config.bloom_hashes)
         session.xid = self._new_xid()
-        session.active_ms = now_ms
+        session.active_ms = session.offered_ms = now_ms
         self._offered.append(session)
         self.stats["offers_sent"] += 1
         session.frontier = None  # from the graph again: every page received is applied

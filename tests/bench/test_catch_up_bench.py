@@ -75,7 +75,14 @@ STATS = ("sessions", "offers_sent", "wants_sent", "messages_sent", "received_syn
          "received_gossip", "bytes_received", "duplicates", "sessions_timed_out",
          "stale_replies", "intake_throttled", "offers_throttled", "answers_cut",
          "answers_throttled", "sessions_abandoned", "offers_ahead", "continuations_deferred",
-         "offers_exact", "offers_judged", "absences", "wants_served", "offers_deferred")
+         "offers_exact", "offers_judged", "absences", "wants_served", "offers_deferred",
+         "outbox_dropped", "send_failed")
+# Stats whose name starts with one of these are reported by their full name (causes).
+STAT_PREFIXES = ("sessions_timed_out:", "duplicates:")
+# What the serving peers did with the resumed node's offers (which side a timeout is on).
+PEER_STATS = ("offers_throttled", "offers_deferred", "answers_throttled", "answers_cut",
+              "outbox_dropped", "send_failed", "sessions_timed_out", "offers_exact",
+              "offers_judged")
 
 
 async def ingest_big_frames(tmp: Path) -> dict[str, float]:
@@ -128,6 +135,8 @@ def measure_catch_up(cluster: LocalCluster, topic: str, stopped: int, missed: in
     tail = LogTail(cluster.nodes[stopped].data_dir / "logs")
     tail.read_new()  # skip the history
     before = cluster.status(stopped)["stats"]
+    peers = [i for i in range(len(cluster.nodes)) if i != stopped]
+    peers_before = {i: cluster.status(i)["stats"] for i in peers}
     timeout_s = max(CATCH_UP_MIN_TIMEOUT_S, missed / CATCH_UP_MIN_RATE_PER_S)
 
     cluster.signal(stopped, signal.SIGSTOP)
@@ -156,11 +165,15 @@ def measure_catch_up(cluster: LocalCluster, topic: str, stopped: int, missed: in
             profiler.send_signal(signal.SIGINT)  # py-spy writes its flame graph on SIGINT
             profiler.wait(timeout=PROFILER_EXIT_S)
     after = cluster.status(stopped)["stats"]
+    peers_after = {i: cluster.status(i)["stats"] for i in peers}
     records = [r for r in tail.read_new() if r["ts_ms"] >= resumed_ms]
     delivered = [r["ts_ms"] for r in records if r["type"] == "delivered"]
     duplicates = Counter(r.get("channel", "?") for r in records if r["type"] == "duplicate")
     span_ms = max(1, max(delivered) - resumed_ms) if delivered else None
-    delta = {key: after.get(key, 0) - before.get(key, 0) for key in STATS}
+    keys = set(STATS) | {k for k in after if k.startswith(STAT_PREFIXES)}
+    delta = {key: after.get(key, 0) - before.get(key, 0) for key in sorted(keys)}
+    peers_delta = {key: sum(peers_after[i].get(key, 0) - peers_before[i].get(key, 0)
+                            for i in peers) for key in PEER_STATS}
     return {
         "missed_events": missed,
         "events_to_catch_up": len(delivered),
@@ -171,6 +184,7 @@ def measure_catch_up(cluster: LocalCluster, topic: str, stopped: int, missed: in
         "events_per_s": round(len(delivered) / (span_ms / MS_PER_S)) if span_ms else None,
         "duplicates_by_channel": dict(duplicates),
         "stats_delta": delta,
+        "serving_peers_stats_delta": peers_delta,
     }
 
 

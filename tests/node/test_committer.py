@@ -382,3 +382,30 @@ def test_queued_bytes_are_bounded(tmp_path: Path) -> None:
         h.store.close()
 
     trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+
+
+def test_a_queue_full_by_count_stops_the_silence_clock(tmp_path: Path) -> None:
+    # Many small frames (pushes) fill the queue's slots long before its bytes: the
+    # frames behind them wait unread in their streams, as when full by bytes, so the
+    # exchanges whose answers may be among them do not time out meanwhile (`_tick`).
+    topic, events = authored(EVENTS)
+
+    async def main() -> None:
+        h = Harness(tmp_path, topic, capacity=4)
+
+        async def producer() -> None:
+            for event in events:
+                await h.frame(event)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(producer)
+            await trio.sleep(1)  # the committer is not running: the queue fills by count
+            assert h.committer._full_since is not None
+            assert h.committer.stats["waits_for_space"] >= 1
+            nursery.start_soon(h.committer.run)
+            await h.wait_delivered(len(events))
+            nursery.cancel_scope.cancel()
+        assert h.committer._full_since is None  # drained: the clock runs again
+        h.store.close()
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))

@@ -18,10 +18,14 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from tests.transport.pair import NodePair, lagging
+from storage.memory import MemoryStore
+from tests.transport.pair import NodePair, identity, lagging
+from node.replica.replica import Replica
+from transport.anti_entropy import MAX_ANSWER_WAIT_MS
+from transport.dissemination import Disseminator
 from transport.dissemination_config import DisseminationConfig
 from transport.effects import Send
-from transport.messages import Offer, Reply, decode, encode
+from transport.messages import Events, Offer, Push, Reply, decode, encode
 
 MISSED = 3_500  # four pages of 1,024
 BASE_CONFIG = DisseminationConfig(push=False, log=False, depletion=False)
@@ -224,12 +228,14 @@ def test_a_second_stream_ends_once_one_runs():
     a, b = pair.engines["a"], pair.engines["b"]
     a.on_peer_up("c", pair.now_ms)
     (offer,) = a.sync_with("b", pair.topic, pair.now_ms)
+    # c is asked too (a resumed node offers to several peers before any streams) ...
+    (offer_c,) = a.sync_with("c", pair.topic, pair.now_ms)
     (page,) = b.on_message("a", offer.data, pair.now_ms)
     (offer2,) = a.on_message("b", page.data, pair.now_ms)  # applied; streams from b now
     assert a._streaming(pair.topic, pair.now_ms)
-    # c was asked too (a resumed node answers several offers at once) and answers
-    # with the next page: it is applied, but the exchange with c does not go on.
-    (offer_c,) = a.sync_with("c", pair.topic, pair.now_ms)
+    # ... and answers with the next page: it is applied, but the exchange with c
+    # does not go on. No new exchange with c starts meanwhile either.
+    assert a.sync_with("c", pair.topic, pair.now_ms) == []
     (page2,) = b.on_message("a", offer2.data, pair.now_ms)
     reply = decode(page2.data)
     from_c = Reply(reply.topic, decode(offer_c.data).xid, reply.heads, False, True,
@@ -239,3 +245,121 @@ def test_a_second_stream_ends_once_one_runs():
     assert pair.replicas["a"].graph.delivered_count > before
     assert a.stats["continuations_deferred"] == 1
     assert ("c", pair.topic) not in a._sessions and ("b", pair.topic) in a._sessions
+
+
+def with_third(pair: NodePair) -> NodePair:
+    """Add "c", a real engine holding everything "b" holds, linked to "a" and "b"."""
+    b = pair.replicas["b"]
+    c = Replica(MemoryStore(), pair.topic, identity("c"), b.config)
+    for _, event in b.graph.deliveries(0, b.graph.delivered_count):
+        c.receive(event.raw, pair.now_ms)
+    c.commit()
+    engine = Disseminator(c.identity.public_key.hex(), pair.rng, pair.config)
+    engine.add_topic(c)
+    pair.replicas["c"], pair.engines["c"] = c, engine
+    for name in ("a", "b"):
+        pair.engines[name].on_peer_up("c", pair.now_ms)
+        engine.on_peer_up(name, pair.now_ms)
+    return pair
+
+
+def run_flights(pair: NodePair, flight: list[tuple[str, Send]], pipelined: bool = True,
+                drop_to: str | None = None, max_flights: int = 200) -> dict[str, int]:
+    """Deliver `flight` (sender, Send) and every answer to quiescence; events sent to "a".
+
+    With `drop_to`, frames to that node are lost and it answers nothing (a peer
+    that went away mid-stream).
+    """
+    events_to_a = 0
+    flights = 0
+    while flight:
+        flights += 1
+        assert flights <= max_flights, "catch-up does not terminate"
+        next_flight = []
+        for sender, effect in flight:
+            if not isinstance(effect, Send) or effect.peer == drop_to:
+                continue
+            receiver = effect.peer
+            pair.now_ms += 1
+            message = decode(effect.data)
+            if receiver == "a" and isinstance(message, (Reply, Events)):
+                events_to_a += len(message.events)
+            engine = pair.engines[receiver]
+            if pipelined and receiver == "a":
+                next_flight += [("a", e) for e in engine.prefetch(sender, effect.data,
+                                                                  pair.now_ms)]
+            next_flight += [(receiver, e) for e in engine.on_message(sender, effect.data,
+                                                                      pair.now_ms)]
+            if receiver == "a":
+                engine.offers_sent_at(pair.now_ms)
+        flight = next_flight
+    return {"flights": flights, "events_to_a": events_to_a}
+
+
+def test_a_resumed_node_takes_the_pages_of_one_of_the_offers_waiting_for_it():
+    # a was stopped while b and c moved on; both offered meanwhile, and their offers
+    # wait in a's sockets. a answers b's; c's would draw the same pages: deferred.
+    pair = with_third(lagging(MISSED, config=BASE_CONFIG))
+    a, b, c = (pair.engines[n] for n in "abc")
+    (offer_b,) = b.sync_with("a", pair.topic, pair.now_ms)
+    (offer_c,) = c.sync_with("a", pair.topic, pair.now_ms)
+    answers = [("a", e) for e in a.on_message("b", offer_b.data, pair.now_ms)]
+    assert a.on_message("c", offer_c.data, pair.now_ms) == []
+    assert a.stats["offers_deferred"] == 1
+    # No exchange of a's own opens a second stream meanwhile either.
+    assert a.sync_with("c", pair.topic, pair.now_ms) == []
+    assert a.stats["syncs_deferred"] == 1
+    figures = run_flights(pair, answers)
+    assert pair.replicas["a"].graph.delivered_count == pair.replicas["b"].graph.delivered_count
+    assert figures["events_to_a"] == MISSED  # every missed event crossed once
+    assert a.stats["duplicates"] == 0
+
+
+def test_pages_that_two_peers_start_at_once_cross_once():
+    # Both peers answered an exchange at once (a resumed node offers to several,
+    # a peer reconnects): the second stream ends at its first page.
+    pair = with_third(lagging(MISSED, config=BASE_CONFIG))
+    a = pair.engines["a"]
+    flight = [("a", e) for e in a.sync_with("b", pair.topic, pair.now_ms)]
+    flight += [("a", e) for e in a.sync_with("c", pair.topic, pair.now_ms)]
+    figures = run_flights(pair, flight)
+    assert pair.replicas["a"].graph.delivered_count == pair.replicas["b"].graph.delivered_count
+    # One page of 1,024 at most crosses twice (both first pages left before either came).
+    assert figures["events_to_a"] <= MISSED + 1_024
+    assert a.stats["continuations_deferred"] >= 1
+    assert a.stats["sessions_abandoned"] == 0
+
+
+def test_a_peer_that_keeps_sending_other_frames_is_not_silent_for_long():
+    # The answer waits behind the peer's pushes on the same stream (after a SIGSTOP
+    # its outbound queue holds ~1,024 frames for us): not silence, up to a bound.
+    pair = lagging(10, config=BASE_CONFIG)
+    a = pair.engines["a"]
+    start = pair.now_ms
+    assert a.sync_with("b", pair.topic, start)
+    push = encode(Push(pair.topic, ()))
+    at = start
+    while at - start < MAX_ANSWER_WAIT_MS - BASE_CONFIG.session_timeout_ms:
+        at += 500
+        a.prefetch("b", push, at)
+        a.tick(at, due_ms=at)
+    assert a.stats["sessions_timed_out"] == 0
+    while at - start <= MAX_ANSWER_WAIT_MS:
+        at += 500
+        a.prefetch("b", push, at)
+        a.tick(at, due_ms=at)
+    assert a.stats["sessions_timed_out"] == 1
+    assert a.stats["sessions_timed_out:opening:heard"] == 1
+
+
+def test_a_silent_peer_still_times_out():
+    pair = lagging(10, config=BASE_CONFIG)
+    a = pair.engines["a"]
+    start = pair.now_ms
+    assert a.sync_with("b", pair.topic, start)
+    at = start
+    while a.stats["sessions_timed_out"] == 0:
+        at += 50
+        a.tick(at, due_ms=at)
+        assert at - start <= BASE_CONFIG.session_timeout_ms + 100
+    assert a.stats["sessions_timed_out:opening"] == 1
