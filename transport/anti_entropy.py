@@ -78,6 +78,12 @@ from transport.reconcile import filter_capacity, judge_offer, offer_floor, recen
 # not silent, so `session_timeout_ms` does not apply; this bounds the wait for
 # a peer that sends everything but the answer (it dropped our offer).
 MAX_ANSWER_WAIT_MS: Final = 30_000
+# A pause of the node itself (SIGSTOP, suspension; no tick for this long) that
+# ends the exchanges open before it rather than waiting on: half the peers'
+# write timeout (`transport.libp2p_streams.MESSAGE_WRITE_TIMEOUT_S`, 10 s), after
+# which a peer resets its stream to us and the answers queued on it are lost;
+# far above the loop stalls of a loaded machine (1-3 s), which keep a stream.
+LONG_ABSENCE_MS: Final = 5_000
 
 
 @dataclass
@@ -192,12 +198,25 @@ class AntiEntropy:
         suspended, or its loop blocked. Answers sent meanwhile wait in our
         sockets; without this the first tick after the pause would time out
         every exchange open before it, answers unread.
+
+        After an absence of `LONG_ABSENCE_MS` or more the exchanges open
+        before it are ended instead (`sessions_interrupted`, not timed out:
+        the peer did nothing wrong). Their answers may be lost: a peer whose
+        writes to us stalled that long resets the stream, and the frames
+        queued on it go with it (`transport.libp2p_messages`). An answer
+        that did survive is still applied when it comes (a stale reply) and
+        carries a catch-up on; the next exchanges offer the heads held now.
         """
         last, self._last_due_ms = self._last_due_ms, due_ms
         if last is None:
             return
         away = due_ms - last
-        if away > self.config.session_timeout_ms // 2:
+        if away >= LONG_ABSENCE_MS:
+            self.stats["absences"] += 1
+            self.stats["sessions_interrupted"] += len(self._sessions)
+            self._sessions.clear()
+            self._expecting.clear()
+        elif away > self.config.session_timeout_ms // 2:
             self.stats["absences"] += 1
             for session in self._sessions.values():
                 session.active_ms += away

@@ -170,14 +170,30 @@ def test_time_the_node_was_not_running_is_not_the_peers_silence():
     start = pair.now_ms
     a.tick(start, due_ms=start)
     assert a.sync_with("b", pair.topic, start + 1)
-    # SIGSTOPped for a minute: the first tick after it does not expire the exchange
-    # (its answer waits in our socket) ...
-    a.tick(start + 60_000, due_ms=start + 60_000)
+    # The loop stalled 1.5 s (a loaded machine): the first tick after it does not
+    # expire the exchange (its answer waits in our socket) ...
+    stall = BASE_CONFIG.session_timeout_ms * 3 // 4
+    a.tick(start + stall, due_ms=start + stall)
     assert a.stats["sessions_timed_out"] == 0 and a.stats["absences"] == 1
     # ... but silence while we run does.
-    for at in range(start + 60_050, start + 63_000, 50):
+    for at in range(start + stall + 50, start + stall + 3_000, 50):
         a.tick(at, due_ms=at)
     assert a.stats["sessions_timed_out"] == 1
+
+
+def test_a_long_absence_ends_the_exchanges_open_before_it_and_a_late_answer_still_counts():
+    pair = lagging(10, config=BASE_CONFIG)
+    a, b = pair.engines["a"], pair.engines["b"]
+    start = pair.now_ms
+    a.tick(start, due_ms=start)
+    (offer,) = a.sync_with("b", pair.topic, start + 1)
+    (reply,) = b.on_message("a", offer.data, start + 2)
+    # SIGSTOPped for a minute: the peer may have reset its stream to us, answer and all.
+    back = start + 60_000
+    a.tick(back, due_ms=back)
+    assert a.stats["sessions_interrupted"] == 1 and a.stats["sessions_timed_out"] == 0
+    a.on_message("b", reply.data, back + 10)  # the answer survived after all: used
+    assert pair.same() and a.stats["stale_replies"] == 1
 
 
 def test_an_answer_waiting_in_our_queue_is_no_silence():
