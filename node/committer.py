@@ -378,6 +378,10 @@ class Committer:
             try:
                 for pending in local:
                     effects += self._apply_local(pending, local, now, records, created)
+                    if isinstance(pending.work, Tick):
+                        # Before the frames: answers to offers that waited in our sockets
+                        # while we were stopped are given knowing we were away.
+                        self._engine.note_due(pending.queued_ms)
                 for frame in frames:
                     effects += self._engine.on_message(frame.peer, frame.data, now,
                                                        accountable=frame.accountable)

@@ -72,18 +72,20 @@ from transport.messages import (
 )
 from transport.reconcile import filter_capacity, judge_offer, offer_floor, recent_events
 
-# The longest an exchange waits for its answer while the peer keeps sending us
-# other frames (pushes queued ahead of the answer on the same stream: after a
-# SIGSTOP a peer's outbound queue holds ~1,024 frames for us). Such a peer is
-# not silent, so `session_timeout_ms` does not apply; this bounds the wait for
-# a peer that sends everything but the answer (it dropped our offer).
-MAX_ANSWER_WAIT_MS: Final = 30_000
 # A pause of the node itself (SIGSTOP, suspension; no tick for this long) that
 # ends the exchanges open before it rather than waiting on: half the peers'
 # write timeout (`transport.libp2p_streams.MESSAGE_WRITE_TIMEOUT_S`, 10 s), after
 # which a peer resets its stream to us and the answers queued on it are lost;
 # far above the loop stalls of a loaded machine (1-3 s), which keep a stream.
 LONG_ABSENCE_MS: Final = 5_000
+# Peers one catch-up asks its pages of, in turn (`prefetch`): the peer that
+# streams and up to two more seen holding what we lack (they offered heads we
+# lack, or answered with `more`). Each page is asked of one peer only, so
+# every event still crosses once; the serving work is spread, and a peer lost
+# mid-stream costs only its one page in flight (the next exchange resumes).
+MAX_STREAM_PEERS: Final = 3
+# How long a peer seen ahead of us stays a candidate to serve pages.
+AHEAD_FRESH_MS: Final = 30_000
 
 
 @dataclass
@@ -97,12 +99,10 @@ class _Session:
     window: int
     rounds: int = 0  # offers that brought nothing new
     streaming: bool = False  # the last reply said `more`: a catch-up runs on this exchange
-    offered_ms: int = 0  # when the offer now waiting for its answer left (`MAX_ANSWER_WAIT_MS`)
+    waiting: bool = True  # an offer of ours waits for its answer (else: pages queued, or idle)
     # Pipelining (`prefetch`): the offer we last sent (its filter is reused for the
-    # next page's offer), the heads we will hold once every received page is
-    # applied, and the xids of pages received but not applied yet.
+    # next page's offer) and the xids of pages received but not applied yet.
     offer: Offer | None = None
-    frontier: tuple[bytes, ...] | None = None
     queued: set[int] = field(default_factory=set)
 
 
@@ -138,13 +138,19 @@ class AntiEntropy:
         self._next_xid = 1
         self._offered: list[_Session] = []  # offers of the current step (`offers_sent_at`)
         self._last_due_ms: int | None = None  # the driver's last tick (`_discount_absence`)
-        # When a frame of each peer last reached the driver (`prefetch` sees them all):
-        # a peer that sends is not silent, though its answer waits behind its frames.
+        self._resumed_ms: int | None = None  # when the last absence ended (`_expecting`)
+        # When a frame of each peer last reached the driver (`prefetch` sees them
+        # all): tells a timed-out exchange's lost answer from a silent peer.
         self._heard_ms: dict[PeerId, int] = {}
         # topic -> (peer, when): we answered that peer's offer naming heads we lack, so
         # its Events with our missing pages are on their way (`_on_offer`): no second
         # peer is asked for the same pages meanwhile (`_streaming`).
         self._expecting: dict[bytes, tuple[PeerId, int]] = {}
+        # topic -> peers seen holding what we lack (peer -> when): who may serve pages.
+        self._ahead: dict[bytes, OrderedDict[PeerId, int]] = {}
+        # topic -> the heads we will hold once every page received is applied.
+        self._frontier: dict[bytes, tuple[bytes, ...]] = {}
+        self._turn = 0  # round robin over a catch-up's peers (`_page_peer`)
 
     def _forget_topic(self, topic: bytes) -> None:
         for key in [k for k in self._sessions if k[1] == topic]:
@@ -154,6 +160,8 @@ class AntiEntropy:
         for key in [k for k in self._want_source if k[0] == topic]:
             del self._want_source[key]
         self._expecting.pop(topic, None)
+        self._ahead.pop(topic, None)
+        self._frontier.pop(topic, None)
 
     def _forget_peer(self, peer: PeerId) -> None:
         for key in [k for k in self._sessions if k[0] == peer]:
@@ -161,6 +169,8 @@ class AntiEntropy:
         self._heard_ms.pop(peer, None)
         for topic in [t for t, (p, _) in self._expecting.items() if p == peer]:
             del self._expecting[topic]
+        for ahead in self._ahead.values():
+            ahead.pop(peer, None)
 
     def _expire_sessions(self, now_ms: int) -> None:
         """Drop the exchanges whose peer has been silent for `session_timeout_ms` at `now_ms`.
@@ -168,13 +178,15 @@ class AntiEntropy:
         The timeout is about the peer's silence, not about our own backlog: a
         driver whose steps queue behind a long catch-up passes the time the
         tick was *due* (`tick(due_ms=...)`), so an answer that reached us
-        before then but still waits in our queue does not count as lost. A
-        peer whose other frames keep reaching us (`_heard_ms`) is not silent
-        either: its answer is queued behind them on the same stream; it waits
-        at most `MAX_ANSWER_WAIT_MS` from when the offer left.
+        before then but still waits in our queue does not count as lost.
+        Counted by kind: `sessions_timed_out:opening|streaming`, with
+        `:heard` when other frames of the peer reached us after our offer
+        (its answer was lost, or is queued behind them at the peer).
         """
         for key in [k for k, s in self._sessions.items() if not self._alive(s, now_ms)]:
             session = self._sessions.pop(key)
+            if not session.waiting:
+                continue  # a catch-up's peer whose turn passed: nothing was asked of it
             self.stats["sessions_timed_out"] += 1
             # Which exchange waited (diagnosis: the catch-up bench reports these).
             kind = "streaming" if session.streaming else "opening"
@@ -183,12 +195,17 @@ class AntiEntropy:
 
     def _alive(self, session: _Session, now_ms: int) -> bool:
         """Is `session`'s peer still answering, as of `now_ms`? (`_expire_sessions`)"""
-        timeout = self.config.session_timeout_ms
-        if now_ms - session.active_ms <= timeout:
-            return True
-        heard = self._heard_ms.get(session.peer)
-        return (heard is not None and now_ms - heard <= timeout
-                and now_ms - session.offered_ms <= MAX_ANSWER_WAIT_MS)
+        # (A session with pages waiting in our own queue is not waiting on its peer.)
+        return now_ms - session.active_ms <= self.config.session_timeout_ms or bool(session.queued)
+
+    def note_due(self, due_ms: int) -> None:
+        """The driver queued a tick at `due_ms`; told before the step's frames are handled.
+
+        So an absence is known (`_discount_absence`) before the offers that
+        waited in our sockets during it are answered (`_expecting`). The tick
+        itself tells it again, which changes nothing.
+        """
+        self._discount_absence(due_ms)
 
     def _discount_absence(self, due_ms: int) -> None:
         """Time we could not listen does not count as the peers' silence.
@@ -207,20 +224,22 @@ class AntiEntropy:
         that did survive is still applied when it comes (a stale reply) and
         carries a catch-up on; the next exchanges offer the heads held now.
         """
-        last, self._last_due_ms = self._last_due_ms, due_ms
-        if last is None:
+        last, self._last_due_ms = self._last_due_ms, max(due_ms, self._last_due_ms or due_ms)
+        if last is None or due_ms <= last:
             return
         away = due_ms - last
+        if away > self.config.session_timeout_ms // 2:
+            self._resumed_ms = due_ms
         if away >= LONG_ABSENCE_MS:
             self.stats["absences"] += 1
             self.stats["sessions_interrupted"] += len(self._sessions)
             self._sessions.clear()
             self._expecting.clear()
+            self._frontier.clear()
         elif away > self.config.session_timeout_ms // 2:
             self.stats["absences"] += 1
             for session in self._sessions.values():
                 session.active_ms += away
-                session.offered_ms += away
 
     def offers_sent_at(self, now_ms: int) -> None:
         """The driver carried out this step's effects at `now_ms`: its offers left then.
@@ -232,7 +251,6 @@ class AntiEntropy:
         """
         for session in self._offered:
             session.active_ms = max(session.active_ms, now_ms)
-            session.offered_ms = max(session.offered_ms, now_ms)
         self._offered.clear()
 
     def _solicited(self, peer: PeerId, message: Message) -> bool:
@@ -293,23 +311,68 @@ class AntiEntropy:
                 or len(session.queued) >= PAGES_AHEAD or not self._answers.is_trusted(peer):
             return []
         replica = self._replicas.get(message.topic)
-        if replica is None:
+        topic = message.topic
+        if replica is None or sum(len(s.queued) for s in self._sessions.values()
+                                  if s.topic == topic) >= PAGES_AHEAD:
             return []
-        base = session.frontier if session.frontier is not None else tuple(
-            replica.graph.extremities())
-        frontier = _advance(base, message.events)
+        frontier = _advance(self._frontier.get(topic) or tuple(replica.graph.extremities()),
+                            message.events)
         if frontier is None:
             return []  # undecodable events: the step judges them, nothing is asked ahead
         last = session.offer
         session.queued.add(message.xid)
-        session.frontier = frontier
-        session.xid = self._new_xid()
-        session.active_ms = session.offered_ms = now_ms
-        session.offer = Offer(last.topic, session.xid, frontier[:MAX_HEADS], last.since,
-                              last.floor, last.final, last.bloom)
+        session.waiting = False
+        self._frontier[topic] = frontier
+        self._note_ahead(topic, peer, now_ms)
+        target = self._page_peer(replica, peer, now_ms)
+        if target == peer:
+            ask = session
+        else:
+            ask = self._sessions.get((target, topic)) or _Session(
+                target, topic, xid=0, active_ms=now_ms, window=self.config.initial_window_depth)
+            self._sessions[(target, topic)] = ask
+            ask.streaming = True
+            self.stats["pages_asked_of_others"] += 1
+        ask.xid = self._new_xid()
+        ask.waiting = True
+        ask.active_ms = now_ms
+        # To another peer the offer names heads we do not hold yet, which its filter
+        # cannot include: `final`, so it judges them instead of calling the offer
+        # impossible (`_impossible`); one that holds them answers exactly.
+        ask.offer = Offer(topic, ask.xid, frontier[:MAX_HEADS], last.since, last.floor,
+                          last.final or target != peer, last.bloom)
         self.stats["offers_sent"] += 1
         self.stats["offers_ahead"] += 1
-        return self._clean([self._send(peer, session.offer)])
+        return self._clean([self._send(target, ask.offer)])
+
+    def _note_ahead(self, topic: bytes, peer: PeerId, now_ms: int) -> None:
+        """`peer` holds events we lack on `topic` (it streams them, or offered heads we lack)."""
+        ahead = self._ahead.setdefault(topic, OrderedDict())
+        ahead[peer] = now_ms
+        ahead.move_to_end(peer)
+        while len(ahead) > MAX_STREAM_PEERS:
+            ahead.popitem(last=False)
+
+    def _page_peer(self, replica: Replica, streamer: PeerId, now_ms: int) -> PeerId:
+        """Who to ask for a catch-up's next page: the peers seen ahead of us, in turn.
+
+        Only trusted peers we may serve (what we send is an offer), seen ahead
+        within `AHEAD_FRESH_MS`, with no exchange of their own waiting for an
+        answer (their turn would wait behind it); `streamer` (who sent the
+        page that just arrived) is always one.
+        """
+        topic = replica.topic_id
+        candidates = [streamer]
+        for peer, seen_ms in self._ahead.get(topic, {}).items():
+            if peer == streamer or now_ms - seen_ms > AHEAD_FRESH_MS or peer not in self._peers \
+                    or not self._answers.is_trusted(peer) or not self._may_serve(peer, replica):
+                continue
+            current = self._sessions.get((peer, topic))
+            if current is not None and current.waiting and self._alive(current, now_ms):
+                continue
+            candidates.append(peer)
+        self._turn += 1
+        return sorted(candidates)[self._turn % len(candidates)]
 
     def _streaming(self, topic: bytes, now_ms: int, exclude: PeerId | None = None) -> bool:
         """Does a catch-up run on `topic` with a peer other than `exclude`?
@@ -322,8 +385,12 @@ class AntiEntropy:
         if expecting is not None and expecting[0] != exclude \
                 and now_ms - expecting[1] <= self.config.session_timeout_ms:
             return True
+        own = None if exclude is None else self._sessions.get((exclude, topic))
+        if own is not None and own.streaming and self._alive(own, now_ms):
+            return False  # `exclude` is one of the stream's own peers (`_page_peer`)
         return any(s.streaming and s.topic == topic and s.peer != exclude
-                   and self._alive(s, now_ms) for s in self._sessions.values())
+                   and (s.waiting or s.queued) and self._alive(s, now_ms)
+                   for s in self._sessions.values())
 
     def sync_with(self, peer: PeerId, topic: bytes, now_ms: int,
                   streaming: bool = False) -> list[Effect]:
@@ -344,8 +411,7 @@ class AntiEntropy:
         if not self._may_serve(peer, self._replicas[topic]):
             return []  # a private topic: our heads are not for this peer
         session = _Session(peer, topic, xid=0, active_ms=now_ms,
-                           window=self.config.initial_window_depth, streaming=streaming,
-                           offered_ms=now_ms)
+                           window=self.config.initial_window_depth, streaming=streaming)
         self._sessions[(peer, topic)] = session
         self.stats["sessions"] += 1
         return self._clean([self._offer(session, now_ms)])
@@ -369,6 +435,7 @@ class AntiEntropy:
             # stream brings (measured: 1.4-1.8 duplicates per caught-up event). It
             # offers again later, to us or another peer; a peer behind us is served.
             self.stats["offers_deferred"] += 1
+            self._note_ahead(replica.topic_id, peer, now_ms)  # it may serve the stream's pages
             return []
         if holds_all:
             # We hold all of the offerer's graph: what it lacks is exact, no filter needed.
@@ -393,10 +460,17 @@ class AntiEntropy:
         reply = Reply(replica.topic_id, offer.xid, heads, truncated, more or cut, tuple(events))
         if events:
             self._note_news(replica.topic_id, peer)  # the offerer lacked something
-        if not holds_all:
-            # The offerer holds what we lack: once it has our heads it sends it
-            # (`_send_missing`). Until then no other peer is asked for those pages.
+        if not holds_all and self._resumed_ms is not None \
+                and now_ms - self._resumed_ms <= self.config.session_timeout_ms:
+            # Just back from an absence, answering the offers that waited in our
+            # sockets: each offerer holds what we missed and, once it has our
+            # heads, sends it (`_send_missing`), the same pages from each. Until
+            # the first one's come no other peer is asked for them. (Not in
+            # steady state: there offers naming a few heads we lack are the norm
+            # and the answers overlap little; deferring them slowed convergence
+            # of a lossy 50-node anti-entropy world 3x.)
             self._expecting[replica.topic_id] = (peer, now_ms)
+            self._note_ahead(replica.topic_id, peer, now_ms)
         return [self._spent(peer, self._send(peer, reply), now_ms)]
 
     @staticmethod
@@ -518,6 +592,8 @@ class AntiEntropy:
                 return out
         if progressed:
             self._advance_since(peer, replica, reply)
+        if reply.more:
+            self._note_ahead(replica.topic_id, peer, now_ms)
         if reply.more and self._streaming(replica.topic_id, now_ms, exclude=peer):
             # Another peer's catch-up stream already brings these pages (several
             # start at once when a node resumes and answers the offers waiting in
@@ -663,10 +739,12 @@ class AntiEntropy:
         bloom = BloomFilter.build(ids, self._rng.randbytes(BLOOM_SALT_BYTES),
                                   self.config.bloom_bits_per_item, self.config.bloom_hashes)
         session.xid = self._new_xid()
-        session.active_ms = session.offered_ms = now_ms
+        session.active_ms = now_ms
         self._offered.append(session)
         self.stats["offers_sent"] += 1
-        session.frontier = None  # from the graph again: every page received is applied
+        session.waiting = True
+        if not any(s.queued for s in self._sessions.values() if s.topic == session.topic):
+            self._frontier.pop(session.topic, None)  # from the graph again: all pages applied
         session.offer = Offer(session.topic, session.xid, self._heads(graph), since, covered,
                               covered > floor, bloom)
         return self._send(session.peer, session.offer)
