@@ -385,9 +385,6 @@ class AntiEntropy:
         if expecting is not None and expecting[0] != exclude \
                 and now_ms - expecting[1] <= self.config.session_timeout_ms:
             return True
-        own = None if exclude is None else self._sessions.get((exclude, topic))
-        if own is not None and own.streaming and self._alive(own, now_ms):
-            return False  # `exclude` is one of the stream's own peers (`_page_peer`)
         return any(s.streaming and s.topic == topic and s.peer != exclude
                    and (s.waiting or s.queued) and self._alive(s, now_ms)
                    for s in self._sessions.values())
@@ -594,11 +591,13 @@ class AntiEntropy:
             self._advance_since(peer, replica, reply)
         if reply.more:
             self._note_ahead(replica.topic_id, peer, now_ms)
-        if reply.more and self._streaming(replica.topic_id, now_ms, exclude=peer):
+        if reply.more and not session.streaming \
+                and self._streaming(replica.topic_id, now_ms, exclude=peer):
             # Another peer's catch-up stream already brings these pages (several
             # start at once when a node resumes and answers the offers waiting in
             # its sockets, or a peer reconnects): keep one, end this exchange,
-            # whether this page was new or the other stream's copy.
+            # whether this page was new or the other stream's copy. (An exchange
+            # that streams already is one of the stream's own peers, `_page_peer`.)
             del self._sessions[key]
             self.stats["continuations_deferred"] += 1
             return out
