@@ -78,6 +78,15 @@ from transport.reconcile import filter_capacity, judge_offer, offer_floor, recen
 # which a peer resets its stream to us and the answers queued on it are lost;
 # far above the loop stalls of a loaded machine (1-3 s), which keep a stream.
 LONG_ABSENCE_MS: Final = 5_000
+# An exchange's timeout follows how long the peer has taken to answer (like
+# TCP's retransmission timeout): at least `session_timeout_ms`, else this many
+# times its smoothed answer time, at most `MAX_SESSION_TIMEOUT_MS`. On a loaded
+# machine a page of 1,024 events takes its peer seconds to prepare and us
+# seconds to reach; a fixed 2 s timed such exchanges out (and, no longer
+# counted as streaming, let duplicate answers in) though the peer was answering.
+ANSWER_TIMEOUT_FACTOR: Final = 4
+ANSWER_SMOOTHING: Final = 0.125  # weight of the newest answer time (TCP's 1/8)
+MAX_SESSION_TIMEOUT_MS: Final = 20_000  # a silent peer's exchange times out by then at the latest
 # Peers one catch-up asks its pages of, in turn (`prefetch`): the peer that
 # streams and up to two more seen holding what we lack (they offered heads we
 # lack, or answered with `more`). Each page is asked of one peer only, so
@@ -142,6 +151,7 @@ class AntiEntropy:
         # When a frame of each peer last reached the driver (`prefetch` sees them
         # all): tells a timed-out exchange's lost answer from a silent peer.
         self._heard_ms: dict[PeerId, int] = {}
+        self._answer_ms: dict[PeerId, float] = {}  # smoothed answer time per peer (`_timeout`)
         # topic -> (peer, when): we answered that peer's offer naming heads we lack, so
         # its Events with our missing pages are on their way (`_on_offer`): no second
         # peer is asked for the same pages meanwhile (`_streaming`).
@@ -167,6 +177,7 @@ class AntiEntropy:
         for key in [k for k in self._sessions if k[0] == peer]:
             del self._sessions[key]
         self._heard_ms.pop(peer, None)
+        self._answer_ms.pop(peer, None)
         for topic in [t for t, (p, _) in self._expecting.items() if p == peer]:
             del self._expecting[topic]
         for ahead in self._ahead.values():
@@ -196,7 +207,21 @@ class AntiEntropy:
     def _alive(self, session: _Session, now_ms: int) -> bool:
         """Is `session`'s peer still answering, as of `now_ms`? (`_expire_sessions`)"""
         # (A session with pages waiting in our own queue is not waiting on its peer.)
-        return now_ms - session.active_ms <= self.config.session_timeout_ms or bool(session.queued)
+        return now_ms - session.active_ms <= self._timeout(session.peer) or bool(session.queued)
+
+    def _timeout(self, peer: PeerId) -> int:
+        """How long `peer` may stay silent on an exchange (`ANSWER_TIMEOUT_FACTOR`)."""
+        base = self.config.session_timeout_ms
+        smoothed = self._answer_ms.get(peer)
+        if smoothed is None:
+            return base
+        return int(min(max(base, ANSWER_TIMEOUT_FACTOR * smoothed),
+                       max(base, MAX_SESSION_TIMEOUT_MS)))
+
+    def _note_answer_time(self, peer: PeerId, took_ms: int) -> None:
+        smoothed = self._answer_ms.get(peer)
+        self._answer_ms[peer] = float(took_ms) if smoothed is None else (
+            smoothed + ANSWER_SMOOTHING * (took_ms - smoothed))
 
     def note_due(self, due_ms: int) -> None:
         """The driver queued a tick at `due_ms`; told before the step's frames are handled.
@@ -305,6 +330,8 @@ class AntiEntropy:
         if session is None or not (session.xid == message.xid or message.xid in session.queued):
             return []
         # The peer answered: whatever our queue makes this page wait, it is not silent.
+        if session.xid == message.xid and session.waiting:
+            self._note_answer_time(peer, now_ms - session.active_ms)
         session.active_ms = max(session.active_ms, now_ms)
         if session.xid != message.xid or not message.more or message.truncated \
                 or not message.events or not session.streaming or session.offer is None \

@@ -21,6 +21,7 @@ from dataclasses import replace
 from storage.memory import MemoryStore
 from tests.transport.pair import NodePair, identity, lagging
 from node.replica.replica import Replica
+from transport.anti_entropy import MAX_SESSION_TIMEOUT_MS
 from transport.dissemination import Disseminator
 from transport.dissemination_config import DisseminationConfig
 from transport.effects import Send
@@ -453,3 +454,25 @@ def test_in_steady_state_offers_naming_heads_we_lack_are_all_answered():
     assert a.on_message("b", offer_b.data, pair.now_ms)
     assert a.on_message("c", offer_c.data, pair.now_ms)
     assert a.stats["offers_deferred"] == 0
+
+
+def test_the_timeout_follows_how_long_the_peer_takes_to_answer_and_stays_bounded():
+    # A loaded peer took 3 s to answer: 2 s would time its next exchange out while it
+    # is answering. A silent peer still times out, by MAX_SESSION_TIMEOUT_MS.
+    pair = lagging(10, config=BASE_CONFIG)
+    a, b = pair.engines["a"], pair.engines["b"]
+    start = pair.now_ms
+    (offer,) = a.sync_with("b", pair.topic, start)
+    (reply,) = b.on_message("a", offer.data, start)
+    slow = 3_000
+    a.prefetch("b", reply.data, start + slow)  # the answer reaches us 3 s after the offer
+    a.on_message("b", reply.data, start + slow)
+    assert pair.same() and a.stats["sessions_timed_out"] == 0
+    again = start + slow + 10
+    assert a.sync_with("b", pair.topic, again)
+    at = again
+    while a.stats["sessions_timed_out"] == 0:  # b is silent now
+        at += 100
+        a.tick(at, due_ms=at)
+        assert at - again <= MAX_SESSION_TIMEOUT_MS + 200
+    assert at - again > 2 * BASE_CONFIG.session_timeout_ms
