@@ -15,7 +15,10 @@ every replica get every event. Two mechanisms:
   message bounds; `more` makes the receiver offer again with its new heads —
   the continuation, stateless on the sender. A Bloom false positive leaves
   heads unknown, so the offerer offers again with a fresh salt, at most
-  `max_session_rounds` fruitless times.
+  `max_session_rounds` fruitless times. A long catch-up is one stream of
+  pages per topic (`_streaming`), each page asked for as the one before it
+  arrives (`prefetch`), of the peers seen holding the range in turn
+  (`_page_peer`); docs/anti-entropy.md "Catch-up at ingest speed".
 * **The backstop (Algorithm 1's needs-loop).** Buffered events name parents
   nobody sent; every `want_retry_ms` the missing parents are asked for by id
   (`Want`) — from the peer that sent the child if it is still up — and served
