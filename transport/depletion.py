@@ -18,7 +18,9 @@ who writes them instead:
   `merge` = `DepletionPolicy.dummy_parents(d_max)` extremities, so a width
   w over the threshold t needs `wanted` = ceil((w − t) / (merge − 1))
   dummies at once (a join storm of 1000 members needs ~50; the common case
-  needs one): the first `wanted` ranks write one each, the next rank one
+  needs one): the first `wanted` ranks write one each — rank r merging run r
+  of the sorted extremities, so the storm's dummies do not name the same
+  ones (`node.core.parents.select_share`) — the next rank one
   `SLOT_MS` later — the fallback when a chosen replica is dead, partitioned
   away or its dummy was lost — and so on, up to `MAX_SLOTS`. A replica that
   authored none of the extremities writes one only as the last fallback,
@@ -159,6 +161,19 @@ class DepletionTimer:
         self.quiet_from_ms = now_ms
         self.draw = rng.random()
         return True
+
+    def share(self, width: int, threshold: int, merge: int) -> int | None:
+        """Which run of the extremities our dummy merges, when several go out at once.
+
+        Rank r of the `wanted` writers takes run r (a fallback rank the run of
+        the rank it stands in for), so the storm's dummies merge different
+        extremities (`node.core.parents.select_share`); None when one dummy
+        suffices or we are no candidate: the parent policy's pick.
+        """
+        wanted = wanted_dummies(width, threshold, merge)
+        if self.rank is None or wanted <= 1:
+            return None
+        return self.rank % wanted
 
     def _learn(self, extremities: Sequence[bytes], me: bytes,
                describe: Callable[[bytes], tuple[bytes, bool] | None]) -> tuple[bool, bool]:

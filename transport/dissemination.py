@@ -564,7 +564,9 @@ class Disseminator(Intake, AntiEntropy, JoinHandshake):
                            me=replica.identity.public_key, now_ms=now_ms, rng=rng,
                            describe=lambda i: _author_and_dummy(graph.get(i))):
             return []
-        made = replica.maybe_deplete(now_ms, rng)
+        share = (None if self.config.depletion_mode is DepletionMode.BACKOFF else
+                 timer.share(width, policy.threshold, policy.dummy_parents(replica.params.d_max)))
+        made = replica.maybe_deplete(now_ms, rng, share)
         if made is None:
             return []
         event, _ = made

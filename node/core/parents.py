@@ -81,6 +81,28 @@ def select_parents(
     return sorted(newest + rng.sample(rest, d_max - len(newest)))
 
 
+def select_share(extremities: Sequence[bytes], d_max: int, share: int) -> list[bytes]:
+    """Share `share` of `extremities` for one of several dummies written at once: sorted.
+
+    When a width needs k dummies at once (a join storm), k replicas each
+    write one (transport.depletion), and a random pick each would overlap: k
+    dummies drawing 20 of 1000 extremities name some twice and leave others
+    unmerged. Instead the extremities, sorted by id, are cut into runs of
+    `d_max` and dummy `share` takes run `share` (wrapping round when the
+    runs are spent): replicas that hold the same extremities cut them alike,
+    so k such dummies merge k * d_max different extremities. No randomness.
+    """
+    if not MIN_D_MAX <= d_max <= MAX_D_MAX:
+        raise ValueError(f"d_max must be in [{MIN_D_MAX}, {MAX_D_MAX}], got {d_max}")
+    if share < 0:
+        raise ValueError(f"share must be >= 0, got {share}")
+    pool = sorted(extremities)
+    if len(pool) <= d_max:
+        return pool
+    start = share * d_max
+    return sorted(pool[(start + offset) % len(pool)] for offset in range(d_max))
+
+
 @dataclass(frozen=True, slots=True)
 class DepletionPolicy:
     """Emit a dummy event when width > `threshold`, at most once per `interval_ms`.

@@ -27,7 +27,7 @@ from node.core.outcomes import AddStatus
 from node.core.event import EVENT_VERSION, KIND_CREATE, KIND_DUMMY, KIND_MESSAGE, Event
 from node.core.graph import Graph
 from node.core.identity import Identity, sign_event
-from node.core.parents import select_parents
+from node.core.parents import select_parents, select_share
 from node.replica.ordering import KIND_ACK, TopicOrder
 from node.replica.types import NotReadyError, PublishError, Received, ReplicaConfig, TopicParams
 from node.state import actions
@@ -79,6 +79,8 @@ class Authoring:
         rng: random.Random,
         kind: str = KIND_MESSAGE,
         state_key: str | None = None,
+        *,
+        share: int | None = None,
     ) -> tuple[Event, Received]:
         """Author, sign and add an event on top of the current extremities.
 
@@ -86,12 +88,14 @@ class Authoring:
         `applied`). Durable once committed (module docstring). On an authorized topic the
         event is checked against the state before it first, and refused with
         NotAuthorizedError (nothing signed) if the auth rules forbid it.
+        `share`: for a dummy written with others at once, which run of the
+        extremities it merges (`node.core.parents.select_share`).
         """
         if not self.ready:
             raise NotReadyError("the topic's create event has not arrived yet; wait for sync")
         if kind == KIND_CREATE:
             raise PublishError("a topic has exactly one create event")
-        parents = self._choose_parents(rng, kind)
+        parents = self._choose_parents(rng, kind, share)
         latest = self.graph.author_latest_seq(self.identity.public_key)
         seq = (latest if latest is not None else -1) + 1
         auth: tuple[bytes, ...] = (self.topic_id,)
@@ -111,9 +115,10 @@ class Authoring:
         self.counters["created"] += 1
         return event, outcome
 
-    def _choose_parents(self, rng: random.Random, kind: str = KIND_MESSAGE) -> list[bytes]:
-        """Parents of a local event: the policy's choice, keeping the author's chain
-        and pending relayed events when the width exceeds d_max."""
+    def _choose_parents(self, rng: random.Random, kind: str = KIND_MESSAGE,
+                        share: int | None = None) -> list[bytes]:
+        """Parents of a local event: the policy's choice (or a dummy's `share`), keeping
+        the author's chain and pending relayed events when the width exceeds d_max."""
         extremities = self._buildable_extremities()
         d_max = self.params.d_max
         if kind == KIND_DUMMY:  # a dummy only merges: it may name more (node.core.parents)
@@ -121,15 +126,20 @@ class Authoring:
         if len(extremities) <= d_max:
             return extremities  # all of them, sorted: what every policy picks, no rng drawn
         policy, depth = self.config.parent_policy, (lambda i: self.graph.depth(i) or 0)
+
+        def pick(pool: list[bytes], count: int) -> list[bytes]:
+            if kind == KIND_DUMMY and share is not None:
+                return select_share(pool, count, share)
+            return select_parents(pool, count, policy, rng, depth)
+
         order = self.ordering
         if order is None:
-            return select_parents(extremities, d_max, policy, rng, depth)
+            return pick(extremities, d_max)
         me = self.identity.public_key
         keep = [k for k in order.parents_to_keep(me, self.role_of(me) is Role.RELAYED)
                 if not self.soft_fails.is_soft_failed(k)][:d_max]
         rest = [e for e in extremities if e not in set(keep)]
-        chosen = (select_parents(rest, d_max - len(keep), policy, rng, depth)
-                  if len(keep) < d_max else [])
+        chosen = pick(rest, d_max - len(keep)) if len(keep) < d_max else []
         return sorted(keep + chosen)
 
     def sign_on(self, parents: tuple[bytes, ...], payload: bytes, now_ms: int,
@@ -202,10 +212,13 @@ class Authoring:
                                                              StateView(state, self.graph)))
         return draft
 
-    def maybe_deplete(self, now_ms: int, rng: random.Random) -> tuple[Event, Received] | None:
+    def maybe_deplete(self, now_ms: int, rng: random.Random,
+                      share: int | None = None) -> tuple[Event, Received] | None:
         """Emit a dummy event if the width is over the depletion threshold (rate-limited).
 
         On an authorized topic only a joined member may send one; others skip.
+        `share`: this dummy's run of the extremities when several are written at
+        once (transport.depletion decides; None: the parent policy's pick).
         """
         if not self.ready:
             return None
@@ -217,7 +230,7 @@ class Authoring:
                 return None  # the rest are soft-failed heads, which a dummy may not merge
         self._last_dummy_ms = now_ms
         try:
-            made = self.publish(b"", now_ms, rng, kind=KIND_DUMMY)
+            made = self.publish(b"", now_ms, rng, kind=KIND_DUMMY, share=share)
         except NotAuthorizedError:
             self.counters["dummies_not_authorized"] += 1
             return None

@@ -5,7 +5,8 @@ import random
 import pytest
 
 from node.core.event import KIND_DUMMY, MAX_PARENTS
-from node.core.parents import MAX_DUMMY_PARENTS, DepletionPolicy, ParentPolicy, select_parents
+from node.core.parents import (MAX_DUMMY_PARENTS, DepletionPolicy, ParentPolicy, select_parents,
+                               select_share)
 from node.replica.replica import Replica, ReplicaConfig
 from storage.memory import MemoryStore
 from tests.helpers import child, identity, new_topic
@@ -39,6 +40,15 @@ def test_mixed_is_half_newest_half_random():
     chosen = select_parents(IDS, 4, ParentPolicy.MIXED, random.Random(1), DEPTH.get)
     deepest = sorted(IDS, key=lambda i: (-DEPTH[i], i))[:2]
     assert set(deepest) <= set(chosen) and len(set(chosen)) == 4
+
+
+def test_a_share_is_one_run_of_the_sorted_extremities_wrapping_round():
+    assert select_share(IDS[:4], 4, 3) == sorted(IDS[:4])  # at most d_max: all of them
+    runs = [select_share(list(reversed(IDS)), 4, share) for share in range(3)]
+    assert runs == [IDS[0:4], IDS[4:8], IDS[8:12]]  # disjoint, whatever order they come in
+    assert select_share(IDS, 5, 2) == sorted(IDS[10:12] + IDS[0:3])  # the last run wraps
+    with pytest.raises(ValueError, match="share"):
+        select_share(IDS, 4, -1)
 
 
 def test_d_max_out_of_range_is_a_clear_error():

@@ -12,7 +12,7 @@ from dataclasses import replace
 
 import pytest
 
-from node.core.parents import DepletionPolicy
+from node.core.parents import DepletionPolicy, select_share
 from node.replica.replica import Replica, ReplicaConfig
 from storage.memory import MemoryStore
 from tests.transport.pair import PAIR_NOW_MS, identity
@@ -107,6 +107,28 @@ def test_a_very_wide_graph_has_its_first_ranks_write_at_once():
     fired = [a for a, at in zip(authors, due) if at is not None]
     assert len(fired) == wanted_dummies(200, THRESHOLD, MERGE) == 10
     assert sorted(rank_of(a, set(authors), digest) for a in fired) == list(range(10))
+
+
+def test_the_storm_writers_take_different_runs_of_the_extremities():
+    """The 10 first ranks of a width-200 storm each merge a run of their own: together
+    they name 200 different extremities, where random picks of 20 would overlap."""
+    authors = keys(200)
+    ids, facts = extremities_by(authors)
+    shares, merged = [], set()
+    for author in authors:
+        timer = DepletionTimer()
+        if first_due(timer, author, ids, facts, until=STORM_QUIET_MS + SPREAD_MS + 100) is None:
+            continue
+        share = timer.share(len(ids), THRESHOLD, MERGE)
+        shares.append(share)
+        merged.update(select_share(ids, MERGE, share))
+    assert sorted(shares) == list(range(10))
+    assert len(merged) == 200
+    # One dummy suffices (width 25): the parent policy picks, as before.
+    narrow, narrow_facts = extremities_by(authors[:25])
+    timer = DepletionTimer()
+    first_due(timer, authors[0], narrow, narrow_facts)
+    assert timer.share(25, THRESHOLD, MERGE) is None
 
 
 def test_a_dummy_that_arrives_restarts_the_quiet_period_but_not_forever():
