@@ -259,6 +259,7 @@ class Disseminator(Intake, AntiEntropy, JoinHandshake):
         self._keys.pop(peer, None)
         for tree in self._trees.values():
             tree.forget_peer(peer)
+            self.stats["tree_peers_forgotten"] += 1
         self._forget_peer(peer)
         self._forget_join_peer(peer)
         return self._clean([self._log("peer_down", now_ms, None, peer=peer)])
@@ -720,6 +721,11 @@ class Disseminator(Intake, AntiEntropy, JoinHandshake):
             if source is not None:
                 (stale if event_id_of(raw) in known else news).add(source)
         out: list[Effect] = []
+        stats = self.stats
+        if known:
+            stats["tree_duplicates_grafted"] += tree.grafted_lately(known)
+        if fresh_ids:
+            stats["tree_fresh_grafted"] += tree.grafted_lately(fresh_ids)
         for source in sorted(stale - news):
             # A cycle in this source's tree: the copy came a longer way round. Both
             # ends make the link lazy for it; ids still cross, so it can be grafted back.

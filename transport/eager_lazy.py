@@ -104,6 +104,9 @@ class TopicTree:
     _pending: dict[PeerId, list[bytes]] = field(default_factory=dict)
     _heard: dict[PeerId, set[bytes]] = field(default_factory=dict)
     _awaited: OrderedDict[bytes, _Awaited] = field(default_factory=OrderedDict)
+    # Ids fetched by a graft lately (bounded): a copy of one arriving later is a
+    # graft that raced the tree (a measured cause of duplicates, `grafted_lately`).
+    _grafted: OrderedDict[bytes, None] = field(default_factory=OrderedDict)
 
     # ------------------------------------------------------------- links
 
@@ -241,6 +244,12 @@ class TopicTree:
             for event_id in ids:
                 self._awaited.pop(event_id, None)
 
+    def grafted_lately(self, ids: Iterable[bytes]) -> int:
+        """How many of `ids` this node fetched by a graft lately (instrumentation)."""
+        if not self._grafted:
+            return 0
+        return sum(1 for event_id in ids if event_id in self._grafted)
+
     def due(self, now_ms: int, held: Callable[[bytes], bool]) -> dict[PeerId, list[bytes]]:
         """The grafts to send now: per announcer, the awaited ids past their timeout.
 
@@ -256,6 +265,9 @@ class TopicTree:
                 continue
             peer = awaited.announcers.pop(0)
             awaited.due_ms = now_ms + self.graft_timeout_ms
+            self._grafted[event_id] = None
+            while len(self._grafted) > MAX_MISSING_IDS:
+                self._grafted.popitem(last=False)
             asks.setdefault(peer, []).append(event_id)
         return asks
 

@@ -68,8 +68,41 @@ CONNECT_TIMEOUT_S = 60.0
 WIRE_SAMPLE_S = 0.5
 # The connection manager's marks for the sparse overlay (node.core.connection_manager).
 SPARSE_CONFIG = ("connections_low = 2\nconnections_high = 8\ndial_known_peers = false\n")
+# Engine counters summed over the nodes: where the bytes and duplicates come from.
+MESSAGE_KINDS = ("push", "ihave", "graft", "prune", "offer", "reply", "want", "events")
+TREE_COUNTERS = ("grafts_sent", "graft_ids_sent", "graft_events_served", "prunes_sent",
+                 "tree_duplicate_pushes", "tree_duplicates_grafted", "tree_fresh_grafted",
+                 "tree_forwarded_sync", "tree_peers_forgotten", "received_gossip",
+                 "received_sync", "duplicates")
 _BYTES_RECEIVED = re.compile(r"bytes_received:(\d+)")
 _PID = re.compile(r"pid=(\d+)")
+
+
+class ChannelObserved(Observed):
+    """`Observed`, plus duplicates counted by the channel that brought them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.duplicates_by_channel: Counter[str] = Counter()
+
+    def add(self, records: list[dict[str, Any]]) -> None:
+        super().add(records)
+        for record in records:
+            if record["type"] == "duplicate":
+                self.duplicates_by_channel[record.get("channel", "?")] += 1
+
+
+def breakdown(before: dict[int, Counter[str]], after: dict[int, Counter[str]], per: int,
+              event_size: float, wire: int) -> dict[str, Any]:
+    """Bytes sent by message kind (x event, per node per event) and the tree's counters."""
+    sent = {kind: summed_delta(before, after, f"bytes_sent_{kind}") for kind in MESSAGE_KINDS}
+    engine = summed_delta(before, after, "bytes_sent")
+    return {
+        "sent_x_event": {k: round(v / per / event_size, 3) for k, v in sent.items() if v},
+        "framing_x_event": round((wire - engine) / per / event_size, 3),
+        "per_node_event": {k: round(summed_delta(before, after, k) / per, 3)
+                           for k in TREE_COUNTERS},
+    }
 
 
 class SparseCluster(LocalCluster):
@@ -179,7 +212,7 @@ def measure(base_dir: Path, fast_path: str, mode: str) -> dict[str, Any]:
         node_ids = [n.node_id for n in cluster.nodes]
         pids = {n.process.pid for n in cluster.nodes if n.process is not None}
         tails = [LogTail(n.data_dir / "logs") for n in cluster.nodes]
-        observed = Observed()
+        observed = ChannelObserved()
         for tail in tails:
             observed.add(tail.read_new())  # the join's records: not part of the window
         before = stats_of(cluster, indices)
@@ -197,13 +230,16 @@ def measure(base_dir: Path, fast_path: str, mode: str) -> dict[str, Any]:
     event_size = (summed_delta(before, after, "event_bytes_sent")
                   / max(1, summed_delta(before, after, "events_sent")))
     latencies, pairs, delivered = [], 0, 0
+    by_channel: dict[str, list[float]] = {}
     for event in measured:
         author, created_ms = observed.created[event]
         for node in node_ids:
             pairs += 1
             delivered += observed.has(node, event)
             if node != author:
-                latencies.append(observed.delivered[node][event][0] - created_ms)
+                delivered_ms, channel = observed.delivered[node][event]
+                latencies.append(delivered_ms - created_ms)
+                by_channel.setdefault(channel, []).append(delivered_ms - created_ms)
     duplicates = sum(observed.duplicates[e] for e in all_ids)
     per = events * NODES
     return {
@@ -223,6 +259,10 @@ def measure(base_dir: Path, fast_path: str, mode: str) -> dict[str, Any]:
         "grafts": summed_delta(before, after, "grafts_sent"),
         "prunes": summed_delta(before, after, "prunes_sent"),
         "drain_after_window_s": round(drain_s, 1),
+        "latency_by_channel": {c: dict(summary_ms(v), n=len(v)) for c, v in by_channel.items()},
+        "duplicates_by_channel": {c: round(n / per, 3)
+                                  for c, n in observed.duplicates_by_channel.items()},
+        "breakdown": breakdown(before, after, per, event_size, wire),
         "load_average_1m_at_end": load,
     }
 
