@@ -88,18 +88,19 @@ is how an invitee gets in.
 from __future__ import annotations
 
 import random
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from node.core.event import KIND_DUMMY, Event, event_id_of, is_withheld_form
 from node.logschema import GOSSIP, SCHEMA_VERSION
+from node.core.graph import Graph
 from node.replica.replica import Replica
 from node.state.types import TYPE_MEMBER, Membership, content_of, user_id
 from transport.anti_entropy import AntiEntropy
 from transport.depletion import DepletionMode, DepletionTimer
-from transport.eager_lazy import TopicTree
+from transport.eager_lazy import MAX_YOUNG_EVENTS, SYNC_PUSH_MIN_EVENTS, TopicTree
 from transport.dissemination_config import DisseminationConfig
 from transport.effects import Announce, Effect, Log, PeerId, Send
 from transport.join_handshake import JoinHandshake
@@ -116,6 +117,7 @@ from transport.messages import (
     JoinSubmit,
     JoinTemplate,
     Message,
+    MAX_HEADS,
     MAX_WANT_IDS,
     MessageError,
     Offer,
@@ -189,6 +191,9 @@ class Disseminator(Intake, AntiEntropy, JoinHandshake):
         self._replicas: dict[bytes, Replica] = {}
         self._timers: dict[bytes, _TopicTimers] = {}
         self._trees: dict[bytes, TopicTree] = {}  # the tree fast path's links (config.tree)
+        # Per tree topic: (ms, delivered_count) samples over the last sync_hold_ms
+        # (what an exchange holds back: `_young_cutoff`).
+        self._delivered_at: dict[bytes, deque[tuple[int, int]]] = {}
         self._peers: list[PeerId] = []  # sorted: random choices must not depend on hash order
         self._init_anti_entropy()
         self._init_join_handshake()
@@ -220,6 +225,7 @@ class Disseminator(Intake, AntiEntropy, JoinHandshake):
         self._replicas.pop(topic, None)
         self._timers.pop(topic, None)
         self._trees.pop(topic, None)
+        self._delivered_at.pop(topic, None)
         self._forget_topic(topic)
         self._forget_join_topic(topic)
 
@@ -287,7 +293,7 @@ class Disseminator(Intake, AntiEntropy, JoinHandshake):
         out: list[Effect | None] = [
             self._log("created", now_ms, topic, event=event, depth=replica.graph.depth(event.id))
             for event in events]
-        out += self._spread_local(topic, [e.raw for e in events])
+        out += self._spread_local(topic, [e.raw for e in events], now_ms)
         return self._clean(out)
 
     def on_batch(self, frames: Sequence[tuple[PeerId, bytes] | tuple[PeerId, bytes, bool]],
@@ -401,7 +407,8 @@ class Disseminator(Intake, AntiEntropy, JoinHandshake):
             if graph.has(event_id) or graph.is_buffered(event_id)}
         fresh = self._ingest(peer, replica, message.events, GOSSIP, now_ms, out)
         if tree is not None:
-            out += self._tree_received(tree, peer, replica, message, fresh, known or set())
+            out += self._tree_received(tree, peer, replica, message, fresh, known or set(),
+                                       now_ms)
         elif fresh and self.config.forward_pushed:
             # Only events new here (each node relays an event at most once), never
             # to a peer sure to hold them (the sender, their author), to a bounded
@@ -537,6 +544,7 @@ class Disseminator(Intake, AntiEntropy, JoinHandshake):
             out += self._wants(topic, replica, rng)
         tree = self._trees.get(topic)
         if tree is not None:
+            self._sample_delivered(topic, replica, now_ms)
             out += self._tree_tick(tree, replica, now_ms)
         if self.config.log and now_ms >= timers.next_width_ms:
             timers.next_width_ms = now_ms + self.config.width_sample_ms
@@ -576,7 +584,7 @@ class Disseminator(Intake, AntiEntropy, JoinHandshake):
             self._log("dummy", now_ms, topic, event=event, width=width),
             self._log("created", now_ms, topic, event=event, depth=replica.graph.depth(event.id)),
         ]
-        return out + self._spread_local(topic, [event.raw])
+        return out + self._spread_local(topic, [event.raw], now_ms)
 
     def _note_news(self, topic: bytes, peer: PeerId) -> None:
         """An exchange moved events (either way): others may lack them too."""
@@ -606,16 +614,11 @@ class Disseminator(Intake, AntiEntropy, JoinHandshake):
             return (sender, next(iter(authors)).hex())
         return (sender,)
 
-    def _spread_local(self, topic: bytes, raws: list[bytes]) -> list[Effect]:
+    def _spread_local(self, topic: bytes, raws: list[bytes], now_ms: int) -> list[Effect]:
         """The fast path for events authored here: push them, and announce them if asked."""
         tree = self._trees.get(topic)
         if tree is not None:
-            # The author is the root of its events' tree: it pushes them on all its
-            # links (GossipSub's flood publishing). Each neighbour then hears them
-            # first from here and prunes its other paths for this source, so the
-            # first hop costs no duplicates once the tree formed, and one hop less.
-            out = self._push_to(topic, raws,
-                                self._serving(self._replicas[topic], self._peers))
+            out = self._tree_local(tree, topic, raws, now_ms)
         else:
             out = self._push(topic, raws, exclude=(), fanout=self.config.push_fanout)
         out += self._tell_removed(self._replicas[topic], raws)
@@ -660,43 +663,71 @@ class Disseminator(Intake, AntiEntropy, JoinHandshake):
         Plumtree's tree carries every event new at a node, whatever brought it:
         after a partition heals, one exchange across it repairs each side by push
         instead of one exchange per node. (Pushed events are forwarded by `_on_push`.)
+        But a few events a sync brought are mostly events the tree has on their
+        way (the exchange raced it): pushed on, each cost a duplicate on every
+        eager link (measured: 0.28 such events per node per event, most of the
+        tree's duplicates in the 10-node bench). Fewer than SYNC_PUSH_MIN_EVENTS
+        go on by id only (`IHave`, eager links included): a neighbour that
+        lacks one fetches it after the graft timeout. (Events a sync released,
+        held back here until their parent came, go on in full.)
         """
         fresh = Intake._ingest(self, peer, replica, raws, channel, now_ms, out)
         tree = self._trees.get(replica.topic_id)
         if fresh and tree is not None and channel != GOSSIP:
+            topic = replica.topic_id
             tree.received(event_id_of(raw) for raw in fresh)
+            brought = {event_id_of(raw) for raw in raws}
+            tree.synced(i for i in map(event_id_of, fresh) if i in brought)
             if self.config.forward_pushed:
-                self.stats["tree_forwarded_sync"] += len(fresh)
-                out += self._tree_spread(tree, replica.topic_id, fresh, exclude=(peer,))
+                # Held back here until a parent came (the descendants it released) go on
+                # in full: the tree brought them, and our side of it awaits them from us.
+                released = [raw for raw in fresh if event_id_of(raw) not in brought]
+                synced = [raw for raw in fresh if event_id_of(raw) in brought]
+                if len(synced) >= SYNC_PUSH_MIN_EVENTS:
+                    released, synced = fresh, []
+                self.stats["tree_forwarded_sync"] += len(released)
+                self.stats["tree_announced_sync"] += len(synced)
+                out += self._tree_spread(tree, topic, released, (peer,), now_ms)
+                out += self._tree_spread(tree, topic, synced, (peer,), now_ms, ids_only=True)
         return fresh
 
+    def _tree_local(self, tree: TopicTree, topic: bytes, raws: list[bytes],
+                    now_ms: int) -> list[Effect]:
+        """Events authored here: on the tree, as any other event new here.
+
+        Not on every link (GossipSub's flood publishing, the previous design): a
+        child sent on a link its parents did not take could overtake them, and
+        be held back there (measured in the seeded world: a root flooding its
+        own events made a third of the copies wait for a parent).
+        """
+        tree.saw(self._replicas[topic].identity.public_key, now_ms)
+        return self._tree_spread(tree, topic, raws, (), now_ms)
+
     def _tree_spread(self, tree: TopicTree, topic: bytes, raws: list[bytes],
-                     exclude: Sequence[PeerId]) -> list[Effect]:
-        """Events new here: in full on the links eager for their authors, ids on the others."""
+                     exclude: Sequence[PeerId], now_ms: int,
+                     ids_only: bool = False) -> list[Effect]:
+        """Events new here: in full on the eager links (by id if `ids_only`), ids on a few
+        lazy ones."""
         if not raws:
             return []
         replica = self._replicas[topic]
         peers = self._serving(replica, [p for p in self._peers if p not in exclude])
-        full: dict[PeerId, list[bytes]] = {}
-        announce: dict[PeerId, list[bytes]] = {}
+        lazy = tree.lazy_of(peers)
+        eager = [p for p in peers if p not in lazy]
         fanout = self.config.lazy_fanout
+        announce: dict[PeerId, list[bytes]] = {}
+        if ids_only:
+            for peer in eager:
+                announce[peer] = [event_id_of(raw) for raw in raws]
+            eager = []
         for raw in raws:
             source = self._source(replica, raw)
-            lazy = [] if source is None else tree.lazy_of(peers, source)
-            for peer in peers:
-                if peer not in lazy:
-                    full.setdefault(peer, []).append(raw)
-            if len(lazy) > fanout:  # announcements repair the tree; a few per event suffice
-                lazy = self._rng.sample(lazy, fanout)
-            for peer in lazy:
+            if source is not None:
+                tree.saw(source, now_ms)
+            chosen = self._rng.sample(lazy, fanout) if len(lazy) > fanout else lazy
+            for peer in chosen:  # announcements repair the tree; a few per event suffice
                 announce.setdefault(peer, []).append(event_id_of(raw))
-        # Peers sent the same events share one encoding (one author's events: all of them).
-        groups: dict[tuple[bytes, ...], list[PeerId]] = {}
-        for peer, sent in full.items():
-            groups.setdefault(tuple(sent), []).append(peer)
-        out: list[Effect] = []
-        for sent, chosen in groups.items():
-            out += self._push_to(topic, list(sent), chosen)
+        out = self._push_to(topic, raws, eager) if eager else []
         for peer, ids in sorted(announce.items()):
             out += self._ihaves(topic, tree.announce([peer], ids))
         return out
@@ -709,42 +740,49 @@ class Disseminator(Intake, AntiEntropy, JoinHandshake):
         return None if event is None else event.author
 
     def _tree_received(self, tree: TopicTree, peer: PeerId, replica: Replica, message: Push,
-                       fresh: list[bytes], known: set[bytes]) -> list[Effect]:
+                       fresh: list[bytes], known: set[bytes], now_ms: int) -> list[Effect]:
         """A push arrived: prune where it brought nothing new (`known`: its events held
-        before), forward what it applied along the trees."""
+        before), forward what it applied along the tree."""
         topic = replica.topic_id
         fresh_ids = {event_id_of(raw) for raw in fresh}
-        news: set[bytes] = set()
-        stale: set[bytes] = set()
-        for raw in message.events:
-            source = self._source(replica, raw)
-            if source is not None:
-                (stale if event_id_of(raw) in known else news).add(source)
-        out: list[Effect] = []
+        ids = [event_id_of(raw) for raw in message.events]
         stats = self.stats
+        held_back = len(ids) - len(known) - len(fresh)
+        if held_back > 0:  # buffered: a parent is missing here (or refused)
+            stats["tree_held_back"] += held_back
         if known:
             stats["tree_duplicates_grafted"] += tree.grafted_lately(known)
         if fresh_ids:
             stats["tree_fresh_grafted"] += tree.grafted_lately(fresh_ids)
-        for source in sorted(stale - news):
-            # A cycle in this source's tree: the copy came a longer way round. Both
-            # ends make the link lazy for it; ids still cross, so it can be grafted back.
-            self.stats["tree_duplicate_pushes"] += 1
-            if tree.duplicate_from(peer, source, len(tree.eager_of(self._peers, source))):
-                self.stats["prunes_sent"] += 1
-                sent = self._send(peer, Prune(topic, source))
+        out: list[Effect] = []
+        if any(i not in known for i in ids):
+            sources = {s for s in (self._source(replica, raw) for raw in fresh) if s is not None}
+            if tree.first_copy_from(peer, sources, now_ms):
+                # A lazy link carried news first, or a new parent: eager on both ends.
+                stats["grafted_by_push"] += 1
+                sent = self._send(peer, Graft(topic, ()))
                 if sent is not None:
                     out.append(sent)
-        for source in sorted(news):
-            if tree.fresh_from(peer, source):
-                self.stats["grafted_by_push"] += 1  # a lazy link carried news first: eager again
+        elif ids and tree.synced_lately(ids):
+            stats["tree_sync_races"] += 1  # anti-entropy was first: no cycle, nothing to prune
+        elif ids:
+            # A cycle in the tree: the copy came a longer way round. Both ends make
+            # the link lazy (unless it is the parent's); ids still cross, so it can be
+            # grafted back.
+            stats["tree_duplicate_pushes"] += 1
+            if tree.duplicate_from(peer, len(tree.eager_of(self._peers))):
+                stats["prunes_sent"] += 1
+                source = self._source(replica, message.events[0])
+                sent = None if source is None else self._send(peer, Prune(topic, source))
+                if sent is not None:
+                    out.append(sent)
         if not fresh:
             return out
         tree.received(fresh_ids)
         if not self.config.forward_pushed:
             return out
         return out + self._tree_spread(tree, topic, fresh,
-                                       exclude=self._holders(replica, peer, fresh))
+                                       self._holders(replica, peer, fresh), now_ms)
 
     def _tree_tick(self, tree: TopicTree, replica: Replica, now_ms: int) -> list[Effect]:
         """Flush the announcements, and graft for the announced ids overdue here."""
@@ -764,6 +802,66 @@ class Disseminator(Intake, AntiEntropy, JoinHandshake):
             if sent is not None:
                 out.append(sent)
         return out
+
+    # ------------------------------------------------------------- internals: young events
+
+    def _sample_delivered(self, topic: bytes, replica: Replica, now_ms: int) -> None:
+        """Remember how many events were applied by now (one sample per tick)."""
+        samples = self._delivered_at.setdefault(topic, deque())
+        samples.append((now_ms, replica.graph.delivered_count))
+        hold_from = now_ms - self.config.sync_hold_ms
+        while len(samples) > 1 and samples[1][0] <= hold_from:
+            samples.popleft()  # the first sample left is the last one at or before hold_from
+
+    def _young_cutoff(self, graph: Graph, now_ms: int) -> int | None:
+        """The delivery position from which events are young (applied within sync_hold_ms),
+        or None if none is held back.
+
+        On the tree path an exchange holds back events applied here within
+        `sync_hold_ms` (`transport.eager_lazy`, SYNC_HOLD_MS): they are mostly on
+        their way to the peer by the tree, and sent by the exchange they arrive
+        out of the tree's causal order, so that the peer's children of them
+        overtake their other parents elsewhere (measured in the seeded world: with
+        exchanges, a third of the copies were held back waiting for a parent; with
+        none, none). Not when more than MAX_YOUNG_EVENTS are young (a catch-up
+        stream: nothing races it).
+        """
+        samples = self._delivered_at.get(graph.topic_id)
+        if not samples or self.config.sync_hold_ms <= 0:
+            return None
+        cutoff, delivered = samples[0][1], graph.delivered_count
+        if cutoff >= delivered or delivered - cutoff > MAX_YOUNG_EVENTS:
+            return None
+        return cutoff
+
+    def _held_back(self, graph: Graph, ids: list[bytes], now_ms: int) -> list[bytes]:
+        cutoff = self._young_cutoff(graph, now_ms)
+        if cutoff is None:
+            return ids
+        kept = [i for i in ids if (graph.position(i) or 0) < cutoff]
+        self.stats["sync_held_back"] += len(ids) - len(kept)
+        return kept
+
+    def _reply_heads(self, graph: Graph, now_ms: int) -> tuple[bytes, ...]:
+        """The heads of what we hold less the young events (`_held_back`): the peer then
+        sees that it holds all we send, and ends the exchange instead of asking again."""
+        cutoff = self._young_cutoff(graph, now_ms)
+        if cutoff is None:
+            return self._heads(graph)
+
+        def old(event_id: bytes) -> bool:
+            position = graph.position(event_id)
+            return position is not None and position < cutoff
+
+        heads = [h for h in graph.extremities() if old(h)]
+        seen = set(heads)
+        for _, event in graph.deliveries(cutoff, MAX_YOUNG_EVENTS):
+            for parent in event.parents:
+                if parent not in seen and old(parent) \
+                        and not any(old(c) for c in graph.children(parent)):
+                    seen.add(parent)
+                    heads.append(parent)
+        return tuple(heads[:MAX_HEADS])
 
     def _ihaves(self, topic: bytes, batches: list[tuple[PeerId, list[bytes]]]) -> list[Effect]:
         out: list[Effect] = []
@@ -788,16 +886,17 @@ class Disseminator(Intake, AntiEntropy, JoinHandshake):
 
     def _on_graft(self, peer: PeerId, replica: Replica, message: Graft,
                   now_ms: int) -> list[Effect]:
-        """Push the ids asked for (bounded as a want's answer); the link is eager for their authors."""
+        """Push the ids asked for (bounded as a want's answer); the link is eager again.
+
+        An empty graft refuses our prune: the link is the peer's parent link.
+        """
         tree = self._trees.get(replica.topic_id)
+        if tree is not None and tree.graft(peer):
+            self.stats["grafted"] += 1
         graph = replica.graph
         found = [e for e in (graph.get(i) for i in message.ids) if e is not None]
         if not found:
             return []
-        if tree is not None:
-            for source in sorted({e.author for e in found}):
-                if tree.graft(peer, source):
-                    self.stats["grafted"] += 1
         raws = [e.raw for e in found]
         raws, _ = self._take_raws(raws)
         fitting, _ = self._within_budget(peer, replica, now_ms, raws, Push(replica.topic_id, ()))
@@ -809,8 +908,16 @@ class Disseminator(Intake, AntiEntropy, JoinHandshake):
 
     def _on_prune(self, peer: PeerId, replica: Replica, message: Prune,
                   now_ms: int) -> list[Effect]:
+        """Lazy for `peer`, unless it is our parent link: then refused (an empty graft)."""
         tree = self._trees.get(replica.topic_id)
-        if tree is not None and tree.prune(peer, message.source):
+        if tree is None:
+            return []
+        if tree.is_parent(peer):
+            self.stats["prunes_refused"] += 1
+            tree.graft(peer)
+            sent = self._send(peer, Graft(replica.topic_id, ()))
+            return [sent] if sent is not None else []
+        if tree.prune(peer):  # (the source it names: one of the events that came twice)
             self.stats["pruned"] += 1
         return []
 

@@ -72,8 +72,9 @@ SPARSE_CONFIG = ("connections_low = 2\nconnections_high = 8\ndial_known_peers = 
 MESSAGE_KINDS = ("push", "ihave", "graft", "prune", "offer", "reply", "want", "events")
 TREE_COUNTERS = ("grafts_sent", "graft_ids_sent", "graft_events_served", "prunes_sent",
                  "tree_duplicate_pushes", "tree_duplicates_grafted", "tree_fresh_grafted",
-                 "tree_forwarded_sync", "tree_peers_forgotten", "received_gossip",
-                 "received_sync", "duplicates")
+                 "tree_forwarded_sync", "tree_held_back", "tree_announced_sync", "tree_peers_forgotten", "received_gossip",
+                 "received_sync", "duplicates", "grafted_by_push", "prunes_refused", "pruned",
+                 "grafted", "wants_sent")
 _BYTES_RECEIVED = re.compile(r"bytes_received:(\d+)")
 _PID = re.compile(r"pid=(\d+)")
 
@@ -102,6 +103,10 @@ def breakdown(before: dict[int, Counter[str]], after: dict[int, Counter[str]], p
         "framing_x_event": round((wire - engine) / per / event_size, 3),
         "per_node_event": {k: round(summed_delta(before, after, k) / per, 3)
                            for k in TREE_COUNTERS},
+        "other_counters": {k: summed_delta(before, after, k)
+                           for k in sorted({k for c in after.values() for k in c})
+                           if k not in TREE_COUNTERS and isinstance(after[0].get(k), int)
+                           and summed_delta(before, after, k)},
     }
 
 
@@ -111,7 +116,8 @@ class SparseCluster(LocalCluster):
     def __init__(self, base_dir: Path, nodes: int, fast_path: str) -> None:
         base_dir.mkdir(parents=True, exist_ok=True)
         config = base_dir / "sparse.toml"
-        config.write_text(SPARSE_CONFIG)
+        config.write_text(SPARSE_CONFIG + os.environ.get("MEGNODE_BENCH_FP_CONFIG", "").replace(
+            ";", "\n") + "\n")
         super().__init__(base_dir, nodes, fast_path=fast_path, extra_args=("--config", str(config)))
         rng = random.Random(OVERLAY_SEED)
         self.overlay = sorted({tuple(sorted((i, j))) for i in range(nodes)
