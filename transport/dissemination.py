@@ -756,13 +756,9 @@ class Disseminator(Intake, AntiEntropy, JoinHandshake):
             stats["tree_fresh_grafted"] += tree.grafted_lately(fresh_ids)
         out: list[Effect] = []
         if any(i not in known for i in ids):
-            sources = {s for s in (self._source(replica, raw) for raw in fresh) if s is not None}
-            if tree.first_copy_from(peer, sources, now_ms):
-                # A lazy link carried news first, or a new parent: eager on both ends.
-                stats["grafted_by_push"] += 1
-                sent = self._send(peer, Graft(topic, ()))
-                if sent is not None:
-                    out.append(sent)
+            tree.first_copy_from(
+                peer, {s for s in (self._source(replica, raw) for raw in fresh) if s is not None},
+                now_ms)
         elif ids and tree.synced_lately(ids):
             stats["tree_sync_races"] += 1  # anti-entropy was first: no cycle, nothing to prune
         elif ids:
@@ -770,9 +766,11 @@ class Disseminator(Intake, AntiEntropy, JoinHandshake):
             # the link lazy (unless it is the parent's); ids still cross, so it can be
             # grafted back.
             stats["tree_duplicate_pushes"] += 1
-            if tree.duplicate_from(peer, len(tree.eager_of(self._peers))):
+            sources = {s for s in (self._source(replica, raw) for raw in message.events)
+                       if s is not None}
+            if tree.duplicate_from(peer, sources, now_ms, len(tree.eager_of(self._peers))):
                 stats["prunes_sent"] += 1
-                source = self._source(replica, message.events[0])
+                source = tree.root(now_ms) or next(iter(sources), None)
                 sent = None if source is None else self._send(peer, Prune(topic, source))
                 if sent is not None:
                     out.append(sent)
@@ -794,8 +792,8 @@ class Disseminator(Intake, AntiEntropy, JoinHandshake):
         for peer, ids in sorted(asks.items()):
             if peer not in self._peers:
                 continue
-            # Eager again on our side once its answer brings news (`fresh_from`):
-            # the sources of ids we do not hold are not known yet.
+            # Eager on the announcer's side as it answers (`_on_graft`); ours was
+            # never made lazy for good: the answer's push is taken as any other.
             self.stats["grafts_sent"] += 1
             self.stats["graft_ids_sent"] += len(ids)
             sent = self._send(peer, Graft(topic, tuple(ids[:MAX_WANT_IDS])))

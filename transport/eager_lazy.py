@@ -166,18 +166,19 @@ class TopicTree:
     def is_lazy(self, peer: PeerId) -> bool:
         return peer in self._lazy
 
-    def duplicate_from(self, peer: PeerId, eager: int = 0) -> bool:
-        """A push from `peer` brought nothing new; True: send a `Prune`.
+    def duplicate_from(self, peer: PeerId, sources: Iterable[bytes], now_ms: int,
+                       eager: int = 0) -> bool:
+        """A push from `peer` of `sources`' events brought nothing new; True: send a `Prune`.
 
-        Never the parent's link (the root's first copies come by it: module
-        docstring). `eager`: the eager links here. Above KEEP_EAGER the first
+        Only the root's copies prune (module docstring), and never over the
+        parent's link. `eager`: the eager links here. Above KEEP_EAGER the first
         duplicate prunes; else PRUNE_AFTER_DUPLICATES in a row do. A link
-        already lazy here still bringing pushes after as many means the peer
-        missed our prune (lost on the way): it is told again.
+        already lazy here still bringing pushes (of any source) after as many
+        means the peer missed our prune (lost on the way): it is told again.
         """
-        if peer == self._parent:
-            return False
         lazy = peer in self._lazy
+        if not lazy and (peer == self._parent or self.root(now_ms) not in set(sources)):
+            return False
         count = self._useless.get(peer, 0) + 1
         if count < self.prune_after and (lazy or eager <= KEEP_EAGER):
             self._useless[peer] = count
@@ -186,28 +187,24 @@ class TopicTree:
         self._lazy.add(peer)
         return True
 
-    def first_copy_from(self, peer: PeerId, sources: Iterable[bytes], now_ms: int) -> bool:
-        """`peer` brought news first (of `sources`): eager. True: tell the peer (a `Graft`).
+    def first_copy_from(self, peer: PeerId, sources: Iterable[bytes], now_ms: int) -> None:
+        """`peer` brought news first (of `sources`) over an eager link here.
 
-        If the news is the root's, `peer` is now this node's parent. The peer
-        is told when the link was lazy here: its side may have gone lazy since
-        it pushed (our prune crossed its push), and a parent that does not push
-        to us would leave us off the tree.
+        If the news is the root's, `peer` is now this node's parent. (News over
+        a lazy link changes nothing: pushes our prune crossed, or a graft's
+        answer, which made the link eager already. Making such links eager again
+        made every prune under load undo itself with the next push in flight.)
         """
+        if peer in self._lazy:
+            return
+        self._useless.pop(peer, None)
         root = self.root(now_ms)
-        became_parent = root is not None and root in set(sources) and self._parent != peer
-        if became_parent:
+        if root is not None and root in set(sources):
             self._parent = peer
-        return self.fresh_from(peer)
 
     def is_parent(self, peer: PeerId) -> bool:
         """Does the root's last first copy here come by `peer`? (a prune of it is refused)"""
         return peer == self._parent
-
-    def fresh_from(self, peer: PeerId) -> bool:
-        """`peer` brought news first: eager; True if it was lazy."""
-        self._useless.pop(peer, None)
-        return self.graft(peer)
 
     def prune(self, peer: PeerId) -> bool:
         """Make the link to `peer` lazy; True if it was eager."""
