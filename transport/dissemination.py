@@ -194,6 +194,7 @@ class Disseminator(Intake, AntiEntropy, JoinHandshake):
         # Per tree topic: (ms, delivered_count) samples over the last sync_hold_ms
         # (what an exchange holds back: `_young_cutoff`).
         self._delivered_at: dict[bytes, deque[tuple[int, int]]] = {}
+        self._held: set[bytes] = set()  # the ids the exchange being answered holds back
         self._peers: list[PeerId] = []  # sorted: random choices must not depend on hash order
         self._init_anti_entropy()
         self._init_join_handshake()
@@ -773,6 +774,9 @@ class Disseminator(Intake, AntiEntropy, JoinHandshake):
             # link lazy (unless it is the parent's); ids still cross, so it can be
             # grafted back.
             stats["tree_duplicate_pushes"] += 1
+            stats["tree_duplicate_pushes_" + (
+                "lazy" if tree.is_lazy(peer) else "parent" if tree.is_parent(peer)
+                else "root" if root_known else "other")] += 1
             present = [source for source in sources if source is not None]
             if tree.duplicate_from(peer, present, now_ms):
                 stats["prunes_sent"] += 1
@@ -840,29 +844,29 @@ class Disseminator(Intake, AntiEntropy, JoinHandshake):
 
     def _held_back(self, graph: Graph, ids: list[bytes], now_ms: int) -> list[bytes]:
         cutoff = self._young_cutoff(graph, now_ms)
+        self._held = set()
         if cutoff is None:
             return ids
         kept = [i for i in ids if (graph.position(i) or 0) < cutoff]
-        self.stats["sync_held_back"] += len(ids) - len(kept)
+        if len(kept) < len(ids):
+            self._held = set(ids) - set(kept)
+            self.stats["sync_held_back"] += len(self._held)
         return kept
 
     def _reply_heads(self, graph: Graph, now_ms: int) -> tuple[bytes, ...]:
-        """The heads of what we hold less the young events (`_held_back`): the peer then
-        sees that it holds all we send, and ends the exchange instead of asking again."""
-        cutoff = self._young_cutoff(graph, now_ms)
-        if cutoff is None:
+        """Our heads, less the events the reply holds back (`_held_back`): the peer then
+        sees that it holds all we have but those, sends us what we lack exactly (no more:
+        old heads made it send back what the peer had and we held back, 0.3 duplicates
+        per node and event in bursts) and ends the exchange instead of asking again."""
+        held = self._held
+        if not held:
             return self._heads(graph)
-
-        def old(event_id: bytes) -> bool:
-            position = graph.position(event_id)
-            return position is not None and position < cutoff
-
-        heads = [h for h in graph.extremities() if old(h)]
+        heads = [h for h in graph.extremities() if h not in held]
         seen = set(heads)
-        for _, event in graph.deliveries(cutoff, MAX_YOUNG_EVENTS):
-            for parent in event.parents:
-                if parent not in seen and old(parent) \
-                        and not any(old(c) for c in graph.children(parent)):
+        for event_id in held:
+            for parent in graph.parents_of(event_id) or ():
+                if parent not in seen and parent not in held \
+                        and all(c in held for c in graph.children(parent)):
                     seen.add(parent)
                     heads.append(parent)
         return tuple(heads[:MAX_HEADS])

@@ -17,7 +17,6 @@ import pytest
 from transport.dissemination_config import DisseminationConfig
 from transport.eager_lazy import (
     GRAFT_TIMEOUT_MS,
-    KEEP_EAGER,
     MAX_IHAVE_IDS,
     MAX_SOURCES,
     PRUNE_AFTER_DUPLICATES,
@@ -52,25 +51,14 @@ T = b"t" * 32  # another, greater: S is the root while both are active
 NOW = 1_000
 
 
-def test_new_links_are_eager_and_the_last_ones_are_pruned_after_root_duplicates_in_a_row():
+def test_new_links_are_eager_and_a_root_duplicate_prunes_at_once():
     tree = TopicTree()
     tree.saw(S, NOW)
     assert tree.eager_of(["a", "b"]) == ["a", "b"] and tree.lazy_of(["a", "b"]) == []
-    for _ in range(PRUNE_AFTER_DUPLICATES - 1):
-        assert not tree.duplicate_from("a", [S], NOW, eager=KEEP_EAGER)
-    tree.first_copy_from("a", [T], NOW)  # news first: the count starts again
-    for _ in range(PRUNE_AFTER_DUPLICATES - 1):
-        assert not tree.duplicate_from("a", [S], NOW, eager=KEEP_EAGER)
-    assert tree.duplicate_from("a", [S], NOW, eager=KEEP_EAGER)
+    assert tree.duplicate_from("a", [S], NOW)
     assert tree.eager_of(["a", "b"]) == ["b"] and tree.lazy_of(["a", "b"]) == ["a"]
-    assert tree.graft("a") and tree.eager_of(["a"]) == ["a"]  # a graft makes it eager again
-
-
-def test_above_keep_eager_links_the_first_root_duplicate_prunes():
-    tree = TopicTree()
-    tree.saw(S, NOW)
-    assert tree.duplicate_from("a", [S], NOW, eager=KEEP_EAGER + 1)
     assert tree.is_lazy("a")
+    assert tree.graft("a") and tree.eager_of(["a"]) == ["a"]  # a graft makes it eager again
 
 
 def test_one_tree_for_all_sources_pruned_by_the_root_only():
@@ -81,8 +69,8 @@ def test_one_tree_for_all_sources_pruned_by_the_root_only():
     assert tree.root(NOW) == T
     tree.saw(S, NOW)
     assert tree.root(NOW) == S  # the least active key
-    assert not tree.duplicate_from("a", [T], NOW, eager=KEEP_EAGER + 1)
-    assert tree.duplicate_from("a", [T, S], NOW, eager=KEEP_EAGER + 1)
+    assert not tree.duplicate_from("a", [T], NOW)
+    assert tree.duplicate_from("a", [T, S], NOW)
     assert tree.is_lazy("a")
     later = NOW + ROOT_ACTIVE_MS + 1
     tree.saw(T, later)
@@ -95,7 +83,7 @@ def test_the_parent_link_is_never_pruned_and_a_prune_of_it_is_refused():
     tree.first_copy_from("p", [S], NOW)  # the root's news came first by p
     assert tree.is_parent("p") and not tree.is_parent("q")
     for _ in range(5):
-        assert not tree.duplicate_from("p", [S], NOW, eager=KEEP_EAGER + 1)
+        assert not tree.duplicate_from("p", [S], NOW)
     assert not tree.is_lazy("p")
     tree.forget_peer("p")
     assert not tree.is_parent("p")
@@ -118,10 +106,12 @@ def test_the_sources_of_the_least_active_are_forgotten():
 
 def test_a_peer_still_pushing_over_a_lazy_link_is_told_again():
     """Its Prune was lost: after as many useless pushes (of any source) it is sent another."""
-    tree = TopicTree(prune_after=1)
+    tree = TopicTree()
     tree.saw(S, NOW)
     assert tree.duplicate_from("a", [S], NOW)
-    assert tree.duplicate_from("a", [T], NOW)  # lazy here already, but the peer keeps pushing
+    for _ in range(PRUNE_AFTER_DUPLICATES - 1):
+        assert not tree.duplicate_from("a", [T], NOW)  # pushes our prune crossed
+    assert tree.duplicate_from("a", [T], NOW)  # the peer keeps pushing: told again
 
 
 def test_ids_an_exchange_brought_are_remembered_as_races():
