@@ -766,6 +766,8 @@ class Disseminator(Intake, AntiEntropy, JoinHandshake):
         all_known = bool(ids) and all(i in known for i in ids)
         root_known = bool(root_ids) and all(i in known for i in root_ids)
         if root_ids and not root_known:
+            if tree.is_lazy(peer):
+                stats["tree_root_news_over_lazy"] += 1
             tree.first_copy_from(peer, [root], now_ms)  # type: ignore[list-item]
         if (all_known or root_known) and tree.synced_lately(root_ids if root_known else ids):
             stats["tree_sync_races"] += 1  # anti-entropy was first: no cycle, nothing to prune

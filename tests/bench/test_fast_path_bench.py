@@ -76,6 +76,10 @@ TREE_COUNTERS = ("grafts_sent", "graft_ids_sent", "graft_events_served", "prunes
                  "received_sync", "duplicates", "grafted_by_push", "prunes_refused", "pruned",
                  "grafted", "wants_sent", "tree_duplicate_pushes_lazy", "tree_duplicate_pushes_parent",
                  "tree_duplicate_pushes_root", "tree_duplicate_pushes_other", "tree_sync_races")
+PER_NODE_COUNTERS = ("duplicates", "tree_held_back", "tree_duplicate_pushes_parent",
+                     "tree_duplicate_pushes_root", "tree_duplicate_pushes_lazy",
+                     "tree_duplicate_pushes_other", "prunes_sent", "prunes_refused", "pruned",
+                     "grafted", "tree_root_news_over_lazy", "wants_sent", "received_sync")
 _BYTES_RECEIVED = re.compile(r"bytes_received:(\d+)")
 _PID = re.compile(r"pid=(\d+)")
 
@@ -270,6 +274,8 @@ def measure(base_dir: Path, fast_path: str, mode: str) -> dict[str, Any]:
         "duplicates_by_channel": {c: round(n / per, 3)
                                   for c, n in observed.duplicates_by_channel.items()},
         "breakdown": breakdown(before, after, per, event_size, wire),
+        "per_node": {node_ids[i][:6]: {k: after[i][k] - before[i][k] for k in PER_NODE_COUNTERS
+                                       if after[i][k] - before[i][k]} for i in indices},
         "load_average_1m_at_end": load,
     }
 
