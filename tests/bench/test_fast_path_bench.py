@@ -11,7 +11,9 @@ For each publish mode (single: one `publish` per event; batch: one
 min(nodes, 5) nodes publish MEGNODE_BENCH_RATE (default 200) events/s in
 total for MEGNODE_BENCH_SECONDS (default 30) after a 3 s warm-up, then the
 bench waits until every node delivered every event (the bound of the
-dissemination bench). Figures:
+dissemination bench). The issue's other figures: MEGNODE_BENCH_FP_NODES=5
+(bench-results/fast_paths_n5.json) and MEGNODE_BENCH_RATE=1000
+(fast_paths_r1000.json). Figures:
 
 * wire_bytes_per_node_event: TCP payload bytes the daemons' sockets received
   (`ss -ti` bytes_received, per connection, sampled every WIRE_SAMPLE_S: all
@@ -22,7 +24,14 @@ dissemination bench). Figures:
   `event_bytes_sent / events_sent`); the target is <= 1.5;
 * duplicates_per_node_event: the `duplicate` records / events / nodes;
 * latency_ms: created -> delivered at every other node (p50/p90/p99);
-* delivery_ratio: must be 1.
+* delivery_ratio: must be 1;
+* where the bytes and duplicates come from (issue 14's tree work):
+  `breakdown` (bytes sent by message kind and the framing, per node and
+  event, x event; the tree's counters per node and event), `per_node` (the
+  tree's counters of each node: one node holding copies back shows there),
+  `duplicates_by_channel` and `latency_by_channel` (gossip: the fast path,
+  grafts included; sync: exchanges and wants). MEGNODE_BENCH_FP_CONFIG adds
+  node config lines (`;`-separated) for experiments.
 
 The machine is shared (other benches may run at once): compare ratios
 between the fast paths of one run, not absolute times. JSON goes to
@@ -307,7 +316,10 @@ def test_fast_paths_on_the_wire(tmp_path, record_figures):
                     "duplicates_per_node_event": run["duplicates_per_node_event"],
                     "p99_vs_push": round(run["latency_ms"]["p99"] / base["latency_ms"]["p99"], 2),
                 }
-    record_figures("fast_paths", {"cpus": os.cpu_count(), "overlay_dials": DIALS,
+    # The issue's other figures (5 nodes; 1000 events/s) get their own file.
+    name = "fast_paths" + (f"_n{NODES}" if NODES != 10 else "") + (
+        f"_r{RATE_PER_S:g}" if RATE_PER_S != 200 else "")
+    record_figures(name, {"cpus": os.cpu_count(), "overlay_dials": DIALS,
                                   "join_timeout_s": JOIN_TIMEOUT_S, "runs": runs,
                                   "ratios": ratios, "wall_s": round(time.monotonic() - started, 1)})
     assert not failed, failed
