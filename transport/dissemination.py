@@ -100,7 +100,7 @@ from node.replica.replica import Replica
 from node.state.types import TYPE_MEMBER, Membership, content_of, user_id
 from transport.anti_entropy import AntiEntropy
 from transport.depletion import DepletionMode, DepletionTimer
-from transport.eager_lazy import MAX_YOUNG_EVENTS, SYNC_PUSH_MIN_EVENTS, TopicTree
+from transport.eager_lazy import MAX_YOUNG_EVENTS, TopicTree
 from transport.dissemination_config import DisseminationConfig
 from transport.effects import Announce, Effect, Log, PeerId, Send
 from transport.join_handshake import JoinHandshake
@@ -664,32 +664,21 @@ class Disseminator(Intake, AntiEntropy, JoinHandshake):
         Plumtree's tree carries every event new at a node, whatever brought it:
         after a partition heals, one exchange across it repairs each side by push
         instead of one exchange per node. (Pushed events are forwarded by `_on_push`.)
-        But a few events a sync brought are mostly events the tree has on their
-        way (the exchange raced it): pushed on, each cost a duplicate on every
-        eager link (measured: 0.28 such events per node per event, most of the
-        tree's duplicates in the 10-node bench). Fewer than SYNC_PUSH_MIN_EVENTS
-        go on by id only (`IHave`, eager links included): a neighbour that
-        lacks one fetches it after the graft timeout. (Events a sync released,
-        held back here until their parent came, go on in full.)
+        An exchange no longer races the tree (it holds back young events,
+        `_held_back`), so what it brings is what the tree lost. (Sent by id only
+        instead, as tried, a healed partition's events crossed one graft timeout
+        per hop: the 100-node world converged in 7.8 s against push's 3.1 s.)
+        A tree copy of an event a sync brought prunes nothing (`TopicTree.synced`).
         """
         fresh = Intake._ingest(self, peer, replica, raws, channel, now_ms, out)
         tree = self._trees.get(replica.topic_id)
         if fresh and tree is not None and channel != GOSSIP:
-            topic = replica.topic_id
             tree.received(event_id_of(raw) for raw in fresh)
             brought = {event_id_of(raw) for raw in raws}
             tree.synced(i for i in map(event_id_of, fresh) if i in brought)
             if self.config.forward_pushed:
-                # Held back here until a parent came (the descendants it released) go on
-                # in full: the tree brought them, and our side of it awaits them from us.
-                released = [raw for raw in fresh if event_id_of(raw) not in brought]
-                synced = [raw for raw in fresh if event_id_of(raw) in brought]
-                if len(synced) >= SYNC_PUSH_MIN_EVENTS:
-                    released, synced = fresh, []
-                self.stats["tree_forwarded_sync"] += len(released)
-                self.stats["tree_announced_sync"] += len(synced)
-                out += self._tree_spread(tree, topic, released, (peer,), now_ms)
-                out += self._tree_spread(tree, topic, synced, (peer,), now_ms, ids_only=True)
+                self.stats["tree_forwarded_sync"] += len(fresh)
+                out += self._tree_spread(tree, replica.topic_id, fresh, (peer,), now_ms)
         return fresh
 
     def _tree_local(self, tree: TopicTree, topic: bytes, raws: list[bytes],
@@ -705,10 +694,8 @@ class Disseminator(Intake, AntiEntropy, JoinHandshake):
         return self._tree_spread(tree, topic, raws, (), now_ms)
 
     def _tree_spread(self, tree: TopicTree, topic: bytes, raws: list[bytes],
-                     exclude: Sequence[PeerId], now_ms: int,
-                     ids_only: bool = False) -> list[Effect]:
-        """Events new here: in full on the eager links (by id if `ids_only`), ids on a few
-        lazy ones."""
+                     exclude: Sequence[PeerId], now_ms: int) -> list[Effect]:
+        """Events new here: in full on the eager links, ids on a few lazy ones."""
         if not raws:
             return []
         replica = self._replicas[topic]
@@ -717,10 +704,6 @@ class Disseminator(Intake, AntiEntropy, JoinHandshake):
         eager = [p for p in peers if p not in lazy]
         fanout = self.config.lazy_fanout
         announce: dict[PeerId, list[bytes]] = {}
-        if ids_only:
-            for peer in eager:
-                announce[peer] = [event_id_of(raw) for raw in raws]
-            eager = []
         for raw in raws:
             source = self._source(replica, raw)
             if source is not None:

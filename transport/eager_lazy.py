@@ -80,10 +80,6 @@ GRAFT_TIMEOUT_MS: Final = 1_000
 # Pushes over a link already lazy here (the peer missed our Prune) before it is
 # told again: a few pushes our prune crossed are expected, a stream of them is not.
 PRUNE_AFTER_DUPLICATES: Final = 3
-# Events one sync brought from which they go on along the tree in full (a catch-up,
-# a healed partition: the tree did not bring them); fewer go on by id only, as
-# they are mostly on their way by the tree (transport.dissemination `_ingest`).
-SYNC_PUSH_MIN_EVENTS: Final = 64
 # An exchange (anti-entropy) holds back events applied within this (transport.
 # dissemination `_young_cutoff`): they are on their way by the tree, and sent by
 # the exchange they break its causal order. Above a tree's few hops under load

@@ -81,7 +81,7 @@ SPARSE_CONFIG = ("connections_low = 2\nconnections_high = 8\ndial_known_peers = 
 MESSAGE_KINDS = ("push", "ihave", "graft", "prune", "offer", "reply", "want", "events")
 TREE_COUNTERS = ("grafts_sent", "graft_ids_sent", "graft_events_served", "prunes_sent",
                  "tree_duplicate_pushes", "tree_duplicates_grafted", "tree_fresh_grafted",
-                 "tree_forwarded_sync", "tree_held_back", "tree_announced_sync", "tree_peers_forgotten", "received_gossip",
+                 "tree_forwarded_sync", "tree_held_back", "tree_peers_forgotten", "received_gossip",
                  "received_sync", "duplicates", "grafted_by_push", "prunes_refused", "pruned",
                  "grafted", "wants_sent", "tree_duplicate_pushes_lazy", "tree_duplicate_pushes_parent",
                  "tree_duplicate_pushes_root", "tree_duplicate_pushes_other", "tree_sync_races")
