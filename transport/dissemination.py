@@ -36,11 +36,12 @@ and the measurements):
    before the signature is checked, so they cost one hash (`_ingest` in
    `transport.intake`, the hot path every received event takes).
    With `config.tree` the fast path is the eager/lazy tree instead
-   (`transport.eager_lazy`, Plumtree with one tree per author): an event new
-   here, whatever brought it, goes in full on the links eager for its author
-   and by id (`IHave`) on a few lazy ones; duplicates prune (`Prune`), ids
-   not received in time are fetched and their link grafted (`Graft`). About
-   one copy per node instead of ~`forward_fanout`.
+   (`transport.eager_lazy`, Plumtree with one tree per topic, which keeps
+   causal order): an event new here, whatever brought it, goes in full on
+   the eager links and by id (`IHave`) on a few lazy ones; the root's
+   duplicates prune (`Prune`), ids not received in time are fetched and
+   their link grafted (`Graft`), and exchanges hold back young events
+   (`_held_back`). About one copy per node instead of ~`forward_fanout`.
 2. **Anti-entropy (the guarantee)** and 3. **the want backstop**: the
    exchanges live in `transport.anti_entropy` (a mixin of this class), the
    reconciliation they run in `transport.reconcile`. An exchange that moved
