@@ -788,12 +788,8 @@ class Disseminator(Intake, AntiEntropy, JoinHandshake):
         for peer, ids in sorted(asks.items()):
             if peer not in self._peers:
                 continue
-            # Eager on both ends, as in Plumtree: here now, on the announcer's side as
-            # it answers (`_on_graft`). (Left lazy here, the link pushed one way only:
-            # the root's copies came first over it and were not taken as the parent's,
-            # and the node that grafted held copies back for the rest of the run.)
-            if tree.graft(peer):
-                self.stats["grafted_here"] += 1
+            # Eager on the announcer's side as it answers (`_on_graft`); ours was
+            # never made lazy for good: the answer's push is taken as any other.
             self.stats["grafts_sent"] += 1
             self.stats["graft_ids_sent"] += len(ids)
             sent = self._send(peer, Graft(topic, tuple(ids[:MAX_WANT_IDS])))
