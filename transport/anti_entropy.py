@@ -477,8 +477,9 @@ class AntiEntropy:
             ids, truncated = judgement.send, judgement.truncated
             self.stats["offers_judged"] += 1
             self.stats["offers_truncated"] += truncated
+        ids = self._held_back(graph, ids, now_ms)
         events, more = self._take(graph, ids[:limit])
-        heads = self._heads(graph)
+        heads = self._reply_heads(graph, now_ms)
         more = more or len(ids) > limit
         events, cut = self._within_budget(peer, replica, now_ms, events, Reply(
             replica.topic_id, offer.xid, heads, truncated, True, ()))
@@ -787,7 +788,7 @@ class AntiEntropy:
                       xid: int, now_ms: int) -> list[Effect | None]:
         graph = replica.graph
         limit = self.config.reply_max_events
-        ids = graph.not_below(heads, limit=limit + 1)
+        ids = self._held_back(graph, graph.not_below(heads, limit=limit + 1), now_ms)
         if not ids:
             return []
         events, more = self._take(graph, ids[:limit])
@@ -798,6 +799,15 @@ class AntiEntropy:
         self._note_news(graph.topic_id, peer)  # the peer lacked something
         return [self._spent(peer, self._send(peer, Events(
             graph.topic_id, xid, more or cut or len(ids) > limit, tuple(fitting))), now_ms)]
+
+    # Hooks of the fast path (transport.dissemination): what an exchange holds back.
+    def _held_back(self, graph: Graph, ids: list[bytes], now_ms: int) -> list[bytes]:
+        """The ids of `ids` an exchange sends now (all of them, unless the fast path says)."""
+        return ids
+
+    def _reply_heads(self, graph: Graph, now_ms: int) -> tuple[bytes, ...]:
+        """The heads a reply names (ours, unless the fast path holds events back)."""
+        return self._heads(graph)
 
     def _take(self, graph: Graph, ids: Sequence[bytes]) -> tuple[list[bytes], bool]:
         raws = []

@@ -22,7 +22,7 @@ from transport.defaults import (
     MISBEHAVIOUR_THRESHOLD,
 )
 from transport.depletion import DEFAULT_DEPLETION_BACKOFF_MS, DepletionMode
-from transport.eager_lazy import GRAFT_TIMEOUT_MS, PRUNE_AFTER_DUPLICATES
+from transport.eager_lazy import GRAFT_TIMEOUT_MS, PRUNE_AFTER_DUPLICATES, SYNC_HOLD_MS
 from transport.intake_budget import (PEER_BYTES_BURST, PEER_BYTES_PER_S, PEER_EVENTS_BURST,
                                      PEER_EVENTS_PER_S, WANTS_IN_FLIGHT_PER_PEER)
 from transport.misbehaviour import STRAY_ALLOWANCE_BURST, STRAY_ALLOWANCE_PER_S
@@ -92,6 +92,7 @@ class DisseminationConfig:
     graft_timeout_ms: int = GRAFT_TIMEOUT_MS  # an announced id not received by then is fetched
     prune_after: int = PRUNE_AFTER_DUPLICATES  # useless pushes in a row before a link goes lazy
     lazy_fanout: int = DEFAULT_LAZY_FANOUT  # lazy links each new event's id is announced on
+    sync_hold_ms: int = SYNC_HOLD_MS  # exchanges hold back events applied within this (tree)
     announce: bool = False  # emit `Announce` for local events (an external fast path)
     push_fanout: int = DEFAULT_PUSH_FANOUT
     forward_pushed: bool = True  # relay events first received by push

@@ -11,7 +11,9 @@ For each publish mode (single: one `publish` per event; batch: one
 min(nodes, 5) nodes publish MEGNODE_BENCH_RATE (default 200) events/s in
 total for MEGNODE_BENCH_SECONDS (default 30) after a 3 s warm-up, then the
 bench waits until every node delivered every event (the bound of the
-dissemination bench). Figures:
+dissemination bench). The issue's other figures: MEGNODE_BENCH_FP_NODES=5
+(bench-results/fast_paths_n5.json) and MEGNODE_BENCH_RATE=1000
+(fast_paths_r1000.json). Figures:
 
 * wire_bytes_per_node_event: TCP payload bytes the daemons' sockets received
   (`ss -ti` bytes_received, per connection, sampled every WIRE_SAMPLE_S: all
@@ -22,7 +24,14 @@ dissemination bench). Figures:
   `event_bytes_sent / events_sent`); the target is <= 1.5;
 * duplicates_per_node_event: the `duplicate` records / events / nodes;
 * latency_ms: created -> delivered at every other node (p50/p90/p99);
-* delivery_ratio: must be 1.
+* delivery_ratio: must be 1;
+* where the bytes and duplicates come from (issue 14's tree work):
+  `breakdown` (bytes sent by message kind and the framing, per node and
+  event, x event; the tree's counters per node and event), `per_node` (the
+  tree's counters of each node: one node holding copies back shows there),
+  `duplicates_by_channel` and `latency_by_channel` (gossip: the fast path,
+  grafts included; sync: exchanges and wants). MEGNODE_BENCH_FP_CONFIG adds
+  node config lines (`;`-separated) for experiments.
 
 The machine is shared (other benches may run at once): compare ratios
 between the fast paths of one run, not absolute times. JSON goes to
@@ -68,8 +77,51 @@ CONNECT_TIMEOUT_S = 60.0
 WIRE_SAMPLE_S = 0.5
 # The connection manager's marks for the sparse overlay (node.core.connection_manager).
 SPARSE_CONFIG = ("connections_low = 2\nconnections_high = 8\ndial_known_peers = false\n")
+# Engine counters summed over the nodes: where the bytes and duplicates come from.
+MESSAGE_KINDS = ("push", "ihave", "graft", "prune", "offer", "reply", "want", "events")
+TREE_COUNTERS = ("grafts_sent", "graft_ids_sent", "graft_events_served", "prunes_sent",
+                 "tree_duplicate_pushes", "tree_duplicates_grafted", "tree_fresh_grafted",
+                 "tree_forwarded_sync", "tree_held_back", "tree_peers_forgotten", "received_gossip",
+                 "received_sync", "duplicates", "grafted_by_push", "prunes_refused", "pruned",
+                 "grafted", "wants_sent", "tree_duplicate_pushes_lazy", "tree_duplicate_pushes_parent",
+                 "tree_duplicate_pushes_root", "tree_duplicate_pushes_other", "tree_sync_races")
+PER_NODE_COUNTERS = ("duplicates", "tree_held_back", "tree_duplicate_pushes_parent",
+                     "tree_duplicate_pushes_root", "tree_duplicate_pushes_lazy",
+                     "tree_duplicate_pushes_other", "prunes_sent", "prunes_refused", "pruned",
+                     "grafted", "tree_root_news_over_lazy", "wants_sent", "received_sync")
 _BYTES_RECEIVED = re.compile(r"bytes_received:(\d+)")
 _PID = re.compile(r"pid=(\d+)")
+
+
+class ChannelObserved(Observed):
+    """`Observed`, plus duplicates counted by the channel that brought them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.duplicates_by_channel: Counter[str] = Counter()
+
+    def add(self, records: list[dict[str, Any]]) -> None:
+        super().add(records)
+        for record in records:
+            if record["type"] == "duplicate":
+                self.duplicates_by_channel[record.get("channel", "?")] += 1
+
+
+def breakdown(before: dict[int, Counter[str]], after: dict[int, Counter[str]], per: int,
+              event_size: float, wire: int) -> dict[str, Any]:
+    """Bytes sent by message kind (x event, per node per event) and the tree's counters."""
+    sent = {kind: summed_delta(before, after, f"bytes_sent_{kind}") for kind in MESSAGE_KINDS}
+    engine = summed_delta(before, after, "bytes_sent")
+    return {
+        "sent_x_event": {k: round(v / per / event_size, 3) for k, v in sent.items() if v},
+        "framing_x_event": round((wire - engine) / per / event_size, 3),
+        "per_node_event": {k: round(summed_delta(before, after, k) / per, 3)
+                           for k in TREE_COUNTERS},
+        "other_counters": {k: summed_delta(before, after, k)
+                           for k in sorted({k for c in after.values() for k in c})
+                           if k not in TREE_COUNTERS and isinstance(after[0].get(k), int)
+                           and summed_delta(before, after, k)},
+    }
 
 
 class SparseCluster(LocalCluster):
@@ -78,7 +130,8 @@ class SparseCluster(LocalCluster):
     def __init__(self, base_dir: Path, nodes: int, fast_path: str) -> None:
         base_dir.mkdir(parents=True, exist_ok=True)
         config = base_dir / "sparse.toml"
-        config.write_text(SPARSE_CONFIG)
+        config.write_text(SPARSE_CONFIG + os.environ.get("MEGNODE_BENCH_FP_CONFIG", "").replace(
+            ";", "\n") + "\n")
         super().__init__(base_dir, nodes, fast_path=fast_path, extra_args=("--config", str(config)))
         rng = random.Random(OVERLAY_SEED)
         self.overlay = sorted({tuple(sorted((i, j))) for i in range(nodes)
@@ -179,7 +232,7 @@ def measure(base_dir: Path, fast_path: str, mode: str) -> dict[str, Any]:
         node_ids = [n.node_id for n in cluster.nodes]
         pids = {n.process.pid for n in cluster.nodes if n.process is not None}
         tails = [LogTail(n.data_dir / "logs") for n in cluster.nodes]
-        observed = Observed()
+        observed = ChannelObserved()
         for tail in tails:
             observed.add(tail.read_new())  # the join's records: not part of the window
         before = stats_of(cluster, indices)
@@ -197,13 +250,16 @@ def measure(base_dir: Path, fast_path: str, mode: str) -> dict[str, Any]:
     event_size = (summed_delta(before, after, "event_bytes_sent")
                   / max(1, summed_delta(before, after, "events_sent")))
     latencies, pairs, delivered = [], 0, 0
+    by_channel: dict[str, list[float]] = {}
     for event in measured:
         author, created_ms = observed.created[event]
         for node in node_ids:
             pairs += 1
             delivered += observed.has(node, event)
             if node != author:
-                latencies.append(observed.delivered[node][event][0] - created_ms)
+                delivered_ms, channel = observed.delivered[node][event]
+                latencies.append(delivered_ms - created_ms)
+                by_channel.setdefault(channel, []).append(delivered_ms - created_ms)
     duplicates = sum(observed.duplicates[e] for e in all_ids)
     per = events * NODES
     return {
@@ -223,6 +279,12 @@ def measure(base_dir: Path, fast_path: str, mode: str) -> dict[str, Any]:
         "grafts": summed_delta(before, after, "grafts_sent"),
         "prunes": summed_delta(before, after, "prunes_sent"),
         "drain_after_window_s": round(drain_s, 1),
+        "latency_by_channel": {c: dict(summary_ms(v), n=len(v)) for c, v in by_channel.items()},
+        "duplicates_by_channel": {c: round(n / per, 3)
+                                  for c, n in observed.duplicates_by_channel.items()},
+        "breakdown": breakdown(before, after, per, event_size, wire),
+        "per_node": {node_ids[i][:6]: {k: after[i][k] - before[i][k] for k in PER_NODE_COUNTERS
+                                       if after[i][k] - before[i][k]} for i in indices},
         "load_average_1m_at_end": load,
     }
 
@@ -254,7 +316,10 @@ def test_fast_paths_on_the_wire(tmp_path, record_figures):
                     "duplicates_per_node_event": run["duplicates_per_node_event"],
                     "p99_vs_push": round(run["latency_ms"]["p99"] / base["latency_ms"]["p99"], 2),
                 }
-    record_figures("fast_paths", {"cpus": os.cpu_count(), "overlay_dials": DIALS,
+    # The issue's other figures (5 nodes; 1000 events/s) get their own file.
+    name = "fast_paths" + (f"_n{NODES}" if NODES != 10 else "") + (
+        f"_r{RATE_PER_S:g}" if RATE_PER_S != 200 else "")
+    record_figures(name, {"cpus": os.cpu_count(), "overlay_dials": DIALS,
                                   "join_timeout_s": JOIN_TIMEOUT_S, "runs": runs,
                                   "ratios": ratios, "wall_s": round(time.monotonic() - started, 1)})
     assert not failed, failed

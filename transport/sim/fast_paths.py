@@ -89,7 +89,8 @@ def compare(scenario: Scenario, paths: tuple[str, ...] = FAST_PATHS) -> dict[str
 
 
 PHASE_KEYS = ("bytes_received", "bytes_sent_push", "bytes_sent_ihave", "duplicates",
-              "received_gossip", "received_sync", "prunes_sent", "grafts_sent")
+              "received_gossip", "received_sync", "prunes_sent", "grafts_sent",
+              "tree_held_back", "wants_sent", "bytes_sent_events", "bytes_sent_reply")
 
 
 def phases(scenario: Scenario, path: str, count: int) -> list[dict[str, Any]]:
