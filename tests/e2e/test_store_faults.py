@@ -178,8 +178,11 @@ def test_scattered_overwrites_give_one_line_errors_never_an_assertion(
                 # One line, never an assertion. Damage is named as such
                 # ("damaged", DamagedTopicError); a bug would still come as an
                 # "internal error: <type>: <message>" line (docs/store.md).
-                # 6 (topic not found) when the damage took the topic's record itself.
-                assert result.returncode in (2, 6), result.stderr
+                # 6 (topic not found) when the damage took the topic's record itself,
+                # 7 (not allowed: "not a joined member") when it took the node's
+                # membership record (the store's layout follows the seed's random keys,
+                # so where the fixed overwrites land differs from run to run).
+                assert result.returncode in (2, 6, 7), result.stderr
                 assert len(result.stderr.strip().splitlines()) == 1, result.stderr
                 assert "Traceback" not in result.stderr, result.stderr
                 assert "AssertionError" not in result.stderr, result.stderr
