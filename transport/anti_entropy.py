@@ -90,6 +90,14 @@ LONG_ABSENCE_MS: Final = 5_000
 ANSWER_TIMEOUT_FACTOR: Final = 4
 ANSWER_SMOOTHING: Final = 0.125  # weight of the newest answer time (TCP's 1/8)
 MAX_SESSION_TIMEOUT_MS: Final = 20_000  # a silent peer's exchange times out by then at the latest
+# Just back from an absence, the backlog our peers queued for us while we were
+# away (their pushes) fills the connections, and the answers to the exchanges we
+# open on resuming wait behind it: a peer whose frames keep reaching us is busy,
+# not silent. For this long after an absence an exchange does not time out while
+# the peer was heard within the last `session_timeout_ms` (the catch-up bench's
+# 10k resume: 3 opening exchanges timed out that way, their answers on the way).
+# Bounded: a peer that keeps sending but never answers is timed out by then.
+RESUME_PATIENCE_MS: Final = 20_000
 # Peers one catch-up asks its pages of, in turn (`prefetch`): the peer that
 # streams and up to two more seen holding what we lack (they offered heads we
 # lack, or answered with `more`). Each page is asked of one peer only, so
@@ -210,7 +218,13 @@ class AntiEntropy:
     def _alive(self, session: _Session, now_ms: int) -> bool:
         """Is `session`'s peer still answering, as of `now_ms`? (`_expire_sessions`)"""
         # (A session with pages waiting in our own queue is not waiting on its peer.)
-        return now_ms - session.active_ms <= self._timeout(session.peer) or bool(session.queued)
+        if now_ms - session.active_ms <= self._timeout(session.peer) or session.queued:
+            return True
+        # Just resumed: a peer still delivering its backlog to us is busy, not silent.
+        resumed = self._resumed_ms
+        return (resumed is not None and now_ms - resumed <= RESUME_PATIENCE_MS
+                and self._heard_ms.get(session.peer, -1) >= now_ms - self.config.session_timeout_ms
+                and self._heard_ms[session.peer] > session.active_ms)
 
     def _timeout(self, peer: PeerId) -> int:
         """How long `peer` may stay silent on an exchange (`ANSWER_TIMEOUT_FACTOR`)."""

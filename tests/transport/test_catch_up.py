@@ -21,7 +21,7 @@ from dataclasses import replace
 from storage.memory import MemoryStore
 from tests.transport.pair import NodePair, identity, lagging
 from node.replica.replica import Replica
-from transport.anti_entropy import MAX_SESSION_TIMEOUT_MS
+from transport.anti_entropy import MAX_SESSION_TIMEOUT_MS, RESUME_PATIENCE_MS
 from transport.dissemination import Disseminator
 from transport.dissemination_config import DisseminationConfig
 from transport.effects import Send
@@ -365,6 +365,37 @@ def test_an_answer_lost_while_the_peer_sends_other_frames_times_out_as_heard():
         a.tick(at, due_ms=at)
         assert at - start <= BASE_CONFIG.session_timeout_ms + 100
     assert a.stats["sessions_timed_out:opening:heard"] == 1
+
+
+def test_just_resumed_a_peer_still_sending_its_backlog_is_not_timed_out():
+    """Back from a stop, the peer's queued pushes keep coming: our exchange with it
+    waits (bounded); once the peer falls silent, or past RESUME_PATIENCE_MS, it times out."""
+    pair = lagging(10, config=BASE_CONFIG)
+    a = pair.engines["a"]
+    timeout = BASE_CONFIG.session_timeout_ms
+    a.tick(pair.now_ms, due_ms=pair.now_ms)
+    start = pair.now_ms + 8_000  # stopped for 8 s
+    a.note_due(start)
+    assert a.stats["absences"] == 1
+    assert a.sync_with("b", pair.topic, start)
+    at = start
+    while at - start < 3 * timeout:  # b's backlog keeps arriving: not silent
+        at += 50
+        a.prefetch("b", encode(Push(pair.topic, ())), at)
+        a.tick(at, due_ms=at)
+    assert a.stats["sessions_timed_out"] == 0
+    silent_from = at
+    while a.stats["sessions_timed_out"] == 0:  # the backlog is through, no answer: silent
+        at += 50
+        a.tick(at, due_ms=at)
+        assert at - silent_from <= timeout + 100
+    # Past the patience a peer that keeps sending but never answers times out too.
+    assert a.sync_with("b", pair.topic, at)
+    while a.stats["sessions_timed_out"] == 1:
+        at += 50
+        a.prefetch("b", encode(Push(pair.topic, ())), at)
+        a.tick(at, due_ms=at)
+        assert at - start <= RESUME_PATIENCE_MS + timeout + 100
 
 
 def test_a_silent_peer_still_times_out():
