@@ -141,11 +141,32 @@ def test_a_strangers_answers_stay_budgeted():
     assert pair.replicas["a"].graph.delivered_count < MISSED
 
 
-def test_exchange_times_out_on_silence_as_of_the_due_time():
+def opened_exchange() -> tuple[NodePair, Disseminator, int]:
+    """a, 10 events behind b, has just offered to b: (the pair, a's engine, when)."""
     pair = lagging(10, config=BASE_CONFIG)
     a = pair.engines["a"]
     start = pair.now_ms
     assert a.sync_with("b", pair.topic, start)
+    return pair, a, start
+
+
+def tick_until_timed_out(engine: Disseminator, at: int, deadline: int, step_ms: int = 50,
+                         sending: str | None = None, topic: bytes = b"") -> int:
+    """Tick `engine` every `step_ms` from `at` until one more exchange times out, by
+    `deadline` at the latest; returns when. `sending`: a peer whose frames (empty
+    pushes on `topic`) keep reaching the engine meanwhile."""
+    before = engine.stats["sessions_timed_out"]
+    while engine.stats["sessions_timed_out"] == before:
+        at += step_ms
+        if sending is not None:
+            engine.prefetch(sending, encode(Push(topic, ())), at)
+        engine.tick(at, due_ms=at)
+        assert at <= deadline
+    return at
+
+
+def test_exchange_times_out_on_silence_as_of_the_due_time():
+    pair, a, start = opened_exchange()
     timeout = BASE_CONFIG.session_timeout_ms
     # The tick waited behind a long step: due 1 s after the offer, run 5 s after.
     a.tick(start + 5 * timeout, due_ms=start + timeout // 2)
@@ -155,10 +176,7 @@ def test_exchange_times_out_on_silence_as_of_the_due_time():
 
 
 def test_an_offer_times_out_from_when_it_left():
-    pair = lagging(10, config=BASE_CONFIG)
-    a = pair.engines["a"]
-    start = pair.now_ms
-    assert a.sync_with("b", pair.topic, start)
+    pair, a, start = opened_exchange()
     a.offers_sent_at(start + 3 * BASE_CONFIG.session_timeout_ms)  # a long step ended
     a.tick(start + 3 * BASE_CONFIG.session_timeout_ms + 1)
     assert a.stats["sessions_timed_out"] == 0
@@ -354,16 +372,9 @@ def test_pages_that_two_peers_start_at_once_cross_once():
 
 
 def test_an_answer_lost_while_the_peer_sends_other_frames_times_out_as_heard():
-    pair = lagging(10, config=BASE_CONFIG)
-    a = pair.engines["a"]
-    start = pair.now_ms
-    assert a.sync_with("b", pair.topic, start)
+    pair, a, start = opened_exchange()
     a.prefetch("b", encode(Push(pair.topic, ())), start + 10)  # b is up, the answer is not
-    at = start
-    while a.stats["sessions_timed_out"] == 0:
-        at += 50
-        a.tick(at, due_ms=at)
-        assert at - start <= BASE_CONFIG.session_timeout_ms + 100
+    tick_until_timed_out(a, start, start + BASE_CONFIG.session_timeout_ms + 100)
     assert a.stats["sessions_timed_out:opening:heard"] == 1
 
 
@@ -384,30 +395,17 @@ def test_just_resumed_a_peer_still_sending_its_backlog_is_not_timed_out():
         a.prefetch("b", encode(Push(pair.topic, ())), at)
         a.tick(at, due_ms=at)
     assert a.stats["sessions_timed_out"] == 0
-    silent_from = at
-    while a.stats["sessions_timed_out"] == 0:  # the backlog is through, no answer: silent
-        at += 50
-        a.tick(at, due_ms=at)
-        assert at - silent_from <= timeout + 100
+    # The backlog is through, no answer: silent.
+    at = tick_until_timed_out(a, at, at + timeout + 100)
     # Past the patience a peer that keeps sending but never answers times out too.
     assert a.sync_with("b", pair.topic, at)
-    while a.stats["sessions_timed_out"] == 1:
-        at += 50
-        a.prefetch("b", encode(Push(pair.topic, ())), at)
-        a.tick(at, due_ms=at)
-        assert at - start <= RESUME_PATIENCE_MS + timeout + 100
+    tick_until_timed_out(a, at, start + RESUME_PATIENCE_MS + timeout + 100,
+                         sending="b", topic=pair.topic)
 
 
 def test_a_silent_peer_still_times_out():
-    pair = lagging(10, config=BASE_CONFIG)
-    a = pair.engines["a"]
-    start = pair.now_ms
-    assert a.sync_with("b", pair.topic, start)
-    at = start
-    while a.stats["sessions_timed_out"] == 0:
-        at += 50
-        a.tick(at, due_ms=at)
-        assert at - start <= BASE_CONFIG.session_timeout_ms + 100
+    pair, a, start = opened_exchange()
+    tick_until_timed_out(a, start, start + BASE_CONFIG.session_timeout_ms + 100)
     assert a.stats["sessions_timed_out:opening"] == 1
 
 
@@ -501,9 +499,6 @@ def test_the_timeout_follows_how_long_the_peer_takes_to_answer_and_stays_bounded
     assert pair.same() and a.stats["sessions_timed_out"] == 0
     again = start + slow + 10
     assert a.sync_with("b", pair.topic, again)
-    at = again
-    while a.stats["sessions_timed_out"] == 0:  # b is silent now
-        at += 100
-        a.tick(at, due_ms=at)
-        assert at - again <= MAX_SESSION_TIMEOUT_MS + 200
+    # b is silent now.
+    at = tick_until_timed_out(a, again, again + MAX_SESSION_TIMEOUT_MS + 200, step_ms=100)
     assert at - again > 2 * BASE_CONFIG.session_timeout_ms
