@@ -563,6 +563,7 @@ class Disseminator(Intake, AntiEntropy, JoinHandshake):
         graph, policy = replica.graph, replica.config.depletion
         width = graph.width
         timer = timers.depletion
+        merge = policy.dummy_parents(replica.params.d_max)
         if self.config.depletion_mode is DepletionMode.BACKOFF:  # the old timers, for comparison
             if not timer.due_backoff(replica.ready, width, policy.threshold, now_ms, rng,
                                      self.config.depletion_backoff_ms):
@@ -571,13 +572,11 @@ class Disseminator(Intake, AntiEntropy, JoinHandshake):
             return []  # the common case: narrow, nothing armed (no extremity list built)
         elif not timer.due(ready=replica.ready and policy.enabled,
                            extremities=graph.extremities(), threshold=policy.threshold,
-                           merge=policy.dummy_parents(replica.params.d_max),
-                           me=replica.identity.public_key, now_ms=now_ms, rng=rng,
+                           merge=merge, me=replica.identity.public_key, now_ms=now_ms, rng=rng,
                            describe=lambda i: _author_and_dummy(graph.get(i))):
             return []
-        share = (None if self.config.depletion_mode is DepletionMode.BACKOFF else
-                 timer.share(width, policy.threshold, policy.dummy_parents(replica.params.d_max)))
-        made = replica.maybe_deplete(now_ms, rng, share)
+        # (The old timers rank nobody: their dummies take the parent policy's pick.)
+        made = replica.maybe_deplete(now_ms, rng, timer.share(width, policy.threshold, merge))
         if made is None:
             return []
         event, _ = made
