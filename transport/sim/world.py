@@ -436,7 +436,13 @@ class Cluster:
             self.network.transmit(node.index, peer, frame)
 
     def _apply(self, node: SimNode, effects: list[Effect]) -> None:
-        """Carry out the engine's effects: send, log, and tell the policy of misbehaviour."""
+        """Carry out the engine's effects: send, log, and tell the policy of misbehaviour.
+
+        As the node's committer does after each step, the engine is told when the
+        step's offers left (`offers_sent_at`): at once here, where steps take no
+        time; without it the engine would keep every offer it ever made.
+        """
+        node.engine.offers_sent_at(self.now_ms)
         for effect in effects:
             if isinstance(effect, Send):
                 self.network.transmit(node.index, self._index[effect.peer], effect.data)
