@@ -864,5 +864,5 @@ def _advance(heads: Sequence[bytes], raws: Sequence[bytes]) -> tuple[bytes, ...]
         except (EventFormatError, ValueError):
             return None
         cited.update(event.parents)
-        ids.append(event_id_of(raw))
+        ids.append(event.id)  # decode_event checked it is the raw's id
     return tuple(h for h in dict.fromkeys([*heads, *ids]) if h not in cited)
