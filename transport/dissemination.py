@@ -404,12 +404,11 @@ class Disseminator(Intake, AntiEntropy, JoinHandshake):
         graph = replica.graph
         # Copies that brought nothing new (what prunes a tree link): known before this
         # push. Not "absent from fresh": an event only buffered is new, yet not passed on.
-        known = None if tree is None else {
-            event_id for event_id in map(event_id_of, message.events)
-            if graph.has(event_id) or graph.is_buffered(event_id)}
+        ids = [] if tree is None else [event_id_of(raw) for raw in message.events]
+        known = {event_id for event_id in ids if graph.knows(event_id)}
         fresh = self._ingest(peer, replica, message.events, GOSSIP, now_ms, out)
         if tree is not None:
-            out += self._tree_received(tree, peer, replica, message, fresh, known or set(),
+            out += self._tree_received(tree, peer, replica, ids, fresh, known,
                                        now_ms)
         elif fresh and self.config.forward_pushed:
             # Only events new here (each node relays an event at most once), never
@@ -675,9 +674,10 @@ class Disseminator(Intake, AntiEntropy, JoinHandshake):
         fresh = Intake._ingest(self, peer, replica, raws, channel, now_ms, out)
         tree = self._trees.get(replica.topic_id)
         if fresh and tree is not None and channel != GOSSIP:
-            tree.received(event_id_of(raw) for raw in fresh)
+            fresh_ids = [event_id_of(raw) for raw in fresh]
+            tree.received(fresh_ids)
             brought = {event_id_of(raw) for raw in raws}
-            tree.synced(i for i in map(event_id_of, fresh) if i in brought)
+            tree.synced(i for i in fresh_ids if i in brought)
             if self.config.forward_pushed:
                 self.stats["tree_forwarded_sync"] += len(fresh)
                 out += self._tree_spread(tree, replica.topic_id, fresh, (peer,), now_ms)
@@ -692,8 +692,7 @@ class Disseminator(Intake, AntiEntropy, JoinHandshake):
         be held back there (measured in the seeded world: a root flooding its
         own events made a third of the copies wait for a parent).
         """
-        tree.saw(self._replicas[topic].identity.public_key, now_ms)
-        return self._tree_spread(tree, topic, raws, (), now_ms)
+        return self._tree_spread(tree, topic, raws, (), now_ms)  # (it notes us as a source)
 
     def _tree_spread(self, tree: TopicTree, topic: bytes, raws: list[bytes],
                      exclude: Sequence[PeerId], now_ms: int) -> list[Effect]:
@@ -703,35 +702,34 @@ class Disseminator(Intake, AntiEntropy, JoinHandshake):
         replica = self._replicas[topic]
         peers = self._serving(replica, [p for p in self._peers if p not in exclude])
         lazy = tree.lazy_of(peers)
-        eager = [p for p in peers if p not in lazy]
+        eager = tree.eager_of(peers)
         fanout = self.config.lazy_fanout
         announce: dict[PeerId, list[bytes]] = {}
         for raw in raws:
-            source = self._source(replica, raw)
+            event_id = event_id_of(raw)
+            source = self._source(replica, event_id)
             if source is not None:
                 tree.saw(source, now_ms)
             chosen = self._rng.sample(lazy, fanout) if len(lazy) > fanout else lazy
             for peer in chosen:  # announcements repair the tree; a few per event suffice
-                announce.setdefault(peer, []).append(event_id_of(raw))
+                announce.setdefault(peer, []).append(event_id)
         out = self._push_to(topic, raws, eager) if eager else []
         for peer, ids in sorted(announce.items()):
             out += self._ihaves(topic, tree.announce([peer], ids))
         return out
 
     @staticmethod
-    def _source(replica: Replica, raw: bytes) -> bytes | None:
+    def _source(replica: Replica, event_id: bytes) -> bytes | None:
         """The author of a received event (the source whose tree carries it), if held here."""
-        event_id = event_id_of(raw)
         event = replica.graph.get(event_id) or replica.graph.buffered_event(event_id)
         return None if event is None else event.author
 
-    def _tree_received(self, tree: TopicTree, peer: PeerId, replica: Replica, message: Push,
+    def _tree_received(self, tree: TopicTree, peer: PeerId, replica: Replica, ids: list[bytes],
                        fresh: list[bytes], known: set[bytes], now_ms: int) -> list[Effect]:
-        """A push arrived: prune where it brought nothing new (`known`: its events held
-        before), forward what it applied along the tree."""
+        """A push of events `ids` arrived: prune where it brought nothing new (`known`:
+        its events held before), forward what it applied along the tree."""
         topic = replica.topic_id
-        fresh_ids = {event_id_of(raw) for raw in fresh}
-        ids = [event_id_of(raw) for raw in message.events]
+        fresh_ids = {event_id_of(raw) for raw in fresh}  # (with the buffered ones it released)
         stats = self.stats
         held_back = len(ids) - len(known) - len(fresh)
         if held_back > 0:  # buffered: a parent is missing here (or refused)
@@ -746,7 +744,7 @@ class Disseminator(Intake, AntiEntropy, JoinHandshake):
         # root copies came mixed with news elsewhere was never pruned (measured: 0.26
         # duplicate pushes per node and event, 0.001 prunes).
         root = tree.root(now_ms)
-        sources = [self._source(replica, raw) for raw in message.events]
+        sources = [self._source(replica, event_id) for event_id in ids]
         root_ids = [i for i, source in zip(ids, sources) if source is not None and source == root]
         all_known = bool(ids) and all(i in known for i in ids)
         root_known = bool(root_ids) and all(i in known for i in root_ids)
@@ -908,8 +906,7 @@ class Disseminator(Intake, AntiEntropy, JoinHandshake):
         if tree is None:
             return []
         if tree.is_parent(peer):
-            self.stats["prunes_refused"] += 1
-            tree.graft(peer)
+            self.stats["prunes_refused"] += 1  # (a parent link is never lazy here)
             sent = self._send(peer, Graft(replica.topic_id, ()))
             return [sent] if sent is not None else []
         if tree.prune(peer):  # (the source it names: one of the events that came twice)

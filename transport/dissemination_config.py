@@ -90,7 +90,7 @@ class DisseminationConfig:
     # new events go in full along a tree of eager links, their ids on the lazy ones.
     tree: bool = False
     graft_timeout_ms: int = GRAFT_TIMEOUT_MS  # an announced id not received by then is fetched
-    prune_after: int = PRUNE_AFTER_DUPLICATES  # useless pushes in a row before a link goes lazy
+    prune_after: int = PRUNE_AFTER_DUPLICATES  # pushes over a lazy link before the prune is repeated
     lazy_fanout: int = DEFAULT_LAZY_FANOUT  # lazy links each new event's id is announced on
     sync_hold_ms: int = SYNC_HOLD_MS  # exchanges hold back events applied within this (tree)
     announce: bool = False  # emit `Announce` for local events (an external fast path)

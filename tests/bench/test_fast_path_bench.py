@@ -82,7 +82,7 @@ MESSAGE_KINDS = ("push", "ihave", "graft", "prune", "offer", "reply", "want", "e
 TREE_COUNTERS = ("grafts_sent", "graft_ids_sent", "graft_events_served", "prunes_sent",
                  "tree_duplicate_pushes", "tree_duplicates_grafted", "tree_fresh_grafted",
                  "tree_forwarded_sync", "tree_held_back", "tree_peers_forgotten", "received_gossip",
-                 "received_sync", "duplicates", "grafted_by_push", "prunes_refused", "pruned",
+                 "received_sync", "duplicates", "prunes_refused", "pruned",
                  "grafted", "wants_sent", "tree_duplicate_pushes_lazy", "tree_duplicate_pushes_parent",
                  "tree_duplicate_pushes_root", "tree_duplicate_pushes_other", "tree_sync_races")
 PER_NODE_COUNTERS = ("duplicates", "tree_held_back", "tree_duplicate_pushes_parent",
