@@ -584,6 +584,16 @@ class AntiEntropy:
             self._answers.spend(peer, len(sent.data), now_ms)
         return sent
 
+    def _fruitless(self, key: tuple[PeerId, bytes], session: _Session) -> bool:
+        """A round of `session` applied nothing; True if that was the last the bound
+        allows (`max_session_rounds`): the exchange is abandoned."""
+        session.rounds += 1
+        if session.rounds < self.config.max_session_rounds:
+            return False
+        del self._sessions[key]
+        self.stats["sessions_abandoned"] += 1
+        return True
+
     def _on_reply(self, peer: PeerId, replica: Replica, reply: Reply,
                   now_ms: int) -> list[Effect | None]:
         out: list[Effect | None] = []
@@ -605,10 +615,7 @@ class AntiEntropy:
             if progressed:
                 self._advance_since(peer, replica, reply)
             else:
-                session.rounds += 1
-                if session.rounds >= self.config.max_session_rounds:
-                    del self._sessions[key]
-                    self.stats["sessions_abandoned"] += 1
+                self._fruitless(key, session)
             return out
         if session is None or session.xid != reply.xid:
             self.stats["stale_replies"] += 1  # the events were still worth keeping
@@ -626,12 +633,8 @@ class AntiEntropy:
             return out
         # Only rounds that brought nothing new count against the bound: a long
         # catch-up (`more`, one message per round trip) is progress, not a loop.
-        if not progressed:
-            session.rounds += 1
-            if session.rounds >= self.config.max_session_rounds:
-                del self._sessions[key]
-                self.stats["sessions_abandoned"] += 1
-                return out
+        if not progressed and self._fruitless(key, session):
+            return out
         if progressed:
             self._advance_since(peer, replica, reply)
         if reply.more:
