@@ -748,6 +748,8 @@ class Disseminator(Intake, AntiEntropy, JoinHandshake):
         root_ids = [i for i, source in zip(ids, sources) if source is not None and source == root]
         all_known = bool(ids) and all(i in known for i in ids)
         root_known = bool(root_ids) and all(i in known for i in root_ids)
+        if len(known) < len(ids):  # news by this link, of any source (`TopicTree.broken`)
+            tree.news_from(peer, now_ms)
         if root_ids and not root_known:
             if tree.is_lazy(peer):
                 stats["tree_root_news_over_lazy"] += 1
@@ -784,14 +786,20 @@ class Disseminator(Intake, AntiEntropy, JoinHandshake):
         graph = replica.graph
         asks = tree.due(now_ms, lambda i: graph.has(i) or graph.is_buffered(i)
                         or graph.rejected_reason(i) is not None)
+        repair = bool(asks) and tree.broken(now_ms)
         for peer, ids in sorted(asks.items()):
             if peer not in self._peers:
                 continue
-            # Eager on the announcer's side as it answers (`_on_graft`); ours was
-            # never made lazy for good: the answer's push is taken as any other.
-            self.stats["grafts_sent"] += 1
-            self.stats["graft_ids_sent"] += len(ids)
-            sent = self._send(peer, Graft(topic, tuple(ids[:MAX_WANT_IDS])))
+            asked = tuple(ids[:MAX_WANT_IDS])
+            if not repair:  # late, not lost (`TopicTree.broken`): fetched, no link changes
+                self.stats["tree_fetches_sent"] += 1
+                self.stats["tree_fetch_ids_sent"] += len(asked)
+                sent = self._send(peer, Want(topic, asked))
+            else:  # eager on both ends: the root's next copies by it make it our parent
+                tree.graft(peer)
+                self.stats["grafts_sent"] += 1
+                self.stats["graft_ids_sent"] += len(asked)
+                sent = self._send(peer, Graft(topic, asked))
             if sent is not None:
                 out.append(sent)
         return out

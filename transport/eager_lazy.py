@@ -23,9 +23,12 @@ Rodrigues, "Epidemic Broadcast Trees", SRDS 2007) receives it about once:
 * a push that brings nothing new over an eager link means the tree has a
   cycle there: the receiver makes that link lazy and tells the sender
   (`Prune`), which does the same. Only the copies of one source, the
-  **root**, prune: the least author key active here in the last
-  `ROOT_ACTIVE_MS` (every node computes the same one once it has seen the
-  same writers); the root's copies are judged on their own in a push that
+  **root**, prune: the least key of the *steady* sources active here in the
+  last `ROOT_ACTIVE_MS`, steady meaning `ROOT_MIN_STREAK` events in a row
+  each within `ROOT_GAP_MS` of the last (every node computes the same one
+  once it has seen the same writers; the least active key if no source is
+  steady). A rare writer as root pruned the cycles too seldom, and the
+  other sources' copies went round them; the root's copies are judged on their own in a push that
   also carries other events. Each node's **parent** is the link its last
   first copy of a root event came by: a node never prunes it, and refuses a
   prune of it (an empty `Graft` answers: eager again on both ends). The
@@ -40,12 +43,17 @@ Rodrigues, "Epidemic Broadcast Trees", SRDS 2007) receives it about once:
   every prune under load undo itself with the next push in flight. Authors
   push their own events on the tree like any other (flooding them on every
   link, GossipSub's flood publishing, let a child overtake its parents);
-* an announced id not received within `GRAFT_TIMEOUT_MS` means the tree is
-  broken above us (a lost push, a closed link): the receiver asks one
-  announcer for it (`Graft`), which makes that link eager on the
-  announcer's side (the asking side never made it lazy for good), so the
-  tree repairs itself where it broke. If that announcer does
-  not deliver in another timeout, the next one is asked.
+* an announced id not received within `GRAFT_TIMEOUT_MS` is asked of one
+  announcer. While the parent link brings news (`PARENT_SILENT_MS`) the id is
+  late, not lost (a loaded hop), and a plain `Want` fetches it: the links
+  stay as they are. Otherwise the tree is broken above us (a closed link, a
+  silent parent): the receiver asks by a `Graft`, which makes that link
+  eager on both ends, so the tree repairs itself where it broke. If that
+  announcer does not deliver in another timeout, the next one is asked.
+  (Grafting for every late id made links eager on the announcer's end only;
+  under load the asker pruned them again at once: 350 grafts and 0.09
+  duplicate pushes per node and event over lazy links in 20 s of the
+  10-node bench.)
 
 Anti-entropy stays the guarantee underneath (`transport.anti_entropy`): an id
 nobody announces, or all announcers fail to deliver, still arrives by
@@ -70,13 +78,16 @@ from typing import Final
 
 from transport.effects import PeerId
 
-# An announced id not received within this is fetched from its announcer (a graft).
-# Far above one tick (the announcer's batching: 50 ms in the node, 100 ms in the
-# simulator) plus a one-way latency, so a push on its way is not fetched twice:
-# on a loaded machine a hop of the tree took hundreds of ms, and at 250 ms the
-# cluster bench grafted (then pruned) 0.2 links per event. GossipSub waits 3 s
-# for an IWANT's answer; anti-entropy (2 s) repairs what grafts do not.
-GRAFT_TIMEOUT_MS: Final = 1_000
+# An announced id not received within this is fetched from its announcer: by a
+# plain want while our parent link is live (late, not lost: nothing about the
+# links changes), by a graft when the tree is broken above us (`TopicTree.broken`).
+# Above one tick (the announcer's batching: 50 ms in the node, 100 ms in the
+# simulator) plus a loaded hop or two. It bounds the tail of the latency: at 1 s
+# the 10-node bench's p99 was 1.1 s (3 % of the copies came by fetch, at ~1 s),
+# at 500 ms 0.36 s. (When every overdue id grafted, a short timeout grafted and
+# pruned links under load: 0.2 per event at 250 ms.) GossipSub waits 3 s for an
+# IWANT's answer; anti-entropy repairs what fetches do not.
+GRAFT_TIMEOUT_MS: Final = 500
 # Pushes over a link already lazy here (the peer missed our Prune) before it is
 # told again: a few pushes our prune crossed are expected, a stream of them is not.
 PRUNE_AFTER_DUPLICATES: Final = 3
@@ -97,6 +108,20 @@ MAX_SOURCES: Final = 256
 # Long against the gaps of a steady writer, so nodes agree on the root; short
 # enough that a root gone quiet hands over before the tree has changed much.
 ROOT_ACTIVE_MS: Final = 10_000
+# A source is steady once ROOT_MIN_STREAK of its events came here each within
+# ROOT_GAP_MS of the one before; the root is the least steady key (the least
+# active one if none is steady). A rare writer (a depletion dummy, an ack, a state
+# change every few seconds) with the least key made the root before: its few
+# copies pruned the tree's cycles seldom, and the other sources' copies went round
+# them (measured: 0.17 duplicates per node and event in the 10-node bench, 0.001
+# of them the root's).
+ROOT_GAP_MS: Final = 1_000
+ROOT_MIN_STREAK: Final = 8
+# The parent link is silent (no news of any source by it) this long: the tree is
+# broken above us, so an overdue id is asked by a graft (the link eager again, on
+# both ends) instead of by a plain want. Two graft timeouts: a live parent on a
+# loaded machine may be a timeout late, not two.
+PARENT_SILENT_MS: Final = 2_000
 
 
 @dataclass
@@ -116,8 +141,10 @@ class TopicTree:
     _lazy: set[PeerId] = field(default_factory=set)
     _useless: dict[PeerId, int] = field(default_factory=dict)  # pushes over a lazy link
     _seen: OrderedDict[bytes, int] = field(default_factory=OrderedDict)  # source -> last event ms
+    _streak: dict[bytes, int] = field(default_factory=dict)  # source -> events in a steady run
     _root: bytes | None = None
     _parent: PeerId | None = None  # the link the root's last first copy came by
+    _news_at: dict[PeerId, int] = field(default_factory=dict)  # peer -> last news it brought
     _pending: dict[PeerId, list[bytes]] = field(default_factory=dict)
     _heard: dict[PeerId, set[bytes]] = field(default_factory=dict)
     _awaited: OrderedDict[bytes, _Awaited] = field(default_factory=OrderedDict)
@@ -132,22 +159,37 @@ class TopicTree:
 
     def saw(self, source: bytes, now_ms: int) -> None:
         """An event of `source` is new here: it is an active source until ROOT_ACTIVE_MS pass."""
+        last = self._seen.get(source)
+        steady_before = self._steady(source)
+        self._streak[source] = self._streak.get(source, 0) + 1 \
+            if last is not None and now_ms - last <= ROOT_GAP_MS else 1
         self._seen[source] = now_ms
         self._seen.move_to_end(source)
         while len(self._seen) > MAX_SOURCES:
-            self._seen.popitem(last=False)
-        if self._root is None or source < self._root:
+            forgotten, _ = self._seen.popitem(last=False)
+            self._streak.pop(forgotten, None)
+        root = self._root
+        if source == root and steady_before and not self._steady(source):
+            self._root = None  # it paused: `root` picks again
+        elif root is None or self._rank(source) < self._rank(root):
             self._root = source
 
     def root(self, now_ms: int) -> bytes | None:
-        """The source whose duplicate copies shape the tree: the least active key."""
+        """The source whose duplicate copies shape the tree: the least steady active key
+        (the least active key if none is steady)."""
         root = self._root
         if root is not None and now_ms - self._seen.get(root, now_ms - ROOT_ACTIVE_MS - 1) \
                 <= ROOT_ACTIVE_MS:
             return root
         active = [s for s, t in self._seen.items() if now_ms - t <= ROOT_ACTIVE_MS]
-        self._root = min(active) if active else None
+        self._root = min(active, key=self._rank) if active else None
         return self._root
+
+    def _steady(self, source: bytes) -> bool:
+        return self._streak.get(source, 0) >= ROOT_MIN_STREAK
+
+    def _rank(self, source: bytes) -> tuple[bool, bytes]:
+        return (not self._steady(source), source)
 
     # ------------------------------------------------------------- links
 
@@ -197,6 +239,25 @@ class TopicTree:
         if root is not None and root in set(sources):
             self._parent = peer
 
+    def news_from(self, peer: PeerId, now_ms: int) -> None:
+        """`peer` brought an event new here (of any source, over any link)."""
+        self._news_at[peer] = now_ms
+
+    def broken(self, now_ms: int) -> bool:
+        """Is the tree broken above us: no parent link, or one silent for PARENT_SILENT_MS?
+
+        Only then does an overdue id ask for a graft. With a live parent it is
+        late, not lost (a loaded hop), and a plain fetch brings it: grafting
+        for lateness made links eager on one end only, whose pushes the other
+        end pruned again (measured: 350 grafts and 0.09 duplicate pushes per
+        node and event over lazy links in 20 s of the 10-node bench).
+        """
+        parent = self._parent
+        if parent is None:
+            return True
+        news = self._news_at.get(parent)
+        return news is None or now_ms - news > PARENT_SILENT_MS
+
     def is_parent(self, peer: PeerId) -> bool:
         """Does the root's last first copy here come by `peer`? (a prune of it is refused)"""
         return peer == self._parent
@@ -219,6 +280,7 @@ class TopicTree:
         """The link closed: a new one to the same peer starts eager."""
         if self._parent == peer:
             self._parent = None
+        self._news_at.pop(peer, None)
         self._lazy.discard(peer)
         self._useless.pop(peer, None)
         self._pending.pop(peer, None)
