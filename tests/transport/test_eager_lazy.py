@@ -19,8 +19,11 @@ from transport.eager_lazy import (
     GRAFT_TIMEOUT_MS,
     MAX_IHAVE_IDS,
     MAX_SOURCES,
+    PARENT_SILENT_MS,
     PRUNE_AFTER_DUPLICATES,
     ROOT_ACTIVE_MS,
+    ROOT_GAP_MS,
+    ROOT_MIN_STREAK,
     TopicTree,
 )
 from transport.messages import (TAG_PRUNE, WIRE_VERSION, Graft, IHave, MessageError, Prune,
@@ -75,6 +78,44 @@ def test_one_tree_for_all_sources_pruned_by_the_root_only():
     later = NOW + ROOT_ACTIVE_MS + 1
     tree.saw(T, later)
     assert tree.root(later) == T  # S fell quiet: T's copies prune now
+
+
+def test_a_steady_writer_is_the_root_rather_than_a_rare_one_with_a_lesser_key():
+    """A rare writer's few copies would prune the tree's cycles seldom (the 10-node bench:
+    0.17 duplicates per node and event, all of other sources' events)."""
+    tree = TopicTree()
+    tree.saw(S, NOW)  # rare: one event
+    step = ROOT_GAP_MS // 2
+    for i in range(ROOT_MIN_STREAK - 1):
+        tree.saw(T, NOW + i * step)
+        assert tree.root(NOW + i * step) == S  # T not steady yet: the least active key
+    steady_at = NOW + (ROOT_MIN_STREAK - 1) * step
+    tree.saw(T, steady_at)
+    assert tree.root(steady_at) == T
+    assert not tree.duplicate_from("a", [S], steady_at)  # S's copies prune nothing now
+    assert tree.duplicate_from("a", [T], steady_at)
+    paused = steady_at + ROOT_GAP_MS + 1
+    tree.saw(T, paused)  # T paused: its run starts again, and the least active key is back
+    assert tree.root(paused) == S
+
+
+def test_the_tree_is_broken_above_us_only_without_a_parent_that_brings_news():
+    """Then an overdue id is grafted (the link eager on both ends); otherwise it is late
+    and fetched by a want (transport.dissemination `_tree_tick`)."""
+    tree = TopicTree()
+    tree.saw(S, NOW)
+    assert tree.broken(NOW)  # no parent yet
+    tree.first_copy_from("p", [S], NOW)
+    tree.news_from("p", NOW)
+    assert not tree.broken(NOW + PARENT_SILENT_MS)
+    assert tree.broken(NOW + PARENT_SILENT_MS + 1)  # silent
+    tree.news_from("p", NOW + PARENT_SILENT_MS + 1)
+    assert not tree.broken(NOW + PARENT_SILENT_MS + 1)
+    tree.news_from("q", NOW + 2 * PARENT_SILENT_MS)  # news by another link does not count
+    assert tree.broken(NOW + 2 * PARENT_SILENT_MS + 2)
+    tree.news_from("p", NOW + 2 * PARENT_SILENT_MS + 2)
+    tree.forget_peer("p")  # the parent's link closed
+    assert tree.broken(NOW + 2 * PARENT_SILENT_MS + 2)
 
 
 def test_the_parent_link_is_never_pruned_and_a_prune_of_it_is_refused():
