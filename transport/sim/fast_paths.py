@@ -99,12 +99,12 @@ def phases(scenario: Scenario, path: str, count: int) -> list[dict[str, Any]]:
 
     A short run measures mostly the start, where every link is eager and every
     node's join is a new source; the later phases show what the fast path costs
-    once formed. Loss stays on; no partition; anti-entropy on as always.
+    once formed. Every flag of the scenario holds (loss, duplication, d_max,
+    depletion, indexers, the adversary...), but its schedule does not: no
+    partition, no crash; anti-entropy on as always.
     """
     s = replace(scenario, push=path != "none", tree=path == "tree")
-    cluster = Cluster(s.seed, s.nodes, loss=s.loss, latency_ms=s.latency_ms,
-                      neighbours=s.neighbours, config=s.dissemination_config(log=False),
-                      authorization=s.authorization)
+    cluster = Cluster.built_for(s)  # every flag of the scenario, none of its schedule
     out = []
     for _ in range(count):
         before, events_before = dict(cluster.totals()), len(cluster.event_ids(0))

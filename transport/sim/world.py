@@ -210,15 +210,9 @@ class Cluster:
 
     @classmethod
     def from_scenario(cls, scenario: Scenario, log_dir: str | Path | None = None) -> Cluster:
+        """The world `scenario` describes, its faults and its writes scheduled."""
         s = scenario
-        cluster = cls(s.seed, s.nodes, loss=s.loss, duplicate=s.duplicate, latency_ms=s.latency_ms,
-                      reorder=s.reorder, neighbours=s.neighbours,
-                      config=s.dissemination_config(log=False), d_max=s.d_max,
-                      depletion=s.depletion, log_dir=log_dir, scenario=s,
-                      authorization=s.authorization, indexers=s.indexers, adversary=s.adversary,
-                      invite=s.invite, outsiders=s.outsiders,
-                      banned_writer=max(1, s.rounds // 3) if s.banned_writer else None,
-                      history=s.history, late=s.late, late_round=max(1, s.rounds // 2))
+        cluster = cls.built_for(s, log_dir)
         if s.partition_at_ms is not None and s.heal_at_ms is not None:
             groups = [set(range(g, s.nodes, s.groups)) for g in range(s.groups)]
             cluster.partition(groups, s.partition_at_ms, s.heal_at_ms)
@@ -229,6 +223,19 @@ class Cluster:
             for index in sorted(cluster.rng.sample(range(first, s.nodes), s.crashes)):
                 cluster.crash(index, cluster.rng.randrange(s.round_ms, end), RESTART_AFTER_MS)
         return cluster
+
+    @classmethod
+    def built_for(cls, scenario: Scenario, log_dir: str | Path | None = None) -> Cluster:
+        """The world `scenario` describes (every flag but the schedule), nothing scheduled yet."""
+        s = scenario
+        return cls(s.seed, s.nodes, loss=s.loss, duplicate=s.duplicate, latency_ms=s.latency_ms,
+                   reorder=s.reorder, neighbours=s.neighbours,
+                   config=s.dissemination_config(log=False), d_max=s.d_max,
+                   depletion=s.depletion, log_dir=log_dir, scenario=s,
+                   authorization=s.authorization, indexers=s.indexers, adversary=s.adversary,
+                   invite=s.invite, outsiders=s.outsiders,
+                   banned_writer=max(1, s.rounds // 3) if s.banned_writer else None,
+                   history=s.history, late=s.late, late_round=max(1, s.rounds // 2))
 
     @property
     def now_ms(self) -> int:
