@@ -87,8 +87,7 @@ from transport.effects import PeerId
 # at 500 ms 0.36 s. (When every overdue id grafted, a short timeout grafted and
 # pruned links under load: 0.2 per event at 250 ms.) GossipSub waits 3 s for an
 # IWANT's answer; anti-entropy repairs what fetches do not.
-import os as _os  # XXX experiment
-GRAFT_TIMEOUT_MS: Final = int(_os.environ.get('MX_GRAFT_MS', '500'))
+GRAFT_TIMEOUT_MS: Final = 500
 # Pushes over a link already lazy here (the peer missed our Prune) before it is
 # told again: a few pushes our prune crossed are expected, a stream of them is not.
 PRUNE_AFTER_DUPLICATES: Final = 3
@@ -118,10 +117,6 @@ ROOT_ACTIVE_MS: Final = 10_000
 # of them the root's).
 ROOT_GAP_MS: Final = 1_000
 ROOT_MIN_STREAK: Final = 8
-# Root first copies in a row by another eager link before it replaces the parent
-# link (`TopicTree.first_copy_from`): two paths of about the same latency are
-# first in turn, and the parent must not follow each of them.
-PARENT_SWITCH_STREAK: Final = int(_os.environ.get('MX_SWITCH', '3'))
 # The parent link is silent (no news of any source by it) this long: the tree is
 # broken above us, so an overdue id is asked by a graft (the link eager again, on
 # both ends) instead of by a plain want. Two graft timeouts: a live parent on a
@@ -148,8 +143,7 @@ class TopicTree:
     _seen: OrderedDict[bytes, int] = field(default_factory=OrderedDict)  # source -> last event ms
     _streak: dict[bytes, int] = field(default_factory=dict)  # source -> events in a steady run
     _root: bytes | None = None
-    _parent: PeerId | None = None  # the link the root's first copies come by
-    _challenger: tuple[PeerId, int] | None = None  # another link first lately, how often in a row
+    _parent: PeerId | None = None  # the link the root's last first copy came by
     _news_at: dict[PeerId, int] = field(default_factory=dict)  # peer -> last news it brought
     _pending: dict[PeerId, list[bytes]] = field(default_factory=dict)
     _heard: dict[PeerId, set[bytes]] = field(default_factory=dict)
@@ -234,8 +228,7 @@ class TopicTree:
     def first_copy_from(self, peer: PeerId, sources: Iterable[bytes], now_ms: int) -> None:
         """`peer` brought news first (of `sources`) over an eager link here.
 
-        If the news is the root's, `peer` is (or is on its way to become) this
-        node's parent. (News over
+        If the news is the root's, `peer` is now this node's parent. (News over
         a lazy link changes nothing: pushes our prune crossed, or a graft's
         answer, which made the link eager already. Making such links eager again
         made every prune under load undo itself with the next push in flight.)
@@ -243,23 +236,8 @@ class TopicTree:
         if peer in self._lazy:
             return
         root = self.root(now_ms)
-        if root is None or root not in set(sources):
-            return
-        if self._parent is None or peer == self._parent:
-            self._parent, self._challenger = peer, None
-            return
-        # Another eager link was first: it becomes the parent only after
-        # PARENT_SWITCH_STREAK root first copies in a row (none by the parent
-        # between). Two paths of about the same latency were first in turn, and a
-        # parent that changed with every root event made the prunes of either
-        # refused (an empty graft: eager again on both ends), so the tree kept
-        # changing shape and copies overtook their parents.
-        streak = self._challenger[1] + 1 if self._challenger is not None \
-            and self._challenger[0] == peer else 1
-        if streak >= PARENT_SWITCH_STREAK:
-            self._parent, self._challenger = peer, None
-        else:
-            self._challenger = (peer, streak)
+        if root is not None and root in set(sources):
+            self._parent = peer
 
     def news_from(self, peer: PeerId, now_ms: int) -> None:
         """`peer` brought an event new here (of any source, over any link)."""
@@ -275,7 +253,7 @@ class TopicTree:
         node and event over lazy links in 20 s of the 10-node bench).
         """
         parent = self._parent
-        if parent is None or _os.environ.get('MX_ALWAYS_GRAFT'):
+        if parent is None:
             return True
         news = self._news_at.get(parent)
         return news is None or now_ms - news > PARENT_SILENT_MS
@@ -302,8 +280,6 @@ class TopicTree:
         """The link closed: a new one to the same peer starts eager."""
         if self._parent == peer:
             self._parent = None
-        if self._challenger is not None and self._challenger[0] == peer:
-            self._challenger = None
         self._news_at.pop(peer, None)
         self._lazy.discard(peer)
         self._useless.pop(peer, None)

@@ -20,7 +20,6 @@ from transport.eager_lazy import (
     MAX_IHAVE_IDS,
     MAX_SOURCES,
     PARENT_SILENT_MS,
-    PARENT_SWITCH_STREAK,
     PRUNE_AFTER_DUPLICATES,
     ROOT_ACTIVE_MS,
     ROOT_GAP_MS,
@@ -129,26 +128,6 @@ def test_the_parent_link_is_never_pruned_and_a_prune_of_it_is_refused():
     assert not tree.is_lazy("p")
     tree.forget_peer("p")
     assert not tree.is_parent("p")
-
-
-def test_the_parent_changes_only_after_another_link_was_first_several_times_in_a_row():
-    """Two paths of about the same latency are first in turn: a parent following each
-    root event made the prunes of both refused, and the tree never settled."""
-    tree = TopicTree()
-    tree.saw(S, NOW)
-    tree.first_copy_from("p", [S], NOW)
-    for _ in range(3):  # q and p first in turn: p stays the parent
-        for _ in range(PARENT_SWITCH_STREAK - 1):
-            tree.first_copy_from("q", [S], NOW)
-            assert tree.is_parent("p")
-        tree.first_copy_from("p", [S], NOW)
-    assert tree.duplicate_from("q", [S], NOW)  # so q's root duplicates prune q
-    tree.graft("q")
-    for _ in range(PARENT_SWITCH_STREAK):  # q first every time: it is the parent now
-        tree.first_copy_from("q", [S], NOW)
-    assert tree.is_parent("q") and not tree.is_parent("p")
-    tree.first_copy_from("r", [T], NOW)  # news of another source changes nothing
-    assert tree.is_parent("q")
 
 
 def test_news_over_a_lazy_link_changes_nothing():
