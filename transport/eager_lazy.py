@@ -145,6 +145,7 @@ class TopicTree:
     _root: bytes | None = None
     _parent: PeerId | None = None  # the link the root's last first copy came by
     _news_at: dict[PeerId, int] = field(default_factory=dict)  # peer -> last news it brought
+    _root_news_at: int | None = None  # when the parent last brought a root event first
     _pending: dict[PeerId, list[bytes]] = field(default_factory=dict)
     _heard: dict[PeerId, set[bytes]] = field(default_factory=dict)
     _awaited: OrderedDict[bytes, _Awaited] = field(default_factory=OrderedDict)
@@ -238,13 +239,15 @@ class TopicTree:
         root = self.root(now_ms)
         if root is not None and root in set(sources):
             self._parent = peer
+            self._root_news_at = now_ms
 
     def news_from(self, peer: PeerId, now_ms: int) -> None:
         """`peer` brought an event new here (of any source, over any link)."""
         self._news_at[peer] = now_ms
 
     def broken(self, now_ms: int) -> bool:
-        """Is the tree broken above us: no parent link, or one silent for PARENT_SILENT_MS?
+        """Is the tree broken above us: no parent link, or one silent for PARENT_SILENT_MS
+        (silent about the root's events if the root is steady, about any otherwise)?
 
         Only then does an overdue id ask for a graft. With a live parent it is
         late, not lost (a loaded hop), and a plain fetch brings it: grafting
@@ -255,7 +258,15 @@ class TopicTree:
         parent = self._parent
         if parent is None:
             return True
-        news = self._news_at.get(parent)
+        root = self.root(now_ms)
+        if root is not None and self._steady(root):
+            # The root writes steadily, so its copies come by the parent link or the
+            # tree is cut above us: news of other sources by the parent does not say
+            # it is whole (two nodes, each the other's parent, had cut themselves off
+            # with a third, and fetched every event one timeout late, for good).
+            news = self._root_news_at
+        else:
+            news = self._news_at.get(parent)
         return news is None or now_ms - news > PARENT_SILENT_MS
 
     def is_parent(self, peer: PeerId) -> bool:
@@ -279,7 +290,7 @@ class TopicTree:
     def forget_peer(self, peer: PeerId) -> None:
         """The link closed: a new one to the same peer starts eager."""
         if self._parent == peer:
-            self._parent = None
+            self._parent = self._root_news_at = None
         self._news_at.pop(peer, None)
         self._lazy.discard(peer)
         self._useless.pop(peer, None)

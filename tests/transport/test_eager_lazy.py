@@ -118,6 +118,24 @@ def test_the_tree_is_broken_above_us_only_without_a_parent_that_brings_news():
     assert tree.broken(NOW + 2 * PARENT_SILENT_MS + 2)
 
 
+def test_with_a_steady_root_only_its_copies_by_the_parent_say_the_tree_is_whole():
+    """Two nodes each the other's parent (cut off with a third) still hear each other's
+    news: under a steady root that is not enough, or they fetch every event for good."""
+    tree = TopicTree()
+    at = NOW
+    for _ in range(ROOT_MIN_STREAK):
+        tree.saw(S, at)
+        at += ROOT_GAP_MS // 2
+    tree.first_copy_from("p", [S], at)
+    assert not tree.broken(at + PARENT_SILENT_MS)
+    for step in range(1, 5):  # the root still writes (its events come another way)
+        tree.saw(S, at + step * PARENT_SILENT_MS // 4)
+    tree.news_from("p", at + PARENT_SILENT_MS)  # news by the parent, of another source
+    assert tree.broken(at + PARENT_SILENT_MS + 1)
+    tree.first_copy_from("p", [S], at + PARENT_SILENT_MS + 1)
+    assert not tree.broken(at + PARENT_SILENT_MS + 1)
+
+
 def test_the_parent_link_is_never_pruned_and_a_prune_of_it_is_refused():
     tree = TopicTree()
     tree.saw(S, NOW)
@@ -336,5 +354,6 @@ def test_on_fifo_links_one_tree_keeps_causal_order_and_sends_one_copy(sync_inter
         return (totals.get(key, 0) - before.get(key, 0)) / per
 
     assert rate("tree_held_back") == 0 and rate("wants_sent") == 0 and rate("grafts_sent") == 0
+    assert rate("tree_fetches_sent") == 0  # nothing late either
     assert rate("received_gossip") == 0.9  # every copy by the tree (all but the author's own)
     assert rate("duplicates") <= 0.05
