@@ -914,7 +914,9 @@ class Disseminator(Intake, AntiEntropy, JoinHandshake):
         if tree is None:
             return []
         if tree.is_parent(peer):
-            self.stats["prunes_of_parent"] += 1
+            self.stats["prunes_refused"] += 1  # (a parent link is never lazy here)
+            sent = self._send(peer, Graft(replica.topic_id, ()))
+            return [sent] if sent is not None else []
         if tree.prune(peer):  # (the source it names: one of the events that came twice)
             self.stats["pruned"] += 1
         return []

@@ -278,8 +278,6 @@ class TopicTree:
         if peer in self._lazy:
             return False
         self._lazy.add(peer)
-        if peer == self._parent:
-            self._parent = self._root_news_at = None
         return True
 
     def graft(self, peer: PeerId) -> bool:
