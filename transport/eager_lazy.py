@@ -44,9 +44,9 @@ Rodrigues, "Epidemic Broadcast Trees", SRDS 2007) receives it about once:
   push their own events on the tree like any other (flooding them on every
   link, GossipSub's flood publishing, let a child overtake its parents);
 * an announced id not received within `GRAFT_TIMEOUT_MS` is asked of one
-  announcer. While the parent link brings news (`PARENT_SILENT_MS`) the id is
-  late, not lost (a loaded hop), and a plain `Want` fetches it: the links
-  stay as they are. Otherwise the tree is broken above us (a closed link, a
+  announcer. While the parent link brings news (within `PARENT_SILENT_MS`;
+  news of the root if the root is steady) the id is late, not lost (a
+  loaded hop), and a plain `Want` fetches it: the links stay as they are. Otherwise the tree is broken above us (a closed link, a
   silent parent): the receiver asks by a `Graft`, which makes that link
   eager on both ends, so the tree repairs itself where it broke. If that
   announcer does not deliver in another timeout, the next one is asked.
