@@ -913,7 +913,7 @@ class Disseminator(Intake, AntiEntropy, JoinHandshake):
         tree = self._trees.get(replica.topic_id)
         if tree is None:
             return []
-        if tree.is_parent(peer):
+        if tree.refuses_prune(peer, now_ms):
             self.stats["prunes_refused"] += 1  # (a parent link is never lazy here)
             sent = self._send(peer, Graft(replica.topic_id, ()))
             return [sent] if sent is not None else []

@@ -148,6 +148,25 @@ def test_the_parent_link_is_never_pruned_and_a_prune_of_it_is_refused():
     assert not tree.is_parent("p")
 
 
+def test_a_prune_of_the_parent_stands_if_another_link_brought_the_root_lately():
+    """Two paths of about the same latency, first in turn: refusing the prune of either
+    kept both eager and the tree changing shape. With no other such link it is refused."""
+    tree = TopicTree()
+    tree.saw(S, NOW)
+    tree.first_copy_from("q", [S], NOW)
+    tree.first_copy_from("p", [S], NOW + 10)
+    assert tree.is_parent("p")
+    assert not tree.refuses_prune("p", NOW + PARENT_SILENT_MS)  # q was first lately
+    assert tree.is_parent("q")
+    tree.prune("p")
+    assert tree.refuses_prune("q", NOW + PARENT_SILENT_MS)  # no other: refused
+    later = NOW + 2 * PARENT_SILENT_MS + 1
+    tree.graft("p")
+    tree.first_copy_from("p", [S], later)
+    assert tree.refuses_prune("p", later + 1)  # q's root copy is too old to stand in
+    assert not tree.refuses_prune("r", later + 1)  # not the parent: no refusal
+
+
 def test_news_over_a_lazy_link_changes_nothing():
     tree = TopicTree()
     tree.saw(S, NOW)
