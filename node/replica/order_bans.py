@@ -34,23 +34,42 @@ The tentative tail is filtered the same way, starting from the order state
 of the confirmed prefix, on a throw-away copy.
 
 Cost, and the two shortcuts. A verdict at a position depends only on the
-sequence up to it (confirmed prefix, then tail), so `advance` keeps the
-verdicts of the tail it judged last and re-judges only from the first
-position where the new sequence (newly confirmed events, then the new tail)
-differs from the old tail: a feed that appends to the tail judges the
-appended events alone, and confirming a prefix of the tail judges nothing.
+event, the order state before it and whether the order is restricted there
+(below). `advance` keeps the verdicts of the tail it judged last, and the
+new sequence (newly confirmed events, then the new tail) is the old tail's
+shared prefix, a *middle*, and the old tail's shared end, which the prefix
+and the end bound by slice comparisons (C speed, logarithmic steps):
+
+    old tail       P P P P | m m     | E E E E E E
+    new sequence   P P P P | n n n   | E E E E E E   (P: kept; n: judged)
+
+The prefix keeps its verdicts (walked only to rebuild the state after it, one
+dict assignment per state event). The middle is judged. The end keeps its
+verdicts, except where its event's verdict read a key whose value differs
+between the two sequences at that point (the middles' setters; a key leaves
+the difference where an end event sets it in both) or the restricted flag
+differs: those are judged again, and once nothing differs the rest is kept
+whole. So the linearizer inserting an event in a long tail (a join storm:
+each join lands at a random place among the unconfirmed ones) judges that
+event and the few later ones that read the key it set, not the tail after
+it; confirming a prefix of the tail judges nothing. The keys a verdict read
+are recorded when it is judged: the auth keys (`auth_types_for_event`), none
+for an event that stood unchecked (below), and every key for a power-levels
+or join-rules change (`restricts` reads more of the state for them).
+
 And while no restrictive state change (`node.state.restrictive`: a ban,
 kick, leave, knock, power-level decrease or join-rule change) was admitted
 and no state event failed, every non-state event stands (that module's
-docstring proves it), so none is checked. State events are always judged in
-full (membership and power-level rules read their content). Both shortcuts
-are functions of the ordered sequence alone, so every replica gets the same
-views as without them (`SHORTCUTS = False` judges everything, for the
-equivalence test). When checks do run, non-state verdicts are memoised by
-(author, kind) until the order state next changes, and a state event's
-verdict by its id and the values of the keys the auth rules read for it
-(`auth_types_for_event`), so a tail the linearizer reorders re-judges its
-joins by a lookup.
+docstring proves it: the sequence is a linear extension of the causal
+order, so every event's past is placed before it), so none is checked.
+State events are always judged in full (membership and power-level rules
+read their content). Both shortcuts are functions of the ordered sequence
+alone, so every replica gets the same views as without them (`SHORTCUTS =
+False` judges everything, for the equivalence tests). When checks do run,
+an ordinary non-state event's verdict is memoised by (author, kind, the
+values of the keys the auth rules read for it), any other by (id, those
+values), so a tail
+the linearizer reorders re-judges its joins by a lookup.
 """
 
 from __future__ import annotations
@@ -126,92 +145,97 @@ class OrderBans:
         sequence = (*appended, *tail)
         old, old_verdicts = self._tail, self._tail_verdicts
         total, confirmed = len(sequence), len(appended)
-        # The new sequence is old[:shared] + middle + old[len(old) - same_end:].
         shared = _common_prefix(old, sequence)
-        same_end = _common_suffix(old, sequence, min(len(old), total) - shared)
-        end_start = total - same_end  # the shared end's first position in `sequence`
-        shift = total - len(old)  # its positions in `sequence` minus those in `old`
+        # The old tail's end that the new sequence ends with too; `shift` maps its
+        # positions in `sequence` to those in `old`.
+        end_start = total - _common_suffix(old, sequence, min(len(old), total) - shared)
+        shift = total - len(old)
         reasons: list[AuthReason | None] = []
         verdicts_out: list[Verdict] = []
         state: dict[StateKey, bytes] = self._state
         restricted = self._restricted
-        # Only needed when something after the shared prefix is judged.
-        need_state = shared < total
-        # While judging the middle: each key's value before it (for the difference below).
-        before_middle: dict[StateKey, bytes | None] = {}
-        old_restricted = restricted  # the old sequence's flag, at the aligned position
-        differ: set[StateKey] = set()  # keys whose value differs from the old sequence's
-        reads = self._reads
-        for position, event_id in enumerate(sequence):
+        for position in range(shared):  # the shared prefix: verdicts kept
             if position == confirmed:
-                if not need_state:
+                if shared >= total:  # nothing else: the state is not needed
                     verdicts_out.extend(old_verdicts[position:total])
                     break
                 state = dict(state)  # the tail: judged on a throw-away copy
-            if position < shared:
-                verdict = old_verdicts[position]
-                old_restricted = restricted = restricted or verdict.restricts
-            elif position < end_start:
-                if position == shared:
-                    old_restricted = restricted
-                verdict = self._judge_at(event_id, get, state, restricted)
-                if verdict.key is not None and verdict.key not in before_middle:
-                    before_middle[verdict.key] = state.get(verdict.key)
-                restricted = restricted or verdict.restricts
+            verdict = old_verdicts[position]
+            if verdict.key is not None:
+                state[verdict.key] = sequence[position]
+            restricted = restricted or verdict.restricts
+            if position < confirmed:
+                reasons.append(verdict.reason)
+                self._restricted = restricted
             else:
-                if position == end_start:
-                    old_restricted, differ = self._difference(
-                        old, old_verdicts, shared, end_start - shift, state, before_middle,
-                        old_restricted)
-                old_verdict = old_verdicts[position - shift]
-                if not differ and restricted == old_restricted and position >= confirmed:
-                    verdicts_out.extend(old_verdicts[position - shift:])  # the rest is the same
-                    break
+                verdicts_out.append(verdict)
+        if shared < total:
+            self._walk_rest(sequence, confirmed, shared, end_start, shift, state, restricted,
+                            get, reasons, verdicts_out)
+        for event_id in appended:
+            self._reads.pop(event_id, None)
+        self._tail = tuple(tail)
+        self._tail_verdicts = verdicts_out
+        if len(self._reads) > 2 * len(tail) + READ_KEYS_CACHE_SIZE:  # ids no longer ordered
+            self._reads = {i: self._reads[i] for i in tail if i in self._reads}
+        if all(v.reason is None for v in verdicts_out):
+            return reasons, self._tail
+        return reasons, tuple(i for i, v in zip(tail, verdicts_out) if v.reason is None)
+
+    def _walk_rest(self, sequence: tuple[bytes, ...], confirmed: int, shared: int,
+                   end_start: int, shift: int, state: dict[StateKey, bytes], restricted: bool,
+                   get: Callable[[bytes], Event], reasons: list[AuthReason | None],
+                   verdicts_out: list[Verdict]) -> None:
+        """Judge the sequence after its shared prefix, keeping the old verdicts that hold.
+
+        Walks the new sequence and the old tail side by side: an event found
+        later in the old tail is matched (the old events before it are passed
+        over), any other is judged. `differ` holds each key whose value differs
+        between the two (key -> the old value); a matched event is judged again
+        only if its verdict read such a key or the restricted flags differ.
+        """
+        old, old_verdicts, reads = self._tail, self._tail_verdicts, self._reads
+        where = dict(zip(old[shared:], range(shared, len(old))))
+        next_old = shared  # the old tail's first position not passed yet
+        old_restricted = restricted
+        differ: dict[StateKey, bytes | None] = {}
+        for position in range(shared, len(sequence)):
+            if position == confirmed:
+                state = dict(state)  # the tail: judged on a throw-away copy
+            event_id = sequence[position]
+            at = where.get(event_id, -1)
+            if at >= next_old:
+                for passed in range(next_old, at):  # in the old tail only, here
+                    old_verdict = old_verdicts[passed]
+                    if old_verdict.key is not None:
+                        _old_sets(differ, state, old_verdict.key, old[passed])
+                    old_restricted = old_restricted or old_verdict.restricts
+                next_old = at + 1
+                old_verdict = old_verdicts[at]
+                if (not differ and restricted == old_restricted and position >= end_start
+                        and position >= confirmed and at == position - shift):
+                    verdicts_out.extend(old_verdicts[at:])  # the rest is the same
+                    return
                 if restricted != old_restricted or (differ and _reads_any(
                         reads.get(event_id, _READS_ALL), differ)):
                     verdict = self._judge_at(event_id, get, state, restricted)
                 else:
                     verdict = old_verdict
-                _follow(differ, old_verdict.key, verdict.key)
+                if verdict.key is not None:
+                    _new_sets(differ, state, verdict.key, event_id)
+                if old_verdict.key is not None:
+                    _old_sets(differ, state, old_verdict.key, event_id)
                 old_restricted = old_restricted or old_verdict.restricts
-                restricted = restricted or verdict.restricts
-            if verdict.key is not None:
-                state[verdict.key] = event_id
+            else:
+                verdict = self._judge_at(event_id, get, state, restricted)
+                if verdict.key is not None:
+                    _new_sets(differ, state, verdict.key, event_id)
+            restricted = restricted or verdict.restricts
             if position < confirmed:
                 reasons.append(verdict.reason)
                 self._restricted = restricted
-                reads.pop(event_id, None)
             else:
                 verdicts_out.append(verdict)
-        self._tail = tuple(tail)
-        self._tail_verdicts = verdicts_out
-        if len(reads) > 2 * len(tail) + READ_KEYS_CACHE_SIZE:  # ids the linearizer dropped
-            self._reads = {i: reads[i] for i in tail if i in reads}
-        if all(v.reason is None for v in verdicts_out):
-            return reasons, self._tail
-        return reasons, tuple(i for i, v in zip(tail, verdicts_out) if v.reason is None)
-
-    def _difference(self, old: Sequence[bytes], old_verdicts: Sequence[Verdict], shared: int,
-                    old_end: int, state: Mapping[StateKey, bytes],
-                    before_middle: Mapping[StateKey, bytes | None],
-                    restricted: bool) -> tuple[bool, set[StateKey]]:
-        """The old sequence at the start of the shared end, against the new one.
-
-        Returns the old restricted flag there and the keys whose values differ
-        (the old middle's setters and the new middle's, compared).
-        """
-        old_values: dict[StateKey, bytes] = {}
-        for index in range(shared, old_end):
-            verdict = old_verdicts[index]
-            if verdict.key is not None:
-                old_values[verdict.key] = old[index]
-            restricted = restricted or verdict.restricts
-        differ = set()
-        for key in old_values.keys() | before_middle.keys():
-            before = before_middle[key] if key in before_middle else state.get(key)
-            if state.get(key) != old_values.get(key, before):
-                differ.add(key)
-        return restricted, differ
 
     def _judge_at(self, event_id: bytes, get: Callable[[bytes], Event],
                   state: Mapping[StateKey, bytes], restricted: bool) -> Verdict:
@@ -289,20 +313,28 @@ class OrderBans:
         return reason
 
 
-def _follow(differ: set[StateKey], old_key: StateKey | None, new_key: StateKey | None) -> None:
-    """Keep `differ` true past one position of the shared end (the same event in both)."""
-    if old_key == new_key:
-        if old_key is not None:
-            differ.discard(old_key)  # both sequences now hold this event for the key
-        return
-    if old_key is not None:
-        differ.add(old_key)
-    if new_key is not None:
-        differ.add(new_key)
+def _new_sets(differ: dict[StateKey, bytes | None], state: dict[StateKey, bytes],
+              key: StateKey, event_id: bytes) -> None:
+    """The new sequence sets `key`: keep `differ` (key -> the old value) true."""
+    if key in differ:
+        if differ[key] == event_id:
+            del differ[key]
+    else:
+        differ[key] = state.get(key)  # the old value was the new one until now
+    state[key] = event_id
 
 
-def _reads_any(reads: Reads, keys: set[StateKey]) -> bool:
-    return reads is _READS_ALL or not keys.isdisjoint(reads)
+def _old_sets(differ: dict[StateKey, bytes | None], state: Mapping[StateKey, bytes],
+              key: StateKey, event_id: bytes) -> None:
+    """The old sequence sets `key` (the new state is `state`): keep `differ` true."""
+    if state.get(key) == event_id:
+        differ.pop(key, None)
+    else:
+        differ[key] = event_id
+
+
+def _reads_any(reads: Reads, keys: Mapping[StateKey, object]) -> bool:
+    return reads is _READS_ALL or not keys.keys().isdisjoint(reads)
 
 
 def _common_prefix(a: Sequence[bytes], b: Sequence[bytes]) -> int:
