@@ -94,6 +94,7 @@ from node.state.types import (
 VERDICT_CACHE_SIZE = 4_096  # non-state verdicts by (author, kind, the state they read)
 STATE_VERDICT_CACHE_SIZE = 4_096  # state events' verdicts by (id, the state they read)
 READ_KEYS_CACHE_SIZE = 8_192  # events' auth keys (auth_types_for_event), by id
+READERS_LOOKUP_LIMIT = 256  # readers of the differing keys looked up before walking on
 _CONTENT_RULED = frozenset({TYPE_CREATE, TYPE_MEMBER, TYPE_POWER_LEVELS, TYPE_JOIN_RULES})
 _RESTRICTS_READS_ALL = frozenset({TYPE_POWER_LEVELS, TYPE_JOIN_RULES})  # `restricts` reads more
 
@@ -103,7 +104,17 @@ SHORTCUTS = True
 
 Reads = frozenset[StateKey]
 _READS_NOTHING: Reads = frozenset()
-_READS_ALL: Reads = frozenset({("*", "*")})  # a marker: the verdict may read any key
+_ANY_KEY: StateKey = ("*", "*")  # not a real key (no event type is "*")
+_READS_ALL: Reads = frozenset({_ANY_KEY})  # a marker: the verdict may read any key
+
+
+@dataclass(frozen=True, slots=True)
+class _Out:
+    """What `advance` builds: the confirmed events' reasons; the tail's verdicts and sets."""
+
+    reasons: list[AuthReason | None]
+    verdicts: list[Verdict]
+    sets: list[tuple[StateKey, bytes] | None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,9 +137,16 @@ class OrderBans:
         # True once a restrictive change was admitted or a state event failed in the
         # confirmed prefix: from then on every event is judged.
         self._restricted = not self._shortcuts
-        self._tail: tuple[bytes, ...] = ()  # the tail judged last (after the confirmed prefix)
+        # The tail judged last (after the confirmed prefix), its verdicts, and the
+        # (key, id) each position sets (None: none), aligned.
+        self._tail: tuple[bytes, ...] = ()
         self._tail_verdicts: list[Verdict] = []
+        self._tail_sets: list[tuple[StateKey, bytes] | None] = []
+        # Tail events whose verdict excludes them / restricts the order (both rare).
+        self._excluded: set[bytes] = set()
+        self._restricting: set[bytes] = set()
         self._reads: dict[bytes, Reads] = {}  # tail event -> the keys its verdict read
+        self._readers: dict[StateKey, set[bytes]] = {}  # key -> tail events that read it
         self._read_keys: dict[bytes, tuple[StateKey, ...]] = {}  # event -> its auth keys
         self._memo: dict[tuple[object, ...], AuthReason | None] = {}  # non-state verdicts
         self._state_verdicts: dict[tuple[bytes, tuple[bytes | None, ...]], AuthReason | None] = {}
@@ -143,62 +161,67 @@ class OrderBans:
         if not self._shortcuts:
             return self._advance_in_full(appended, tail, get)
         sequence = (*appended, *tail)
-        old, old_verdicts = self._tail, self._tail_verdicts
+        old = self._tail
         total, confirmed = len(sequence), len(appended)
-        shared = _common_prefix(old, sequence)
+        shared = common_prefix(old, sequence)
         # The old tail's end that the new sequence ends with too; `shift` maps its
         # positions in `sequence` to those in `old`.
         end_start = total - _common_suffix(old, sequence, min(len(old), total) - shared)
-        shift = total - len(old)
-        reasons: list[AuthReason | None] = []
-        verdicts_out: list[Verdict] = []
-        state: dict[StateKey, bytes] = self._state
+        out = _Out([], [], [])
         restricted = self._restricted
-        for position in range(shared):  # the shared prefix: verdicts kept
-            if position == confirmed:
-                if shared >= total:  # nothing else: the state is not needed
-                    verdicts_out.extend(old_verdicts[position:total])
-                    break
-                state = dict(state)  # the tail: judged on a throw-away copy
-            verdict = old_verdicts[position]
+        for position in range(min(shared, confirmed)):  # confirmed, verdicts kept
+            verdict = self._tail_verdicts[position]
             if verdict.key is not None:
-                state[verdict.key] = sequence[position]
+                self._state[verdict.key] = sequence[position]
             restricted = restricted or verdict.restricts
-            if position < confirmed:
-                reasons.append(verdict.reason)
-                self._restricted = restricted
-            else:
-                verdicts_out.append(verdict)
+            out.reasons.append(verdict.reason)
+        self._restricted = restricted
+        if shared > confirmed:  # the tail's part of the shared prefix: kept whole
+            out.verdicts.extend(self._tail_verdicts[confirmed:shared])
+            out.sets.extend(self._tail_sets[confirmed:shared])
         if shared < total:
-            self._walk_rest(sequence, confirmed, shared, end_start, shift, state, restricted,
-                            get, reasons, verdicts_out)
+            state = self._state
+            if shared > confirmed:
+                state = dict(state)
+                state.update(filter(None, self._tail_sets[confirmed:shared]))
+                if self._restricting and not restricted:
+                    restricted = any(i in self._restricting for i in old[confirmed:shared])
+            self._walk_rest(sequence, confirmed, shared, end_start, total - len(old), state,
+                            restricted, get, out)
         for event_id in appended:
-            self._reads.pop(event_id, None)
+            self._forget(event_id)
         self._tail = tuple(tail)
-        self._tail_verdicts = verdicts_out
+        self._tail_verdicts, self._tail_sets = out.verdicts, out.sets
         if len(self._reads) > 2 * len(tail) + READ_KEYS_CACHE_SIZE:  # ids no longer ordered
-            self._reads = {i: self._reads[i] for i in tail if i in self._reads}
-        if all(v.reason is None for v in verdicts_out):
-            return reasons, self._tail
-        return reasons, tuple(i for i, v in zip(tail, verdicts_out) if v.reason is None)
+            for event_id in set(self._reads).difference(tail):
+                self._forget(event_id)
+        if self._excluded or self._restricting:  # ids dropped from the tail
+            self._excluded.intersection_update(tail)
+            self._restricting.intersection_update(tail)
+        if not self._excluded:
+            return out.reasons, self._tail
+        return out.reasons, tuple(i for i in tail if i not in self._excluded)
 
     def _walk_rest(self, sequence: tuple[bytes, ...], confirmed: int, shared: int,
                    end_start: int, shift: int, state: dict[StateKey, bytes], restricted: bool,
-                   get: Callable[[bytes], Event], reasons: list[AuthReason | None],
-                   verdicts_out: list[Verdict]) -> None:
+                   get: Callable[[bytes], Event], out: _Out) -> None:
         """Judge the sequence after its shared prefix, keeping the old verdicts that hold.
 
         Walks the new sequence and the old tail side by side: an event found
         later in the old tail is matched (the old events before it are passed
         over), any other is judged. `differ` holds each key whose value differs
         between the two (key -> the old value); a matched event is judged again
-        only if its verdict read such a key or the restricted flags differ.
+        only if its verdict read such a key or the restricted flags differ. In
+        the shared end, once no later event read a key that differs, the rest
+        is kept whole.
         """
-        old, old_verdicts, reads = self._tail, self._tail_verdicts, self._reads
+        old, old_verdicts, old_sets = self._tail, self._tail_verdicts, self._tail_sets
+        reads = self._reads
         where = dict(zip(old[shared:], range(shared, len(old))))
         next_old = shared  # the old tail's first position not passed yet
         old_restricted = restricted
         differ: dict[StateKey, bytes | None] = {}
+        checked: tuple[object, ...] | None = None  # `differ` when its readers were last looked up
         for position in range(shared, len(sequence)):
             if position == confirmed:
                 state = dict(state)  # the tail: judged on a throw-away copy
@@ -212,10 +235,15 @@ class OrderBans:
                     old_restricted = old_restricted or old_verdict.restricts
                 next_old = at + 1
                 old_verdict = old_verdicts[at]
-                if (not differ and restricted == old_restricted and position >= end_start
+                if (restricted == old_restricted and position >= end_start
                         and position >= confirmed and at == position - shift):
-                    verdicts_out.extend(old_verdicts[at:])  # the rest is the same
-                    return
+                    snapshot = tuple(differ.items())
+                    if not differ or (snapshot != checked and not self._read_later(
+                            differ, where, at)):
+                        out.verdicts.extend(old_verdicts[at:])  # the rest is the same
+                        out.sets.extend(old_sets[at:])
+                        return
+                    checked = snapshot
                 if restricted != old_restricted or (differ and _reads_any(
                         reads.get(event_id, _READS_ALL), differ)):
                     verdict = self._judge_at(event_id, get, state, restricted)
@@ -232,15 +260,48 @@ class OrderBans:
                     _new_sets(differ, state, verdict.key, event_id)
             restricted = restricted or verdict.restricts
             if position < confirmed:
-                reasons.append(verdict.reason)
+                out.reasons.append(verdict.reason)
                 self._restricted = restricted
             else:
-                verdicts_out.append(verdict)
+                out.verdicts.append(verdict)
+                out.sets.append(None if verdict.key is None else (verdict.key, event_id))
+
+    def _read_later(self, differ: Mapping[StateKey, object], where: Mapping[bytes, int],
+                    at: int) -> bool:
+        """True if an event of the old tail from `at` on read a key of `differ` (or might:
+        too many readers to look up)."""
+        readers = [self._readers.get(key, ()) for key in differ]
+        readers.append(self._readers.get(_ANY_KEY, ()))
+        if sum(len(r) for r in readers) > READERS_LOOKUP_LIMIT:
+            return True
+        return any(where.get(i, -1) >= at for r in readers for i in r)
 
     def _judge_at(self, event_id: bytes, get: Callable[[bytes], Event],
                   state: Mapping[StateKey, bytes], restricted: bool) -> Verdict:
-        verdict, self._reads[event_id] = self._judge(get(event_id), state, restricted)
+        """Judge a tail or newly confirmed event, and index what its verdict read."""
+        verdict, reads = self._judge(get(event_id), state, restricted)
+        self._forget(event_id)
+        self._reads[event_id] = reads
+        for key in (_ANY_KEY,) if reads is _READS_ALL else reads:
+            self._readers.setdefault(key, set()).add(event_id)
+        if verdict.reason is not None:
+            self._excluded.add(event_id)
+        if verdict.restricts:
+            self._restricting.add(event_id)
         return verdict
+
+    def _forget(self, event_id: bytes) -> None:
+        """Drop what is indexed of an event (it left the tail, or is judged again)."""
+        reads = self._reads.pop(event_id, None)
+        if reads:
+            for key in (_ANY_KEY,) if reads is _READS_ALL else reads:
+                readers = self._readers.get(key)
+                if readers is not None:
+                    readers.discard(event_id)
+                    if not readers:
+                        del self._readers[key]
+        self._excluded.discard(event_id)
+        self._restricting.discard(event_id)
 
     def _advance_in_full(self, appended: Sequence[bytes], tail: Sequence[bytes],
                          get: Callable[[bytes], Event]
@@ -337,7 +398,7 @@ def _reads_any(reads: Reads, keys: Mapping[StateKey, object]) -> bool:
     return reads is _READS_ALL or not keys.keys().isdisjoint(reads)
 
 
-def _common_prefix(a: Sequence[bytes], b: Sequence[bytes]) -> int:
+def common_prefix(a: Sequence[bytes], b: Sequence[bytes]) -> int:
     """Length of the longest common prefix (slice comparisons: C speed, log steps)."""
     low, high = 0, min(len(a), len(b))
     if a[:high] == b[:high]:
