@@ -283,7 +283,10 @@ class OrderBans:
         self._forget(event_id)
         self._reads[event_id] = reads
         for key in (_ANY_KEY,) if reads is _READS_ALL else reads:
-            self._readers.setdefault(key, set()).add(event_id)
+            readers = self._readers.get(key)
+            if readers is None:
+                readers = self._readers[key] = set()
+            readers.add(event_id)
         if verdict.reason is not None:
             self._excluded.add(event_id)
         if verdict.restricts:
