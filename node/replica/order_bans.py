@@ -402,7 +402,8 @@ def _reads_any(reads: Reads, keys: Mapping[StateKey, object]) -> bool:
 
 
 def common_prefix(a: Sequence[bytes], b: Sequence[bytes]) -> int:
-    """Length of the longest common prefix (slice comparisons: C speed, log steps)."""
+    """Length of the longest common prefix of two tuples (or two lists: slices compare
+    by type), found by slice comparisons: C speed, logarithmically many steps."""
     low, high = 0, min(len(a), len(b))
     if a[:high] == b[:high]:
         return high

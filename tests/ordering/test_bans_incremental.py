@@ -17,7 +17,7 @@ from __future__ import annotations
 import random
 
 from node.core.event import Event
-from node.replica.order_bans import OrderBans
+from node.replica.order_bans import OrderBans, _common_suffix, common_prefix
 from tests.state.builder import Graph, create, join_rules, member, message, power, topic
 
 SEEDS = range(40)
@@ -183,3 +183,16 @@ def test_an_event_inserted_early_in_a_long_tail_rejudges_only_what_it_changes(mo
     # confirming the tail's prefix judges nothing
     bans.advance([ids["rejoin_charlie"], ids["m_zara_0"]], tail, get)
     assert judged == []
+
+
+def test_the_common_prefix_and_suffix_are_those_of_a_plain_walk():
+    rng = random.Random(7)
+    for _ in range(2_000):
+        a = tuple(rng.choice(b"abc") for _ in range(rng.randint(0, 12)))
+        b = tuple(rng.choice(b"abc") for _ in range(rng.randint(0, 12)))
+        prefix = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+        assert common_prefix(a, b) == prefix
+        limit = rng.randint(0, min(len(a), len(b)))
+        suffix = next((i for i, (x, y) in enumerate(zip(a[::-1], b[::-1])) if x != y),
+                      min(len(a), len(b)))
+        assert _common_suffix(a, b, limit) == min(suffix, limit)
