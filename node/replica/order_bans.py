@@ -35,27 +35,30 @@ of the confirmed prefix, on a throw-away copy.
 
 Cost, and the two shortcuts. A verdict at a position depends only on the
 event, the order state before it and whether the order is restricted there
-(below). `advance` keeps the verdicts of the tail it judged last, and the
-new sequence (newly confirmed events, then the new tail) is the old tail's
-shared prefix, a *middle*, and the old tail's shared end, which the prefix
-and the end bound by slice comparisons (C speed, logarithmic steps):
+(below). `advance` keeps the verdicts of the tail it judged last. The new
+sequence (newly confirmed events, then the new tail) and the old tail share
+a prefix and an end, found by slice comparisons (C speed, logarithmic
+steps); between them, the linearizer inserted, moved or dropped events:
 
-    old tail       P P P P | m m     | E E E E E E
-    new sequence   P P P P | n n n   | E E E E E E   (P: kept; n: judged)
+    old tail       P P P P | a b c   d | E E E E E E
+    new sequence   P P P P | a x b c   | E E E E E E   (x: judged; the rest kept)
 
-The prefix keeps its verdicts (walked only to rebuild the state after it, one
-dict assignment per state event). The middle is judged. The end keeps its
-verdicts, except where its event's verdict read a key whose value differs
-between the two sequences at that point (the middles' setters; a key leaves
-the difference where an end event sets it in both) or the restricted flag
-differs: those are judged again, and once nothing differs the rest is kept
-whole. So the linearizer inserting an event in a long tail (a join storm:
-each join lands at a random place among the unconfirmed ones) judges that
-event and the few later ones that read the key it set, not the tail after
-it; confirming a prefix of the tail judges nothing. The keys a verdict read
-are recorded when it is judged: the auth keys (`auth_types_for_event`), none
-for an event that stood unchecked (below), and every key for a power-levels
-or join-rules change (`restricts` reads more of the state for them).
+The prefix keeps its verdicts (its state is rebuilt by one `dict.update`
+of its setters). After it, the two are walked side by side: an event found
+further on in the old tail is matched (the old events before it are passed
+over), any other is judged. A matched event keeps its verdict unless the
+verdict read a key whose value differs between the two sequences at that
+point (`differ`: the judged events' setters and the passed-over ones'; a
+key leaves it where both set it to the same event) or the restricted flags
+differ. In the shared end, once nothing differs, or no later event's
+verdict read a key that does (an index of which tail events read each
+key), the rest is kept whole. So the linearizer inserting an event into a
+long tail (a join storm: each join lands at a random place among the
+unconfirmed ones) judges that event alone, and confirming a prefix of the
+tail judges nothing. The keys a verdict read are recorded when it is
+judged: the auth keys (`auth_types_for_event`), none for an event that
+stood unchecked (below), and every key for a power-levels or join-rules
+change (`restricts` reads more of the state for them).
 
 And while no restrictive state change (`node.state.restrictive`: a ban,
 kick, leave, knock, power-level decrease or join-rule change) was admitted
@@ -68,8 +71,7 @@ alone, so every replica gets the same views as without them (`SHORTCUTS =
 False` judges everything, for the equivalence tests). When checks do run,
 an ordinary non-state event's verdict is memoised by (author, kind, the
 values of the keys the auth rules read for it), any other by (id, those
-values), so a tail
-the linearizer reorders re-judges its joins by a lookup.
+values), so a tail the linearizer reorders re-judges its joins by a lookup.
 """
 
 from __future__ import annotations
