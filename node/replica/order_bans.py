@@ -34,28 +34,49 @@ The tentative tail is filtered the same way, starting from the order state
 of the confirmed prefix, on a throw-away copy.
 
 Cost, and the two shortcuts. A verdict at a position depends only on the
-sequence up to it (confirmed prefix, then tail), so `advance` keeps the
-verdicts of the tail it judged last and re-judges only from the first
-position where the new sequence (newly confirmed events, then the new tail)
-differs from the old tail: a feed that appends to the tail judges the
-appended events alone, and confirming a prefix of the tail judges nothing.
+event, the order state before it and whether the order is restricted there
+(below). `advance` keeps the verdicts of the tail it judged last. The new
+sequence (newly confirmed events, then the new tail) and the old tail share
+a prefix and an end, found by slice comparisons (C speed, logarithmic
+steps); between them, the linearizer inserted, moved or dropped events:
+
+    old tail       P P P P | a b c   d | E E E E E E
+    new sequence   P P P P | a x b c   | E E E E E E   (x: judged; the rest kept)
+
+The prefix keeps its verdicts (its state is rebuilt by one `dict.update`
+of its setters). After it, the two are walked side by side: an event found
+further on in the old tail is matched (the old events before it are passed
+over), any other is judged. A matched event keeps its verdict unless the
+verdict read a key whose value differs between the two sequences at that
+point (`differ`: the judged events' setters and the passed-over ones'; a
+key leaves it where both set it to the same event) or the restricted flags
+differ. In the shared end, once nothing differs, or no later event's
+verdict read a key that does (an index of which tail events read each
+key), the rest is kept whole. So the linearizer inserting an event into a
+long tail (a join storm: each join lands at a random place among the
+unconfirmed ones) judges that event alone, and confirming a prefix of the
+tail judges nothing. The keys a verdict read are recorded when it is
+judged: the auth keys (`auth_types_for_event`), none for an event that
+stood unchecked (below), and every key for a power-levels or join-rules
+change (`restricts` reads more of the state for them).
+
 And while no restrictive state change (`node.state.restrictive`: a ban,
 kick, leave, knock, power-level decrease or join-rule change) was admitted
 and no state event failed, every non-state event stands (that module's
-docstring proves it), so none is checked. State events are always judged in
-full (membership and power-level rules read their content). Both shortcuts
-are functions of the ordered sequence alone, so every replica gets the same
-views as without them (`SHORTCUTS = False` judges everything, for the
-equivalence test). When checks do run, non-state verdicts are memoised by
-(author, kind) until the order state next changes, and a state event's
-verdict by its id and the values of the keys the auth rules read for it
-(`auth_types_for_event`), so a tail the linearizer reorders re-judges its
-joins by a lookup.
+docstring proves it: the sequence is a linear extension of the causal
+order, so every event's past is placed before it), so none is checked.
+State events are always judged in full (membership and power-level rules
+read their content). Both shortcuts are functions of the ordered sequence
+alone, so every replica gets the same views as without them (`SHORTCUTS =
+False` judges everything, for the equivalence tests). When checks do run,
+an ordinary non-state event's verdict is memoised by (author, kind, the
+values of the keys the auth rules read for it), any other by (id, those
+values), so a tail the linearizer reorders re-judges its joins by a lookup.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, MutableMapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from node.core.event import Event
@@ -72,15 +93,30 @@ from node.state.types import (
     state_key_of,
 )
 
-VERDICT_CACHE_SIZE = 4_096  # (author, kind) verdicts kept per order state
+VERDICT_CACHE_SIZE = 4_096  # non-state verdicts by (author, kind, the state they read)
 STATE_VERDICT_CACHE_SIZE = 4_096  # state events' verdicts by (id, the state they read)
+READ_KEYS_CACHE_SIZE = 8_192  # events' auth keys (auth_types_for_event), by id
+READERS_LOOKUP_LIMIT = 256  # readers of the differing keys looked up before walking on
 _CONTENT_RULED = frozenset({TYPE_CREATE, TYPE_MEMBER, TYPE_POWER_LEVELS, TYPE_JOIN_RULES})
+_RESTRICTS_READS_ALL = frozenset({TYPE_POWER_LEVELS, TYPE_JOIN_RULES})  # `restricts` reads more
 
 # Off: every event is judged against the order state on every feed (the definition);
 # on: the incremental tail and the no-restriction guard (module docstring). Same views.
 SHORTCUTS = True
 
-Verdicts = dict[tuple[bytes, str], AuthReason | None]
+Reads = frozenset[StateKey]
+_READS_NOTHING: Reads = frozenset()
+_ANY_KEY: StateKey = ("*", "*")  # not a real key (no event type is "*")
+_READS_ALL: Reads = frozenset({_ANY_KEY})  # a marker: the verdict may read any key
+
+
+@dataclass(frozen=True, slots=True)
+class _Out:
+    """What `advance` builds: the confirmed events' reasons; the tail's verdicts and sets."""
+
+    reasons: list[AuthReason | None]
+    verdicts: list[Verdict]
+    sets: list[tuple[StateKey, bytes] | None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,16 +132,25 @@ class Verdict:
 class OrderBans:
     """The order state of one topic's confirmed sequence, and the verdicts it gives."""
 
-    def __init__(self, source: EventSource) -> None:
+    def __init__(self, source: EventSource, shortcuts: bool | None = None) -> None:
         self._source = source
+        self._shortcuts = SHORTCUTS if shortcuts is None else shortcuts
         self._state: dict[StateKey, bytes] = {}
-        self._verdicts: Verdicts = {}
         # True once a restrictive change was admitted or a state event failed in the
         # confirmed prefix: from then on every event is judged.
-        self._restricted = not SHORTCUTS
-        self._tail: tuple[bytes, ...] = ()  # the tail judged last (after the confirmed prefix)
+        self._restricted = not self._shortcuts
+        # The tail judged last (after the confirmed prefix), its verdicts, and the
+        # (key, id) each position sets (None: none), aligned.
+        self._tail: tuple[bytes, ...] = ()
         self._tail_verdicts: list[Verdict] = []
-        self._read_keys: dict[bytes, tuple[StateKey, ...]] = {}  # state event -> keys read
+        self._tail_sets: list[tuple[StateKey, bytes] | None] = []
+        # Tail events whose verdict excludes them / restricts the order (both rare).
+        self._excluded: set[bytes] = set()
+        self._restricting: set[bytes] = set()
+        self._reads: dict[bytes, Reads] = {}  # tail event -> the keys its verdict read
+        self._readers: dict[StateKey, set[bytes]] = {}  # key -> tail events that read it
+        self._read_keys: dict[bytes, tuple[StateKey, ...]] = {}  # event -> its auth keys
+        self._memo: dict[tuple[object, ...], AuthReason | None] = {}  # non-state verdicts
         self._state_verdicts: dict[tuple[bytes, tuple[bytes | None, ...]], AuthReason | None] = {}
 
     def advance(self, appended: Sequence[bytes], tail: Sequence[bytes],
@@ -115,78 +160,216 @@ class OrderBans:
         Returns each confirmed event's reason (None: it stays, and its state took
         effect) and the tail's surviving ids, in order.
         """
+        if not self._shortcuts:
+            return self._advance_in_full(appended, tail, get)
         sequence = (*appended, *tail)
-        old, old_verdicts = self._tail, self._tail_verdicts
-        shared = 0
-        if SHORTCUTS:
-            limit = min(len(old), len(sequence))
-            while shared < limit and old[shared] == sequence[shared]:
-                shared += 1
-        confirmed = len(appended)
-        reasons: list[AuthReason | None] = []
-        survivors: list[bytes] = []
-        verdicts_out: list[Verdict] = []
-        state: MutableMapping[StateKey, bytes] = self._state
-        verdicts: Verdicts = self._verdicts
+        old = self._tail
+        total, confirmed = len(sequence), len(appended)
+        shared = common_prefix(old, sequence)
+        # The old tail's end that the new sequence ends with too; `shift` maps its
+        # positions in `sequence` to those in `old`.
+        end_start = total - _common_suffix(old, sequence, min(len(old), total) - shared)
+        out = _Out([], [], [])
         restricted = self._restricted
-        for position, event_id in enumerate(sequence):
-            if position == confirmed:  # the tail: judged on a throw-away copy (plain dict
-                state = dict(self._state)  # reads: the memo keys read several per event)
-            if position < shared:
-                verdict = old_verdicts[position]
-            else:
-                verdict = self._judge(get(event_id), state, restricted, verdicts)
+        for position in range(min(shared, confirmed)):  # confirmed, verdicts kept
+            verdict = self._tail_verdicts[position]
             if verdict.key is not None:
-                state[verdict.key] = event_id
-                if position < confirmed:
-                    self._verdicts.clear()  # every cached verdict read the old state
+                self._state[verdict.key] = sequence[position]
+            restricted = restricted or verdict.restricts
+            out.reasons.append(verdict.reason)
+        self._restricted = restricted
+        if shared > confirmed:  # the tail's part of the shared prefix: kept whole
+            out.verdicts.extend(self._tail_verdicts[confirmed:shared])
+            out.sets.extend(self._tail_sets[confirmed:shared])
+        if shared < total:
+            state = self._state
+            if shared > confirmed:
+                state = dict(state)
+                state.update(filter(None, self._tail_sets[confirmed:shared]))
+                if self._restricting and not restricted:
+                    restricted = any(i in self._restricting for i in old[confirmed:shared])
+            self._walk_rest(sequence, confirmed, shared, end_start, total - len(old), state,
+                            restricted, get, out)
+        for event_id in appended:
+            self._forget(event_id)
+        self._tail = tuple(tail)
+        self._tail_verdicts, self._tail_sets = out.verdicts, out.sets
+        if len(self._reads) > 2 * len(tail) + READ_KEYS_CACHE_SIZE:  # ids no longer ordered
+            for event_id in set(self._reads).difference(tail):
+                self._forget(event_id)
+        if self._excluded or self._restricting:  # ids dropped from the tail
+            self._excluded.intersection_update(tail)
+            self._restricting.intersection_update(tail)
+        if not self._excluded:
+            return out.reasons, self._tail
+        return out.reasons, tuple(i for i in tail if i not in self._excluded)
+
+    def _walk_rest(self, sequence: tuple[bytes, ...], confirmed: int, shared: int,
+                   end_start: int, shift: int, state: dict[StateKey, bytes], restricted: bool,
+                   get: Callable[[bytes], Event], out: _Out) -> None:
+        """Judge the sequence after its shared prefix, keeping the old verdicts that hold.
+
+        Walks the new sequence and the old tail side by side: an event found
+        later in the old tail is matched (the old events before it are passed
+        over), any other is judged. `differ` holds each key whose value differs
+        between the two (key -> the old value); a matched event is judged again
+        only if its verdict read such a key or the restricted flags differ. In
+        the shared end, once no later event read a key that differs, the rest
+        is kept whole.
+        """
+        old, old_verdicts, old_sets = self._tail, self._tail_verdicts, self._tail_sets
+        reads = self._reads
+        where = dict(zip(old[shared:], range(shared, len(old))))
+        next_old = shared  # the old tail's first position not passed yet
+        old_restricted = restricted
+        differ: dict[StateKey, bytes | None] = {}
+        checked: tuple[object, ...] | None = None  # `differ` when its readers were last looked up
+        for position in range(shared, len(sequence)):
+            if position == confirmed:
+                state = dict(state)  # the tail: judged on a throw-away copy
+            event_id = sequence[position]
+            at = where.get(event_id, -1)
+            if at >= next_old:
+                for passed in range(next_old, at):  # in the old tail only, here
+                    old_verdict = old_verdicts[passed]
+                    if old_verdict.key is not None:
+                        _old_sets(differ, state, old_verdict.key, old[passed])
+                    old_restricted = old_restricted or old_verdict.restricts
+                next_old = at + 1
+                old_verdict = old_verdicts[at]
+                if (restricted == old_restricted and position >= end_start
+                        and position >= confirmed and at == position - shift):
+                    snapshot = tuple(differ.items())
+                    if not differ or (snapshot != checked and not self._read_later(
+                            differ, where, at)):
+                        out.verdicts.extend(old_verdicts[at:])  # the rest is the same
+                        out.sets.extend(old_sets[at:])
+                        return
+                    checked = snapshot
+                if restricted != old_restricted or (differ and _reads_any(
+                        reads.get(event_id, _READS_ALL), differ)):
+                    verdict = self._judge_at(event_id, get, state, restricted)
                 else:
-                    verdicts = {} if verdicts is self._verdicts else verdicts
-                    verdicts.clear()
-            if verdict.restricts:
-                restricted = True
+                    verdict = old_verdict
+                if verdict.key is not None:
+                    _new_sets(differ, state, verdict.key, event_id)
+                if old_verdict.key is not None:
+                    _old_sets(differ, state, old_verdict.key, event_id)
+                old_restricted = old_restricted or old_verdict.restricts
+            else:
+                verdict = self._judge_at(event_id, get, state, restricted)
+                if verdict.key is not None:
+                    _new_sets(differ, state, verdict.key, event_id)
+            restricted = restricted or verdict.restricts
             if position < confirmed:
-                reasons.append(verdict.reason)
+                out.reasons.append(verdict.reason)
                 self._restricted = restricted
             else:
-                verdicts_out.append(verdict)
-                if verdict.reason is None:
-                    survivors.append(event_id)
-        self._tail = tuple(tail)
-        self._tail_verdicts = verdicts_out
+                out.verdicts.append(verdict)
+                out.sets.append(None if verdict.key is None else (verdict.key, event_id))
+
+    def _read_later(self, differ: Mapping[StateKey, object], where: Mapping[bytes, int],
+                    at: int) -> bool:
+        """True if an event of the old tail from `at` on read a key of `differ` (or might:
+        too many readers to look up)."""
+        readers = [self._readers.get(key, ()) for key in differ]
+        readers.append(self._readers.get(_ANY_KEY, ()))
+        if sum(len(r) for r in readers) > READERS_LOOKUP_LIMIT:
+            return True
+        return any(where.get(i, -1) >= at for r in readers for i in r)
+
+    def _judge_at(self, event_id: bytes, get: Callable[[bytes], Event],
+                  state: Mapping[StateKey, bytes], restricted: bool) -> Verdict:
+        """Judge a tail or newly confirmed event, and index what its verdict read."""
+        verdict, reads = self._judge(get(event_id), state, restricted)
+        self._forget(event_id)
+        self._reads[event_id] = reads
+        for key in (_ANY_KEY,) if reads is _READS_ALL else reads:
+            readers = self._readers.get(key)
+            if readers is None:
+                readers = self._readers[key] = set()
+            readers.add(event_id)
+        if verdict.reason is not None:
+            self._excluded.add(event_id)
+        if verdict.restricts:
+            self._restricting.add(event_id)
+        return verdict
+
+    def _forget(self, event_id: bytes) -> None:
+        """Drop what is indexed of an event (it left the tail, or is judged again)."""
+        reads = self._reads.pop(event_id, None)
+        if reads:
+            for key in (_ANY_KEY,) if reads is _READS_ALL else reads:
+                readers = self._readers.get(key)
+                if readers is not None:
+                    readers.discard(event_id)
+                    if not readers:
+                        del self._readers[key]
+        self._excluded.discard(event_id)
+        self._restricting.discard(event_id)
+
+    def _advance_in_full(self, appended: Sequence[bytes], tail: Sequence[bytes],
+                         get: Callable[[bytes], Event]
+                         ) -> tuple[list[AuthReason | None], tuple[bytes, ...]]:
+        """The definition: every event judged against the order state at its position."""
+        reasons: list[AuthReason | None] = []
+        for event_id in appended:
+            verdict, _ = self._judge(get(event_id), self._state, True)
+            if verdict.key is not None:
+                self._state[verdict.key] = event_id
+            reasons.append(verdict.reason)
+        state = dict(self._state)
+        survivors: list[bytes] = []
+        for event_id in tail:
+            verdict, _ = self._judge(get(event_id), state, True)
+            if verdict.key is not None:
+                state[verdict.key] = event_id
+            if verdict.reason is None:
+                survivors.append(event_id)
         return reasons, tuple(survivors)
 
-    def _judge(self, event: Event, state: Mapping[StateKey, bytes], restricted: bool,
-               verdicts: MutableMapping[tuple[bytes, str], AuthReason | None]) -> Verdict:
+    def _judge(self, event: Event, state: Mapping[StateKey, bytes],
+               restricted: bool) -> tuple[Verdict, Reads]:
+        """The verdict at a position, and the keys of the state it read."""
         key = state_key_of(event)
         cacheable = key is None and event.kind not in _CONTENT_RULED
         if cacheable and not restricted:
-            return _STANDS  # nothing restrictive placed yet: it passes (module docstring)
-        if cacheable:
-            cache_key = (event.author, event.kind)
-            if cache_key in verdicts:
-                return Verdict(verdicts[cache_key], None, False)
-        reason = self._check(event, state) if key is not None else check_auth(
-            event, state, self._source)
-        if cacheable:
-            if len(verdicts) >= VERDICT_CACHE_SIZE:
-                verdicts.clear()
-            verdicts[cache_key] = reason
-            return Verdict(reason, None, False)
+            return _STANDS, _READS_NOTHING  # nothing restrictive placed yet (module docstring)
+        keys = self._auth_keys(event)
+        values = tuple(state.get(k) for k in keys)
+        if cacheable:  # its verdict reads its author, kind and `keys` alone (auth_rules)
+            memo_key = (event.author, event.kind, values)
+            if memo_key in self._memo:
+                reason = self._memo[memo_key]
+            else:
+                reason = check_auth(event, state, self._source)
+                if len(self._memo) >= VERDICT_CACHE_SIZE:
+                    self._memo.clear()
+                self._memo[memo_key] = reason
+            return Verdict(reason, None, False), frozenset(keys)
+        reason = self._check(event, state, values)
         if key is None:  # a content-ruled kind without a state key: judged, sets nothing
-            return Verdict(reason, None, reason is not None)
-        if reason is not None:
-            return Verdict(reason, None, True)  # a state event failing: judge from here on
-        return Verdict(None, key, restricted or restricts(event, state, self._source))
+            return Verdict(reason, None, reason is not None), frozenset(keys)
+        if reason is not None:  # a state event failing: judge from here on
+            return Verdict(reason, None, True), frozenset(keys)
+        if restricted:
+            return Verdict(None, key, True), frozenset(keys)
+        reads = _READS_ALL if event.kind in _RESTRICTS_READS_ALL else frozenset(keys)
+        return Verdict(None, key, restricts(event, state, self._source)), reads
 
-    def _check(self, event: Event, state: Mapping[StateKey, bytes]) -> AuthReason | None:
-        """check_auth for a state event, memoised by the values of the keys it reads."""
+    def _auth_keys(self, event: Event) -> tuple[StateKey, ...]:
         keys = self._read_keys.get(event.id)
         if keys is None:
-            if len(self._read_keys) >= STATE_VERDICT_CACHE_SIZE:
+            if len(self._read_keys) >= READ_KEYS_CACHE_SIZE:
                 self._read_keys.clear()
             keys = self._read_keys[event.id] = tuple(auth_types_for_event(event))
-        memo_key = (event.id, tuple(state.get(k) for k in keys))
+        return keys
+
+    def _check(self, event: Event, state: Mapping[StateKey, bytes],
+               values: tuple[bytes | None, ...]) -> AuthReason | None:
+        """check_auth for an event judged by its content too, memoised by its id and the
+    values of the keys it reads."""
+        memo_key = (event.id, values)
         if memo_key in self._state_verdicts:
             return self._state_verdicts[memo_key]
         reason = check_auth(event, state, self._source)
@@ -194,6 +377,60 @@ class OrderBans:
             self._state_verdicts.clear()
         self._state_verdicts[memo_key] = reason
         return reason
+
+
+def _new_sets(differ: dict[StateKey, bytes | None], state: dict[StateKey, bytes],
+              key: StateKey, event_id: bytes) -> None:
+    """The new sequence sets `key`: keep `differ` (key -> the old value) true."""
+    if key in differ:
+        if differ[key] == event_id:
+            del differ[key]
+    else:
+        differ[key] = state.get(key)  # the old value was the new one until now
+    state[key] = event_id
+
+
+def _old_sets(differ: dict[StateKey, bytes | None], state: Mapping[StateKey, bytes],
+              key: StateKey, event_id: bytes) -> None:
+    """The old sequence sets `key` (the new state is `state`): keep `differ` true."""
+    if state.get(key) == event_id:
+        differ.pop(key, None)
+    else:
+        differ[key] = event_id
+
+
+def _reads_any(reads: Reads, keys: Mapping[StateKey, object]) -> bool:
+    return reads is _READS_ALL or not keys.keys().isdisjoint(reads)
+
+
+def common_prefix(a: Sequence[bytes], b: Sequence[bytes]) -> int:
+    """Length of the longest common prefix of two tuples (or two lists: slices compare
+    by type), found by slice comparisons: C speed, logarithmically many steps."""
+    low, high = 0, min(len(a), len(b))
+    if a[:high] == b[:high]:
+        return high
+    while low < high:  # the prefix is at least low and at most high long
+        middle = (low + high + 1) // 2
+        if a[low:middle] == b[low:middle]:
+            low = middle
+        else:
+            high = middle - 1
+    return low
+
+
+def _common_suffix(a: Sequence[bytes], b: Sequence[bytes], limit: int) -> int:
+    """Length of the longest common suffix, at most `limit`."""
+    low, high = 0, limit
+    len_a, len_b = len(a), len(b)
+    if a[len_a - high:] == b[len_b - high:]:
+        return high
+    while low < high:
+        middle = (low + high + 1) // 2
+        if a[len_a - middle:len_a - low] == b[len_b - middle:len_b - low]:
+            low = middle
+        else:
+            high = middle - 1
+    return low
 
 
 _STANDS = Verdict(None, None, False)

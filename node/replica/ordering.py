@@ -97,7 +97,7 @@ from node.core.event import ID_BYTES as _ID_BYTES
 from node.core.event import Event
 from node.core.graph import Graph
 from node.core.order import Linearizer, OrderNode, OrderUpdate
-from node.replica.order_bans import OrderBans
+from node.replica.order_bans import OrderBans, common_prefix
 from node.replica.order_duties import OrderDuties
 from node.replica.order_records import OrderRecords
 from node.replica.order_views import OrderStatus
@@ -409,7 +409,7 @@ class TopicOrder(OrderDuties):
         if excluded:
             self.stats["excluded_tentative"] += excluded
         old, new = self._tentative, confirmed + tentative
-        shared = next((i for i, (a, b) in enumerate(zip(old, new)) if a != b), min(len(old), len(new)))
+        shared = common_prefix(old, new)  # slice comparisons: a long tail costs little
         self._tentative = tentative
         return OrderUpdate(confirmed, tentative, base + shared)
 
