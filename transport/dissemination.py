@@ -909,12 +909,13 @@ class Disseminator(Intake, AntiEntropy, JoinHandshake):
 
     def _on_prune(self, peer: PeerId, replica: Replica, message: Prune,
                   now_ms: int) -> list[Effect]:
-        """Lazy for `peer`, unless it is our parent link: then refused (an empty graft)."""
+        """Lazy for `peer`, unless it is our parent link and no other link brought the root
+        lately (`TopicTree.refuses_prune`): then refused (an empty graft)."""
         tree = self._trees.get(replica.topic_id)
         if tree is None:
             return []
         if tree.refuses_prune(peer, now_ms):
-            self.stats["prunes_refused"] += 1  # (a parent link is never lazy here)
+            self.stats["prunes_refused"] += 1
             sent = self._send(peer, Graft(replica.topic_id, ()))
             return [sent] if sent is not None else []
         if tree.prune(peer):  # (the source it names: one of the events that came twice)

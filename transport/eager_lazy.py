@@ -119,10 +119,12 @@ ROOT_ACTIVE_MS: Final = 10_000
 # of them the root's).
 ROOT_GAP_MS: Final = 1_000
 ROOT_MIN_STREAK: Final = 8
-# The parent link is silent (no news of any source by it) this long: the tree is
-# broken above us, so an overdue id is asked by a graft (the link eager again, on
-# both ends) instead of by a plain want. Two graft timeouts: a live parent on a
-# loaded machine may be a timeout late, not two.
+# The parent link is silent this long (no news by it; no root event first by it
+# if the root is steady): the tree is broken above us, so an overdue id is asked
+# by a graft (the link eager again, on both ends) instead of by a plain want. Four
+# graft timeouts: a live parent on a loaded machine may be a timeout or two late.
+# It also bounds how lately another link must have brought the root first for a
+# prune of the parent link to stand (`refuses_prune`).
 PARENT_SILENT_MS: Final = 2_000
 
 
@@ -147,7 +149,6 @@ class TopicTree:
     _root: bytes | None = None
     _parent: PeerId | None = None  # the link the root's last first copy came by
     _news_at: dict[PeerId, int] = field(default_factory=dict)  # peer -> last news it brought
-    _root_news_at: int | None = None  # when the parent last brought a root event first
     _root_first_at: dict[PeerId, int] = field(default_factory=dict)  # peer -> its last root first copy
     _pending: dict[PeerId, list[bytes]] = field(default_factory=dict)
     _heard: dict[PeerId, set[bytes]] = field(default_factory=dict)
@@ -242,7 +243,6 @@ class TopicTree:
         root = self.root(now_ms)
         if root is not None and root in set(sources):
             self._parent = peer
-            self._root_news_at = now_ms
             self._root_first_at[peer] = now_ms
 
     def news_from(self, peer: PeerId, now_ms: int) -> None:
@@ -268,13 +268,13 @@ class TopicTree:
             # tree is cut above us: news of other sources by the parent does not say
             # it is whole (two nodes, each the other's parent, had cut themselves off
             # with a third, and fetched every event one timeout late, for good).
-            news = self._root_news_at
+            news = self._root_first_at.get(parent)
         else:
             news = self._news_at.get(parent)
         return news is None or now_ms - news > PARENT_SILENT_MS
 
     def is_parent(self, peer: PeerId) -> bool:
-        """Does the root's last first copy here come by `peer`? (a prune of it is refused)"""
+        """Does the root's last first copy here come by `peer`? (it is never pruned here)"""
         return peer == self._parent
 
     def refuses_prune(self, peer: PeerId, now_ms: int) -> bool:
@@ -289,8 +289,7 @@ class TopicTree:
                   if p != peer and p not in self._lazy and now_ms - t <= PARENT_SILENT_MS]
         if not others:
             return True
-        at, self._parent = max(others)
-        self._root_news_at = at
+        _, self._parent = max(others)
         return False
 
     def prune(self, peer: PeerId) -> bool:
@@ -310,7 +309,7 @@ class TopicTree:
     def forget_peer(self, peer: PeerId) -> None:
         """The link closed: a new one to the same peer starts eager."""
         if self._parent == peer:
-            self._parent = self._root_news_at = None
+            self._parent = None
         self._news_at.pop(peer, None)
         self._root_first_at.pop(peer, None)
         self._lazy.discard(peer)
