@@ -16,6 +16,7 @@ answer. What must hold:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 
 from storage.memory import MemoryStore
@@ -31,43 +32,66 @@ MISSED = 3_500  # four pages of 1,024
 BASE_CONFIG = DisseminationConfig(push=False, log=False, depletion=False)
 
 
-def catch_up(pair: NodePair, pipelined: bool, max_flights: int = 200,
-             filters: list[int] | None = None) -> dict[str, int]:
-    """`a` opens an exchange with `b` and both run to quiescence, flight by flight.
+def run_flights(pair: NodePair, flight: list[tuple[str, Send]], pipelined: bool = True,
+                drop_to: str | None = None, max_flights: int = 200,
+                observe: Callable[[str, object], None] | None = None) -> dict[str, int]:
+    """Deliver `flight` (sender, Send) and every answer to quiescence; events sent to "a".
 
     With `pipelined`, every frame reaching `a` goes through `a.prefetch` first
     (what `node.committer.Committer.receive` does), and what it asks ahead
-    travels in the same flight as the answers of the step.
+    travels in the same flight as the answers of the step. With `drop_to`,
+    frames to that node are lost and it answers nothing (a peer that went away
+    mid-stream). `observe(sender, message)` sees every message delivered.
     """
-    a, b = pair.engines["a"], pair.engines["b"]
-    flight = [("a", e) for e in a.sync_with("b", pair.topic, pair.now_ms)]
-    pages_sent = 0
-    events_sent = 0
+    events_to_a = 0
+    pages_from: dict[str, int] = {}
     flights = 0
     while flight:
         flights += 1
         assert flights <= max_flights, "catch-up does not terminate"
         next_flight = []
         for sender, effect in flight:
-            if not isinstance(effect, Send):
+            if not isinstance(effect, Send) or effect.peer == drop_to:
                 continue
             receiver = effect.peer
             pair.now_ms += 1
             message = decode(effect.data)
-            if sender == "a" and isinstance(message, Offer) and filters is not None:
-                filters.append(len(message.bloom.bits))
-            if sender == "b" and isinstance(message, Reply):
-                pages_sent += 1
-                events_sent += len(message.events)
+            if observe is not None:
+                observe(sender, message)
+            if receiver == "a" and isinstance(message, (Reply, Events)):
+                events_to_a += len(message.events)
+                if isinstance(message, Reply) and message.events:
+                    pages_from[sender] = pages_from.get(sender, 0) + 1
+            engine = pair.engines[receiver]
             if pipelined and receiver == "a":
-                next_flight += [("a", e) for e in a.prefetch(sender, effect.data, pair.now_ms)]
-            engine = a if receiver == "a" else b
+                next_flight += [("a", e) for e in engine.prefetch(sender, effect.data,
+                                                                  pair.now_ms)]
             next_flight += [(receiver, e) for e in engine.on_message(sender, effect.data,
                                                                       pair.now_ms)]
             if receiver == "a":
-                a.offers_sent_at(pair.now_ms)
+                engine.offers_sent_at(pair.now_ms)
         flight = next_flight
-    return {"flights": flights, "pages": pages_sent, "events_sent": events_sent}
+    return {"flights": flights, "events_to_a": events_to_a, **{
+        f"pages_from_{name}": count for name, count in pages_from.items()}}
+
+
+def catch_up(pair: NodePair, pipelined: bool, max_flights: int = 200,
+             filters: list[int] | None = None) -> dict[str, int]:
+    """`a` opens an exchange with `b` and both run to quiescence, flight by flight
+    (`run_flights`): the flights, b's pages and the events in them; with `filters`,
+    the size of each of a's offers' filters is appended to it."""
+    counts = {"pages": 0, "events_sent": 0}
+
+    def observe(sender: str, message: object) -> None:
+        if sender == "a" and isinstance(message, Offer) and filters is not None:
+            filters.append(len(message.bloom.bits))
+        if sender == "b" and isinstance(message, Reply):
+            counts["pages"] += 1
+            counts["events_sent"] += len(message.events)
+
+    flight = [("a", e) for e in pair.engines["a"].sync_with("b", pair.topic, pair.now_ms)]
+    figures = run_flights(pair, flight, pipelined, max_flights=max_flights, observe=observe)
+    return {"flights": figures["flights"], **counts}
 
 
 def test_pipelined_catch_up_asks_ahead_and_sends_every_event_once():
@@ -295,43 +319,6 @@ def with_third(pair: NodePair) -> NodePair:
         pair.engines[name].on_peer_up("c", pair.now_ms)
         engine.on_peer_up(name, pair.now_ms)
     return pair
-
-
-def run_flights(pair: NodePair, flight: list[tuple[str, Send]], pipelined: bool = True,
-                drop_to: str | None = None, max_flights: int = 200) -> dict[str, int]:
-    """Deliver `flight` (sender, Send) and every answer to quiescence; events sent to "a".
-
-    With `drop_to`, frames to that node are lost and it answers nothing (a peer
-    that went away mid-stream).
-    """
-    events_to_a = 0
-    pages_from: dict[str, int] = {}
-    flights = 0
-    while flight:
-        flights += 1
-        assert flights <= max_flights, "catch-up does not terminate"
-        next_flight = []
-        for sender, effect in flight:
-            if not isinstance(effect, Send) or effect.peer == drop_to:
-                continue
-            receiver = effect.peer
-            pair.now_ms += 1
-            message = decode(effect.data)
-            if receiver == "a" and isinstance(message, (Reply, Events)):
-                events_to_a += len(message.events)
-                if isinstance(message, Reply) and message.events:
-                    pages_from[sender] = pages_from.get(sender, 0) + 1
-            engine = pair.engines[receiver]
-            if pipelined and receiver == "a":
-                next_flight += [("a", e) for e in engine.prefetch(sender, effect.data,
-                                                                  pair.now_ms)]
-            next_flight += [(receiver, e) for e in engine.on_message(sender, effect.data,
-                                                                      pair.now_ms)]
-            if receiver == "a":
-                engine.offers_sent_at(pair.now_ms)
-        flight = next_flight
-    return {"flights": flights, "events_to_a": events_to_a, **{
-        f"pages_from_{name}": count for name, count in pages_from.items()}}
 
 
 def test_a_resumed_node_takes_the_pages_of_one_of_the_offers_waiting_for_it():
