@@ -151,7 +151,7 @@ class OrderBans:
         self._readers: dict[StateKey, set[bytes]] = {}  # key -> tail events that read it
         self._read_keys: dict[bytes, tuple[StateKey, ...]] = {}  # event -> its auth keys
         self._memo: dict[tuple[object, ...], AuthReason | None] = {}  # non-state verdicts
-        self._state_verdicts: dict[tuple[bytes, tuple[bytes | None, ...]], AuthReason | None] = {}
+        self._state_verdicts: dict[tuple[object, ...], AuthReason | None] = {}  # the others
 
     def advance(self, appended: Sequence[bytes], tail: Sequence[bytes],
                 get: Callable[[bytes], Event]) -> tuple[list[AuthReason | None], tuple[bytes, ...]]:
@@ -338,16 +338,12 @@ class OrderBans:
         keys = self._auth_keys(event)
         values = tuple(state.get(k) for k in keys)
         if cacheable:  # its verdict reads its author, kind and `keys` alone (auth_rules)
-            memo_key = (event.author, event.kind, values)
-            if memo_key in self._memo:
-                reason = self._memo[memo_key]
-            else:
-                reason = check_auth(event, state, self._source)
-                if len(self._memo) >= VERDICT_CACHE_SIZE:
-                    self._memo.clear()
-                self._memo[memo_key] = reason
+            reason = self._checked(self._memo, VERDICT_CACHE_SIZE,
+                                   (event.author, event.kind, values), event, state)
             return Verdict(reason, None, False), frozenset(keys)
-        reason = self._check(event, state, values)
+        # Judged by its content too: memoised by its id and the values it reads.
+        reason = self._checked(self._state_verdicts, STATE_VERDICT_CACHE_SIZE,
+                               (event.id, values), event, state)
         if key is None:  # a content-ruled kind without a state key: judged, sets nothing
             return Verdict(reason, None, reason is not None), frozenset(keys)
         if reason is not None:  # a state event failing: judge from here on
@@ -365,17 +361,17 @@ class OrderBans:
             keys = self._read_keys[event.id] = tuple(auth_types_for_event(event))
         return keys
 
-    def _check(self, event: Event, state: Mapping[StateKey, bytes],
-               values: tuple[bytes | None, ...]) -> AuthReason | None:
-        """check_auth for an event judged by its content too, memoised by its id and the
-    values of the keys it reads."""
-        memo_key = (event.id, values)
-        if memo_key in self._state_verdicts:
-            return self._state_verdicts[memo_key]
+    def _checked(self, cache: dict[tuple[object, ...], AuthReason | None], limit: int,
+                 memo_key: tuple[object, ...], event: Event,
+                 state: Mapping[StateKey, bytes]) -> AuthReason | None:
+        """check_auth, memoised in `cache` (cleared once it holds `limit`) by `memo_key`:
+        all the verdict depends on."""
+        if memo_key in cache:
+            return cache[memo_key]
         reason = check_auth(event, state, self._source)
-        if len(self._state_verdicts) >= STATE_VERDICT_CACHE_SIZE:
-            self._state_verdicts.clear()
-        self._state_verdicts[memo_key] = reason
+        if len(cache) >= limit:
+            cache.clear()
+        cache[memo_key] = reason
         return reason
 
 
