@@ -101,7 +101,7 @@ from node.replica.replica import Replica
 from node.state.types import TYPE_MEMBER, Membership, content_of, user_id
 from transport.anti_entropy import AntiEntropy
 from transport.depletion import DepletionMode, DepletionTimer
-from transport.eager_lazy import MAX_YOUNG_EVENTS, TopicTree
+from transport.eager_lazy import MAX_YOUNG_EVENTS, TREE_WANT_AFTER_MS, TopicTree
 from transport.dissemination_config import DisseminationConfig
 from transport.effects import Announce, Effect, Log, PeerId, Send
 from transport.join_handshake import JoinHandshake
@@ -220,7 +220,15 @@ class Disseminator(Intake, AntiEntropy, JoinHandshake):
         self._timers[replica.topic_id] = _TopicTimers()
         if self.config.push and self.config.tree:
             self._trees[replica.topic_id] = TopicTree(self.config.graft_timeout_ms,
-                                                     self.config.prune_after)
+                                                     self.config.prune_after, self._own_key())
+
+    def _own_key(self) -> bytes | None:
+        """This node's author key (its id is the key in hex), if the id is one."""
+        try:
+            key = bytes.fromhex(self.node_id)
+        except ValueError:
+            return None
+        return key if len(key) == 32 else None
 
     def remove_topic(self, topic: bytes) -> None:
         """Stop replicating `topic` here (the runtime's `leave`); unknown topics are ignored."""
@@ -726,51 +734,46 @@ class Disseminator(Intake, AntiEntropy, JoinHandshake):
 
     def _tree_received(self, tree: TopicTree, peer: PeerId, replica: Replica, ids: list[bytes],
                        fresh: list[bytes], known: set[bytes], now_ms: int) -> list[Effect]:
-        """A push of events `ids` arrived: prune where it brought nothing new (`known`:
-        its events held before), forward what it applied along the tree."""
+        """A push of events `ids` arrived (`known`: those held here before): note whose
+        first copies it brought, and forward what it applied along the tree."""
         topic = replica.topic_id
         fresh_ids = {event_id_of(raw) for raw in fresh}  # (with the buffered ones it released)
         stats = self.stats
         held_back = len(ids) - len(known) - len(fresh)
         if held_back > 0:  # buffered: a parent is missing here (or refused)
             stats["tree_held_back"] += held_back
+            # The sender relays only what it applied, so it holds the missing past: ask
+            # it soon (its copy of that past was lost or is a little late) rather than
+            # at the next want round.
+            timers = self._timers[topic]
+            timers.next_want_ms = min(timers.next_want_ms, now_ms + TREE_WANT_AFTER_MS)
         if known:
             stats["tree_duplicates_grafted"] += tree.grafted_lately(known)
         if fresh_ids:
             stats["tree_fresh_grafted"] += tree.grafted_lately(fresh_ids)
         out: list[Effect] = []
-        # The root's copies shape the tree (transport.eager_lazy), judged on their own:
-        # under load a push often carries several sources' events, and a cycle whose
-        # root copies came mixed with news elsewhere was never pruned (measured: 0.26
-        # duplicate pushes per node and event, 0.001 prunes).
+        # The root's first copies say which link is our parent (transport.eager_lazy),
+        # judged on their own: under load a push often carries several sources' events.
         root = tree.root(now_ms)
         sources = [self._source(replica, event_id) for event_id in ids]
         root_ids = [i for i, source in zip(ids, sources) if source is not None and source == root]
         all_known = bool(ids) and all(i in known for i in ids)
-        root_known = bool(root_ids) and all(i in known for i in root_ids)
         if len(known) < len(ids):  # news by this link, of any source (`TopicTree.broken`)
             tree.news_from(peer, now_ms)
-        if root_ids and not root_known:
+        if root_ids and not all(i in known for i in root_ids):
             if tree.is_lazy(peer):
                 stats["tree_root_news_over_lazy"] += 1
             tree.first_copy_from(peer, [root], now_ms)  # type: ignore[list-item]
-        if (all_known or root_known) and tree.synced_lately(root_ids if root_known else ids):
-            stats["tree_sync_races"] += 1  # anti-entropy was first: no cycle, nothing to prune
-        elif all_known or root_known:
-            # A cycle in the tree: the copy came a longer way round. Both ends make the
-            # link lazy (unless it is the parent's); ids still cross, so it can be
-            # grafted back.
+        if all_known and tree.synced_lately(ids):
+            stats["tree_sync_races"] += 1  # anti-entropy was first: no cycle
+        elif all_known:
             stats["tree_duplicate_pushes"] += 1
             stats["tree_duplicate_pushes_" + (
                 "lazy" if tree.is_lazy(peer) else "parent" if tree.is_parent(peer)
-                else "root" if root_known else "other")] += 1
-            present = [source for source in sources if source is not None]
-            if tree.duplicate_from(peer, present, now_ms):
-                stats["prunes_sent"] += 1
-                named = root or next(iter(present), None)
-                sent = None if named is None else self._send(peer, Prune(topic, named))
-                if sent is not None:
-                    out.append(sent)
+                else "child" if tree.is_child(peer) else "other")] += 1
+            if tree.duplicate_from(peer):
+                stats["tree_retold"] += 1  # the peer missed our prune: `_tell` repeats it
+        out += self._tell(tree, replica, now_ms)
         if not fresh:
             return out
         tree.received(fresh_ids)
@@ -786,20 +789,42 @@ class Disseminator(Intake, AntiEntropy, JoinHandshake):
         graph = replica.graph
         asks = tree.due(now_ms, lambda i: graph.has(i) or graph.is_buffered(i)
                         or graph.rejected_reason(i) is not None)
-        repair = bool(asks) and tree.broken(now_ms)
+        # Late, not lost, while the parent link is live (`TopicTree.broken`): fetched,
+        # no link changes. Broken above us: the announcer with the most of them is our
+        # parent from now on (a graft tells it), the others are asked by a want.
+        repairer = None
+        if asks and tree.broken(now_ms):
+            live = [(len(ids), peer) for peer, ids in asks.items() if peer in self._peers]
+            repairer = min(live, key=lambda c: (-c[0], c[1]))[1] if live else None
         for peer, ids in sorted(asks.items()):
             if peer not in self._peers:
                 continue
             asked = tuple(ids[:MAX_WANT_IDS])
-            if not repair:  # late, not lost (`TopicTree.broken`): fetched, no link changes
+            if peer != repairer:
                 self.stats["tree_fetches_sent"] += 1
                 self.stats["tree_fetch_ids_sent"] += len(asked)
                 sent = self._send(peer, Want(topic, asked))
-            else:  # eager on both ends: the root's next copies by it make it our parent
-                tree.graft(peer)
+            else:
+                tree.adopt_parent(peer, now_ms)
                 self.stats["grafts_sent"] += 1
                 self.stats["graft_ids_sent"] += len(asked)
                 sent = self._send(peer, Graft(topic, asked))
+            if sent is not None:
+                out.append(sent)
+        return out + self._tell(tree, replica, now_ms)
+
+    def _tell(self, tree: TopicTree, replica: Replica, now_ms: int) -> list[Effect]:
+        """Tell the peers what changed about our place in the tree (`TopicTree.declarations`):
+        a `Graft` to a new parent, a `Prune` to every other peer once."""
+        out: list[Effect] = []
+        topic = replica.topic_id
+        for peer, child in tree.declarations(self._serving(replica, self._peers), now_ms):
+            if child:
+                self.stats["grafts_sent"] += 1
+                sent = self._send(peer, Graft(topic, ()))
+            else:
+                self.stats["prunes_sent"] += 1
+                sent = self._send(peer, Prune(topic, tree.root(now_ms) or tree.me or bytes(32)))
             if sent is not None:
                 out.append(sent)
         return out
@@ -887,12 +912,10 @@ class Disseminator(Intake, AntiEntropy, JoinHandshake):
 
     def _on_graft(self, peer: PeerId, replica: Replica, message: Graft,
                   now_ms: int) -> list[Effect]:
-        """Push the ids asked for (bounded as a want's answer); the link is eager again.
-
-        An empty graft refuses our prune: the link is the peer's parent link.
-        """
+        """`peer` named us its parent (the link is eager here from now on); push it the ids
+        it asked for (bounded as a want's answer)."""
         tree = self._trees.get(replica.topic_id)
-        if tree is not None and tree.graft(peer):
+        if tree is not None and tree.child_joined(peer):
             self.stats["grafted"] += 1
         graph = replica.graph
         found = [e for e in (graph.get(i) for i in message.ids) if e is not None]
@@ -909,16 +932,9 @@ class Disseminator(Intake, AntiEntropy, JoinHandshake):
 
     def _on_prune(self, peer: PeerId, replica: Replica, message: Prune,
                   now_ms: int) -> list[Effect]:
-        """Lazy for `peer`, unless it is our parent link and no other link brought the root
-        lately (`TopicTree.refuses_prune`): then refused (an empty graft)."""
+        """`peer` is not our child: the link is lazy here unless `peer` is our parent."""
         tree = self._trees.get(replica.topic_id)
-        if tree is None:
-            return []
-        if tree.refuses_prune(peer, now_ms):
-            self.stats["prunes_refused"] += 1
-            sent = self._send(peer, Graft(replica.topic_id, ()))
-            return [sent] if sent is not None else []
-        if tree.prune(peer):  # (the source it names: one of the events that came twice)
+        if tree is not None and tree.child_left(peer):
             self.stats["pruned"] += 1
         return []
 

@@ -20,37 +20,43 @@ Rodrigues, "Epidemic Broadcast Trees", SRDS 2007) receives it about once:
   deliveries were held back, 420 ms at the median, since a node passes on
   only what it could judge (`transport.intake`), and the wait compounded hop
   after hop;
-* a push that brings nothing new over an eager link means the tree has a
-  cycle there: the receiver makes that link lazy and tells the sender
-  (`Prune`), which does the same. Only the copies of one source, the
-  **root**, prune: the least key of the *steady* sources active here in the
-  last `ROOT_ACTIVE_MS`, steady meaning `ROOT_MIN_STREAK` events in a row
-  each within `ROOT_GAP_MS` of the last (every node computes the same one
-  once it has seen the same writers; the least active key if no source is
-  steady). A rare writer as root pruned the cycles too seldom, and the
-  other sources' copies went round them; the root's copies are judged on their own in a push that
-  also carries other events. Each node's **parent** is the link its last
-  first copy of a root event came by: a node never prunes it, and refuses a
-  prune of it (an empty `Graft` answers: eager again on both ends), unless
-  another eager link brought a root event first within `PARENT_SILENT_MS`:
-  that one is the parent then, and the prune stands. The
-  parent links are the root's Plumtree tree, which spans, so a root
-  duplicate prunes at once. Measured against the alternatives (10-node
-  cluster bench, seeded worlds): when every source's duplicates pruned, two
-  sources cut two links of one cycle and split the tree (grafts, then held
-  back copies); when the last eager links waited for 3 duplicates in a row,
-  two links that were first in turn were never pruned (0.3-0.6 duplicates
-  per node and event). A push over a link lazy here changes nothing (a push
-  our prune crossed, or a graft's answer): making the link eager again let
-  every prune under load undo itself with the next push in flight. Authors
-  push their own events on the tree like any other (flooding them on every
-  link, GossipSub's flood publishing, let a child overtake its parents);
+* the tree is the nodes' **parents**, said out loud. The **root** is the
+  least key of the *steady* sources active here in the last `ROOT_ACTIVE_MS`,
+  steady meaning `ROOT_MIN_STREAK` events in a row each within `ROOT_GAP_MS`
+  of the last, at some time in the last `ROOT_ACTIVE_MS` (every node computes
+  the same one once it has seen the same writers; the least active key if no
+  source is steady; a pause does not end a steady run at once, since every
+  change of root moves parents). A node's parent is the link its first copy
+  of a root event came by. Once it has one (or is the root) it tells its
+  parent so (`Graft`) and every other peer that it is not their child
+  (`Prune`), once each (`declarations`). A link is eager at a node if it
+  leads to its parent, to a peer that named it its parent, or to a peer that
+  has not said yet (a new link: so the first root event floods, and reaches
+  each node by its fastest path). So once told, the eager links are the
+  parent links, which span, and each node receives one copy of each event
+  from whatever source. Duplicates prune nothing: the links follow the
+  parents. (Before, a duplicate of the root's pruned its link and a prune of
+  the parent's was refused: links re-made eager by grafts and refusals kept
+  carrying other sources' copies until a root copy came round, 0.17
+  duplicates per node and event in the 100-node simulator with loss; and a
+  parent flipped between two paths of about the same latency.) A root event
+  first by a child makes it our parent only once our parent has been silent
+  about the root for `PARENT_SILENT_MS` (the root moved below us): a child
+  that fetched a root event whose copy from our parent was lost would
+  otherwise be our parent and we its, the two cut off from the root. A push
+  over a link lazy here still coming after `PRUNE_AFTER_DUPLICATES` means the
+  peer missed what we told it: it is told again. Authors push their own
+  events on the tree like any other (flooding them on every link, GossipSub's
+  flood publishing, let a child overtake its parents). A push over the tree
+  that is held back (its past missing) asks the sender for that past after
+  `TREE_WANT_AFTER_MS`: on the tree that past's copy was lost, not late;
 * an announced id not received within `GRAFT_TIMEOUT_MS` is asked of one
   announcer. While the parent link brings news (within `PARENT_SILENT_MS`;
   news of the root if the root is steady) the id is late, not lost (a
-  loaded hop), and a plain `Want` fetches it: the links stay as they are. Otherwise the tree is broken above us (a closed link, a
-  silent parent): the receiver asks by a `Graft`, which makes that link
-  eager on both ends, so the tree repairs itself where it broke. If that
+  loaded hop), and a plain `Want` fetches it: the links stay as they are.
+  Otherwise the tree is broken above us (a closed link, a silent parent):
+  the announcer with the most of the overdue ids becomes our parent and is
+  asked by a `Graft`, so the tree repairs itself where it broke. If that
   announcer does not deliver in another timeout, the next one is asked.
   (Grafting for every late id made links eager on the announcer's end only;
   under load the asker pruned them again at once: 350 grafts and 0.09
@@ -90,6 +96,12 @@ from transport.effects import PeerId
 # pruned links under load: 0.2 per event at 250 ms.) GossipSub waits 3 s for an
 # IWANT's answer; anti-entropy repairs what fetches do not.
 GRAFT_TIMEOUT_MS: Final = 500
+# A push over the tree held back (its past missing here) asks the sender for that
+# past this soon, not at the next want round (want_retry_ms, 500 ms): the sender
+# relays only what it applied, so it holds it, and on the tree (one copy per node)
+# the copy of it that was lost is not coming by another link. Above one tick, so
+# that a copy only reordered on the way (the simulator's links) comes first.
+TREE_WANT_AFTER_MS: Final = 100
 # Pushes over a link already lazy here (the peer missed our Prune) before it is
 # told again: a few pushes our prune crossed are expected, a stream of them is not.
 PRUNE_AFTER_DUPLICATES: Final = 3
@@ -113,18 +125,18 @@ ROOT_ACTIVE_MS: Final = 10_000
 # A source is steady once ROOT_MIN_STREAK of its events came here each within
 # ROOT_GAP_MS of the one before; the root is the least steady key (the least
 # active one if none is steady). A rare writer (a depletion dummy, an ack, a state
-# change every few seconds) with the least key made the root before: its few
-# copies pruned the tree's cycles seldom, and the other sources' copies went round
+# change every few seconds) with the least key made the root before (when the
+# root's duplicates pruned the tree): its few copies pruned the tree's cycles seldom, and the other sources' copies went round
 # them (measured: 0.17 duplicates per node and event in the 10-node bench, 0.001
 # of them the root's).
 ROOT_GAP_MS: Final = 1_000
 ROOT_MIN_STREAK: Final = 8
 # The parent link is silent this long (no news by it; no root event first by it
 # if the root is steady): the tree is broken above us, so an overdue id is asked
-# by a graft (the link eager again, on both ends) instead of by a plain want. Four
-# graft timeouts: a live parent on a loaded machine may be a timeout or two late.
-# It also bounds how lately another link must have brought the root first for a
-# prune of the parent link to stand (`refuses_prune`).
+# by a graft (to its announcer, our parent from then on) instead of by a plain
+# want. Four graft timeouts: a live parent on a loaded machine may be a timeout or
+# two late. Only then may a child that brings the root's events first become our
+# parent (the root moved below us, `first_copy_from`).
 PARENT_SILENT_MS: Final = 2_000
 
 
@@ -142,11 +154,15 @@ class TopicTree:
 
     graft_timeout_ms: int = GRAFT_TIMEOUT_MS
     prune_after: int = PRUNE_AFTER_DUPLICATES
-    _lazy: set[PeerId] = field(default_factory=set)
+    me: bytes | None = None  # this node's key (the root may be us)
+    _children: set[PeerId] = field(default_factory=set)  # peers that named us their parent
+    _declined: set[PeerId] = field(default_factory=set)  # peers that said they are not our child
+    _told: dict[PeerId, bool] = field(default_factory=dict)  # what we last told each: child or not
     _useless: dict[PeerId, int] = field(default_factory=dict)  # pushes over a lazy link
     _seen: OrderedDict[bytes, int] = field(default_factory=OrderedDict)  # source -> last event ms
     _streak: dict[bytes, int] = field(default_factory=dict)  # source -> events in a steady run
-    _root: bytes | None = None
+    _steady_at: dict[bytes, int] = field(default_factory=dict)  # source -> last ms in a steady run
+    _root_memo: tuple[int, bytes | None] | None = None  # (now_ms, root(now_ms))
     _parent: PeerId | None = None  # the link the root's last first copy came by
     _news_at: dict[PeerId, int] = field(default_factory=dict)  # peer -> last news it brought
     _root_first_at: dict[PeerId, int] = field(default_factory=dict)  # peer -> its last root first copy
@@ -165,85 +181,117 @@ class TopicTree:
     def saw(self, source: bytes, now_ms: int) -> None:
         """An event of `source` is new here: it is an active source until ROOT_ACTIVE_MS pass."""
         last = self._seen.get(source)
-        steady_before = self._steady(source)
-        self._streak[source] = self._streak.get(source, 0) + 1 \
+        streak = self._streak.get(source, 0) + 1 \
             if last is not None and now_ms - last <= ROOT_GAP_MS else 1
+        self._streak[source] = streak
+        if streak >= ROOT_MIN_STREAK:
+            self._steady_at[source] = now_ms
         self._seen[source] = now_ms
         self._seen.move_to_end(source)
         while len(self._seen) > MAX_SOURCES:
             forgotten, _ = self._seen.popitem(last=False)
             self._streak.pop(forgotten, None)
-        root = self._root
-        if source == root and steady_before and not self._steady(source):
-            self._root = None  # it paused: `root` picks again
-        elif root is None or self._rank(source) < self._rank(root):
-            self._root = source
+            self._steady_at.pop(forgotten, None)
+        self._root_memo = None
 
     def root(self, now_ms: int) -> bytes | None:
-        """The source whose duplicate copies shape the tree: the least steady active key
-        (the least active key if none is steady)."""
-        root = self._root
-        if root is not None and now_ms - self._seen.get(root, now_ms - ROOT_ACTIVE_MS - 1) \
-                <= ROOT_ACTIVE_MS:
-            return root
+        """The source whose first copies say which link is our parent: the least key of
+        the steady sources (the least active key if none is steady)."""
+        memo = self._root_memo
+        if memo is not None and memo[0] == now_ms:
+            return memo[1]
         active = [s for s, t in self._seen.items() if now_ms - t <= ROOT_ACTIVE_MS]
-        self._root = min(active, key=self._rank) if active else None
-        return self._root
+        root = min(active, key=lambda s: (not self._steady(s, now_ms), s)) if active else None
+        self._root_memo = (now_ms, root)
+        return root
 
-    def _steady(self, source: bytes) -> bool:
-        return self._streak.get(source, 0) >= ROOT_MIN_STREAK
-
-    def _rank(self, source: bytes) -> tuple[bool, bytes]:
-        return (not self._steady(source), source)
+    def _steady(self, source: bytes, now_ms: int) -> bool:
+        """Was `source` in a steady run within ROOT_ACTIVE_MS? (A pause does not end it at
+        once: every root change moves parents, so a root that writes in bursts stays.)"""
+        at = self._steady_at.get(source)
+        return at is not None and now_ms - at <= ROOT_ACTIVE_MS
 
     # ------------------------------------------------------------- links
 
+    def _eager(self, peer: PeerId) -> bool:
+        """Our parent, a peer that named us its parent, or one that has not said yet."""
+        return peer == self._parent or peer in self._children or peer not in self._declined
+
     def eager_of(self, peers: Iterable[PeerId]) -> list[PeerId]:
-        return [p for p in peers if p not in self._lazy]
+        return [p for p in peers if self._eager(p)]
 
     def lazy_of(self, peers: Iterable[PeerId]) -> list[PeerId]:
-        return [p for p in peers if p in self._lazy]
+        return [p for p in peers if not self._eager(p)]
 
     def is_lazy(self, peer: PeerId) -> bool:
-        return peer in self._lazy
+        return not self._eager(peer)
 
-    def duplicate_from(self, peer: PeerId, sources: Iterable[bytes], now_ms: int) -> bool:
-        """A push from `peer` of `sources`' events brought nothing new; True: send a `Prune`.
+    def duplicate_from(self, peer: PeerId) -> bool:
+        """A push from `peer` brought nothing new here; True if it came over a lazy link
+        PRUNE_AFTER_DUPLICATES times: the peer missed what we told it (lost on the
+        way), and `declarations` tells it again.
 
-        Only the root's copies prune (module docstring), at once, and never over
-        the parent's link: the parent links span whatever else is pruned. (Waiting
-        for duplicates in a row, as before, never pruned the second of two eager
-        links that were first in turn: 0.3-0.6 duplicates per node and event in
-        the cluster bench.) A link already lazy here still bringing pushes (of
-        any source) after PRUNE_AFTER_DUPLICATES means the peer missed our prune
-        (lost on the way): it is told again.
+        A duplicate over an eager link changes nothing: the links follow the
+        parents, not the duplicates (module docstring).
         """
-        if peer not in self._lazy:
-            if peer == self._parent or self.root(now_ms) not in set(sources):
-                return False
-            self._lazy.add(peer)
-            return True
+        if self._eager(peer):
+            return False
         count = self._useless.get(peer, 0) + 1
         if count < self.prune_after:
             self._useless[peer] = count
             return False
         self._useless.pop(peer, None)
+        self._told.pop(peer, None)
         return True
 
     def first_copy_from(self, peer: PeerId, sources: Iterable[bytes], now_ms: int) -> None:
         """`peer` brought news first (of `sources`) over an eager link here.
 
-        If the news is the root's, `peer` is now this node's parent. (News over
-        a lazy link changes nothing: pushes our prune crossed, or a graft's
-        answer, which made the link eager already. Making such links eager again
-        made every prune under load undo itself with the next push in flight.)
+        A root event first by a link that is neither our parent nor our child
+        makes it our parent (the tree forming, or a new link). First by a child
+        it does so only if our parent has been silent about the root for
+        PARENT_SILENT_MS (the root moved below us): a child that fetched a root
+        event our parent's copy of which was lost must not become our parent,
+        or the two would be each other's parent, cut off from the root. Over a
+        lazy link it counts only while we have no parent (the peer has not heard
+        from us yet: we had nothing to tell).
         """
-        if peer in self._lazy:
+        if not self._eager(peer) and self._parent is not None:
             return
         root = self.root(now_ms)
-        if root is not None and root in set(sources):
+        if root is None or root not in set(sources) or root == self.me:
+            return
+        if peer != self._parent and (peer not in self._children or self.broken(now_ms)):
             self._parent = peer
-            self._root_first_at[peer] = now_ms
+        self._root_first_at[peer] = now_ms
+
+    def adopt_parent(self, peer: PeerId, now_ms: int) -> None:
+        """The tree is broken above us and `peer` announced what we lack: it is our parent
+        now (we graft it, which tells it); the old parent is told we left it."""
+        self._parent = peer
+        self._told[peer] = True
+        self._root_first_at[peer] = now_ms  # PARENT_SILENT_MS of grace before it is silent
+        self._news_at[peer] = now_ms
+
+    def declarations(self, peers: Iterable[PeerId], now_ms: int) -> list[tuple[PeerId, bool]]:
+        """What to tell whom (True: a `Graft`, "you are my parent"; False: a `Prune`,
+        "I am not your child"), for what changed since we last told them.
+
+        Nothing before we have a place in the tree (a parent, or the root is us):
+        until then every link stays eager at the other end too, so the first root
+        event reaches us by the fastest path.
+        """
+        if self.me is not None and self.root(now_ms) == self.me:
+            self._parent = None
+        elif self._parent is None:
+            return []
+        out = []
+        for peer in peers:
+            child = peer == self._parent
+            if self._told.get(peer) is not child:
+                self._told[peer] = child
+                out.append((peer, child))
+        return out
 
     def news_from(self, peer: PeerId, now_ms: int) -> None:
         """`peer` brought an event new here (of any source, over any link)."""
@@ -252,6 +300,7 @@ class TopicTree:
     def broken(self, now_ms: int) -> bool:
         """Is the tree broken above us: no parent link, or one silent for PARENT_SILENT_MS
         (silent about the root's events if the root is steady, about any otherwise)?
+        Never at the root itself.
 
         Only then does an overdue id ask for a graft. With a live parent it is
         late, not lost (a loaded hop), and a plain fetch brings it: grafting
@@ -259,11 +308,13 @@ class TopicTree:
         end pruned again (measured: 350 grafts and 0.09 duplicate pushes per
         node and event over lazy links in 20 s of the 10-node bench).
         """
+        root = self.root(now_ms)
+        if root is not None and root == self.me:
+            return False
         parent = self._parent
         if parent is None:
             return True
-        root = self.root(now_ms)
-        if root is not None and self._steady(root):
+        if root is not None and self._steady(root, now_ms):
             # The root writes steadily, so its copies come by the parent link or the
             # tree is cut above us: news of other sources by the parent does not say
             # it is whole (two nodes, each the other's parent, had cut themselves off
@@ -274,45 +325,38 @@ class TopicTree:
         return news is None or now_ms - news > PARENT_SILENT_MS
 
     def is_parent(self, peer: PeerId) -> bool:
-        """Does the root's last first copy here come by `peer`? (it is never pruned here)"""
+        """Is `peer` our parent link (the root's first copies come by it)?"""
         return peer == self._parent
 
-    def refuses_prune(self, peer: PeerId, now_ms: int) -> bool:
-        """`peer` prunes our link: refuse (True) if it is our parent link and no other
-        eager link brought a root event first within PARENT_SILENT_MS. If one did,
-        that one is the parent now and the prune stands: two paths of about the same
-        latency, first in turn, each refused the other's prunes, and the tree kept
-        changing shape (copies overtook their parents at the nodes that refused)."""
-        if peer != self._parent:
+    def is_child(self, peer: PeerId) -> bool:
+        """Did `peer` name us its parent (a `Graft`)?"""
+        return peer in self._children
+
+    def child_joined(self, peer: PeerId) -> bool:
+        """`peer` grafted us (named us its parent); True if that is news."""
+        self._declined.discard(peer)
+        if peer in self._children:
             return False
-        others = [(t, p) for p, t in self._root_first_at.items()
-                  if p != peer and p not in self._lazy and now_ms - t <= PARENT_SILENT_MS]
-        if not others:
+        self._children.add(peer)
+        return True
+
+    def child_left(self, peer: PeerId) -> bool:
+        """`peer` pruned us (it is not our child); True if it was."""
+        self._declined.add(peer)
+        if peer in self._children:
+            self._children.discard(peer)
             return True
-        _, self._parent = max(others)
         return False
 
-    def prune(self, peer: PeerId) -> bool:
-        """Make the link to `peer` lazy; True if it was eager."""
-        if peer in self._lazy:
-            return False
-        self._lazy.add(peer)
-        return True
-
-    def graft(self, peer: PeerId) -> bool:
-        """Make the link to `peer` eager; True if it was lazy."""
-        if peer not in self._lazy:
-            return False
-        self._lazy.discard(peer)
-        return True
-
     def forget_peer(self, peer: PeerId) -> None:
-        """The link closed: a new one to the same peer starts eager."""
+        """The link closed: a new one to the same peer starts eager, nothing told."""
         if self._parent == peer:
             self._parent = None
         self._news_at.pop(peer, None)
         self._root_first_at.pop(peer, None)
-        self._lazy.discard(peer)
+        self._children.discard(peer)
+        self._declined.discard(peer)
+        self._told.pop(peer, None)
         self._useless.pop(peer, None)
         self._pending.pop(peer, None)
         self._heard.pop(peer, None)

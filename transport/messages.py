@@ -249,7 +249,8 @@ class IHave:
 
 @dataclass(frozen=True, slots=True)
 class Graft:
-    """Make this link eager, and push me these announced ids (none: only the link)."""
+    """You are my parent in the topic's tree (push me its events), and push me these
+    announced ids (none: only that)."""
 
     topic: bytes
     ids: tuple[bytes, ...]
@@ -257,7 +258,8 @@ class Graft:
 
 @dataclass(frozen=True, slots=True)
 class Prune:
-    """Make this link lazy for `source`'s events: your push of them brought me nothing new."""
+    """I am not your child in the topic's tree: push me nothing unless you are mine
+    (`source`: the root I follow, for diagnostics)."""
 
     topic: bytes
     source: bytes  # an author key

@@ -82,12 +82,12 @@ MESSAGE_KINDS = ("push", "ihave", "graft", "prune", "offer", "reply", "want", "e
 TREE_COUNTERS = ("grafts_sent", "graft_ids_sent", "graft_events_served", "prunes_sent",
                  "tree_duplicate_pushes", "tree_duplicates_grafted", "tree_fresh_grafted",
                  "tree_forwarded_sync", "tree_held_back", "tree_peers_forgotten", "received_gossip",
-                 "received_sync", "duplicates", "prunes_refused", "pruned",
+                 "received_sync", "duplicates", "pruned",
                  "grafted", "wants_sent", "tree_duplicate_pushes_lazy", "tree_duplicate_pushes_parent",
                  "tree_duplicate_pushes_root", "tree_duplicate_pushes_other", "tree_sync_races", "tree_fetches_sent", "tree_fetch_ids_sent")
 PER_NODE_COUNTERS = ("duplicates", "tree_held_back", "tree_duplicate_pushes_parent",
                      "tree_duplicate_pushes_root", "tree_duplicate_pushes_lazy",
-                     "tree_duplicate_pushes_other", "prunes_sent", "prunes_refused", "pruned",
+                     "tree_duplicate_pushes_other", "prunes_sent", "pruned",
                      "grafted", "tree_root_news_over_lazy", "wants_sent", "received_sync")
 _BYTES_RECEIVED = re.compile(r"bytes_received:(\d+)")
 _PID = re.compile(r"pid=(\d+)")

@@ -1,8 +1,8 @@
 """The tree fast path (transport.eager_lazy): its links, its messages, and seeded worlds.
 
-Unit tests of `TopicTree` (prune after duplicates in a row, announcements
-batched and struck where the peer holds the id, grafts after the timeout, one
-announcer after another), the wire form of IHave/Graft/Prune, and seeded
+Unit tests of `TopicTree` (the parent from the root's first copies, what is
+told to whom, announcements batched and struck where the peer holds the id,
+fetches and grafts after the timeout, one announcer after another), the wire form of IHave/Graft/Prune, and seeded
 simulations: the tree converges with loss and a partition (the same checkers
 as every world: SEC, order, convergence) and costs a fraction of random push.
 """
@@ -54,35 +54,47 @@ T = b"t" * 32  # another, greater: S is the root while both are active
 NOW = 1_000
 
 
-def test_new_links_are_eager_and_a_root_duplicate_prunes_at_once():
+def placed(parent: str = "p", peers: tuple[str, ...] = ("p", "a", "b")) -> TopicTree:
+    """A tree whose root S's first copy came by `parent`, its declarations made."""
+    tree = TopicTree()
+    tree.saw(S, NOW)
+    tree.first_copy_from(parent, [S], NOW)
+    tree.news_from(parent, NOW)
+    tree.declarations(peers, NOW)
+    return tree
+
+
+def test_new_links_are_eager_until_the_peer_says_it_is_not_our_child():
     tree = TopicTree()
     tree.saw(S, NOW)
     assert tree.eager_of(["a", "b"]) == ["a", "b"] and tree.lazy_of(["a", "b"]) == []
-    assert tree.duplicate_from("a", [S], NOW)
-    assert tree.eager_of(["a", "b"]) == ["b"] and tree.lazy_of(["a", "b"]) == ["a"]
-    assert tree.is_lazy("a")
-    assert tree.graft("a") and tree.eager_of(["a"]) == ["a"]  # a graft makes it eager again
+    assert tree.child_left("a") is False  # it was never our child
+    assert tree.eager_of(["a", "b"]) == ["b"] and tree.is_lazy("a")
+    assert tree.child_joined("a") and tree.eager_of(["a"]) == ["a"]  # it named us its parent
+    assert tree.is_child("a") and tree.child_left("a") and tree.is_lazy("a")
 
 
-def test_one_tree_for_all_sources_pruned_by_the_root_only():
-    """Other sources' duplicates prune nothing: two sources pruning two links of one
-    cycle would split the tree."""
+def test_the_root_first_copy_picks_the_parent_and_everyone_is_told_once():
+    """Nothing is told before we have a place: every link stays eager at the other end,
+    so the first root event reaches us by the fastest path."""
     tree = TopicTree()
-    tree.saw(T, NOW)
-    assert tree.root(NOW) == T
     tree.saw(S, NOW)
-    assert tree.root(NOW) == S  # the least active key
-    assert not tree.duplicate_from("a", [T], NOW)
-    assert tree.duplicate_from("a", [T, S], NOW)
-    assert tree.is_lazy("a")
-    later = NOW + ROOT_ACTIVE_MS + 1
-    tree.saw(T, later)
-    assert tree.root(later) == T  # S fell quiet: T's copies prune now
+    assert tree.declarations(["p", "a"], NOW) == []
+    tree.first_copy_from("p", [T], NOW)  # not the root's: no parent
+    assert tree.declarations(["p", "a"], NOW) == []
+    tree.first_copy_from("p", [S], NOW)
+    assert tree.is_parent("p")
+    assert tree.declarations(["p", "a"], NOW) == [("p", True), ("a", False)]
+    assert tree.declarations(["p", "a", "b"], NOW) == [("b", False)]  # a new link only
+    tree.child_left("p")  # our parent is not our child: it stays eager here
+    assert tree.eager_of(["p", "a", "b"]) == ["p", "a", "b"]  # a and b have not answered
+    tree.child_left("a")
+    tree.child_left("b")
+    assert tree.eager_of(["p", "a", "b"]) == ["p"]
 
 
 def test_a_steady_writer_is_the_root_rather_than_a_rare_one_with_a_lesser_key():
-    """A rare writer's few copies would prune the tree's cycles seldom (the 10-node bench:
-    0.17 duplicates per node and event, all of other sources' events)."""
+    """A rare writer as the root moved every parent each time it wrote or fell quiet."""
     tree = TopicTree()
     tree.saw(S, NOW)  # rare: one event
     step = ROOT_GAP_MS // 2
@@ -92,16 +104,26 @@ def test_a_steady_writer_is_the_root_rather_than_a_rare_one_with_a_lesser_key():
     steady_at = NOW + (ROOT_MIN_STREAK - 1) * step
     tree.saw(T, steady_at)
     assert tree.root(steady_at) == T
-    assert not tree.duplicate_from("a", [S], steady_at)  # S's copies prune nothing now
-    assert tree.duplicate_from("a", [T], steady_at)
     paused = steady_at + ROOT_GAP_MS + 1
-    tree.saw(T, paused)  # T paused: its run starts again, and the least active key is back
-    assert tree.root(paused) == S
+    tree.saw(T, paused)  # T paused and starts again: still the root (a burst writer)
+    assert tree.root(paused) == T
+    quiet = paused + ROOT_ACTIVE_MS + 1
+    tree.saw(S, quiet)
+    assert tree.root(quiet) == S  # T fell quiet: the least active key again
+
+
+def test_the_root_is_us_then_we_have_no_parent_and_are_never_broken():
+    tree = TopicTree(me=S)
+    tree.saw(S, NOW)
+    assert not tree.broken(NOW)
+    tree.first_copy_from("p", [S], NOW)  # (our own events do not come back; if they did)
+    assert not tree.is_parent("p")
+    assert tree.declarations(["p", "a"], NOW) == [("p", False), ("a", False)]
 
 
 def test_the_tree_is_broken_above_us_only_without_a_parent_that_brings_news():
-    """Then an overdue id is grafted (the link eager on both ends); otherwise it is late
-    and fetched by a want (transport.dissemination `_tree_tick`)."""
+    """Then an overdue id is grafted (its announcer our parent from then on); otherwise
+    it is late and fetched by a want (transport.dissemination `_tree_tick`)."""
     tree = TopicTree()
     tree.saw(S, NOW)
     assert tree.broken(NOW)  # no parent yet
@@ -136,43 +158,37 @@ def test_with_a_steady_root_only_its_copies_by_the_parent_say_the_tree_is_whole(
     assert not tree.broken(at + PARENT_SILENT_MS + 1)
 
 
-def test_the_parent_link_is_never_pruned_and_a_prune_of_it_is_refused():
-    tree = TopicTree()
-    tree.saw(S, NOW)
-    tree.first_copy_from("p", [S], NOW)  # the root's news came first by p
-    assert tree.is_parent("p") and not tree.is_parent("q")
-    for _ in range(5):
-        assert not tree.duplicate_from("p", [S], NOW)
-    assert not tree.is_lazy("p")
-    tree.forget_peer("p")
-    assert not tree.is_parent("p")
-
-
-def test_a_prune_of_the_parent_stands_if_another_link_brought_the_root_lately():
-    """Two paths of about the same latency, first in turn: refusing the prune of either
-    kept both eager and the tree changing shape. With no other such link it is refused."""
-    tree = TopicTree()
-    tree.saw(S, NOW)
-    tree.first_copy_from("q", [S], NOW)
-    tree.first_copy_from("p", [S], NOW + 10)
+def test_a_child_becomes_our_parent_only_once_our_parent_fell_silent():
+    """A child that fetched a root event whose copy from our parent was lost must not
+    become our parent (each the other's, cut off from the root); a root that moved below
+    us must, once our parent has been silent about it."""
+    tree = placed()
+    tree.child_joined("a")
+    tree.first_copy_from("a", [S], NOW + 10)
     assert tree.is_parent("p")
-    assert not tree.refuses_prune("p", NOW + PARENT_SILENT_MS)  # q was first lately
-    assert tree.is_parent("q")
-    tree.prune("p")
-    assert tree.refuses_prune("q", NOW + PARENT_SILENT_MS)  # no other: refused
-    later = NOW + 2 * PARENT_SILENT_MS + 1
-    tree.graft("p")
-    tree.first_copy_from("p", [S], later)
-    assert tree.refuses_prune("p", later + 1)  # q's root copy is too old to stand in
-    assert not tree.refuses_prune("r", later + 1)  # not the parent: no refusal
+    late = NOW + PARENT_SILENT_MS + 1
+    tree.first_copy_from("a", [S], late)
+    assert tree.is_parent("a")
+    assert tree.declarations(["p", "a", "b"], late) == [("p", False), ("a", True)]
 
 
-def test_news_over_a_lazy_link_changes_nothing():
-    tree = TopicTree()
-    tree.saw(S, NOW)
-    tree.prune("a")
-    tree.first_copy_from("a", [S], NOW)  # a push our prune crossed
-    assert tree.is_lazy("a") and not tree.is_parent("a")
+def test_a_graft_for_repair_adopts_the_announcer_as_parent():
+    tree = placed()
+    tree.adopt_parent("b", NOW + 5)
+    assert tree.is_parent("b") and not tree.broken(NOW + 5)
+    assert tree.declarations(["p", "a", "b"], NOW + 5) == [("p", False)]  # b: the graft
+
+
+def test_news_over_a_lazy_link_changes_nothing_once_we_have_a_parent():
+    tree = placed()
+    tree.child_left("a")
+    tree.first_copy_from("a", [S], NOW + 1)  # a push our prune crossed
+    assert tree.is_lazy("a") and tree.is_parent("p")
+    orphan = TopicTree()
+    orphan.saw(S, NOW)
+    orphan.child_left("a")
+    orphan.first_copy_from("a", [S], NOW)  # no parent: the root's copy by any link
+    assert orphan.is_parent("a")
 
 
 def test_the_sources_of_the_least_active_are_forgotten():
@@ -183,13 +199,15 @@ def test_the_sources_of_the_least_active_are_forgotten():
 
 
 def test_a_peer_still_pushing_over_a_lazy_link_is_told_again():
-    """Its Prune was lost: after as many useless pushes (of any source) it is sent another."""
-    tree = TopicTree()
-    tree.saw(S, NOW)
-    assert tree.duplicate_from("a", [S], NOW)
+    """Our Prune was lost: after as many useless pushes it is sent another. Duplicates
+    over an eager link change nothing (the links follow the parents)."""
+    tree = placed()
+    tree.child_left("a")
+    assert not tree.duplicate_from("p")
     for _ in range(PRUNE_AFTER_DUPLICATES - 1):
-        assert not tree.duplicate_from("a", [T], NOW)  # pushes our prune crossed
-    assert tree.duplicate_from("a", [T], NOW)  # the peer keeps pushing: told again
+        assert not tree.duplicate_from("a")  # pushes our prune crossed
+    assert tree.duplicate_from("a")  # the peer keeps pushing: told again
+    assert tree.declarations(["p", "a", "b"], NOW) == [("a", False)]
 
 
 def test_ids_an_exchange_brought_are_remembered_as_races():
@@ -238,13 +256,12 @@ def test_ids_received_or_held_are_not_grafted():
 
 
 def test_a_closed_link_forgets_its_state_and_reopens_eager():
-    tree = TopicTree(prune_after=1)
-    tree.saw(S, NOW)
-    tree.duplicate_from("a", [S], NOW)
+    tree = placed(parent="a")
+    tree.child_left("a")
     tree.announce(["a"], ids("x"))
     tree.announced("a", ids("y"), 0, never_held)
     tree.forget_peer("a")
-    assert tree.eager_of(["a"]) == ["a"]
+    assert tree.eager_of(["a"]) == ["a"] and not tree.is_parent("a")
     assert tree.flush() == []
     assert tree.due(GRAFT_TIMEOUT_MS, never_held) == {}
 
@@ -372,7 +389,15 @@ def test_on_fifo_links_one_tree_keeps_causal_order_and_sends_one_copy(sync_inter
     def rate(key: str) -> float:
         return (totals.get(key, 0) - before.get(key, 0)) / per
 
-    assert rate("tree_held_back") == 0 and rate("wants_sent") == 0 and rate("grafts_sent") == 0
-    assert rate("tree_fetches_sent") == 0  # nothing late either
-    assert rate("received_gossip") == 0.9  # every copy by the tree (all but the author's own)
-    assert rate("duplicates") <= 0.05
+    measured = {key: rate(key) for key in ("tree_held_back", "wants_sent", "grafts_sent",
+                                           "tree_fetches_sent", "received_gossip", "duplicates")}
+    if sync_interval_ms == NEVER_MS:
+        assert measured["tree_held_back"] == 0 and measured["wants_sent"] == 0, measured
+        assert measured["received_gossip"] == 0.9, measured  # every copy by the tree
+    else:
+        # An exchange's events, forwarded on the tree, overtake a few copies
+        # (measured: 0.032 held back, 0.002 wanted, the rest by the tree).
+        assert measured["tree_held_back"] <= 0.05 and measured["wants_sent"] <= 0.01, measured
+        assert measured["received_gossip"] >= 0.85, measured
+    assert measured["grafts_sent"] == 0 and measured["tree_fetches_sent"] == 0, measured
+    assert measured["duplicates"] <= 0.05, measured
