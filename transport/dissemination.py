@@ -760,7 +760,8 @@ class Disseminator(Intake, AntiEntropy, JoinHandshake):
         all_known = bool(ids) and all(i in known for i in ids)
         if len(known) < len(ids):  # news by this link, of any source (`TopicTree.broken`)
             tree.news_from(peer, now_ms)
-        if root_ids and not all(i in known for i in root_ids):
+        root_news = [i for i in root_ids if i not in known]
+        if root_news:
             if tree.is_lazy(peer):
                 stats["tree_root_news_over_lazy"] += 1
             tree.first_copy_from(peer, [root], now_ms)  # type: ignore[list-item]

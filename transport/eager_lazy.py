@@ -138,6 +138,10 @@ ROOT_MIN_STREAK: Final = 8
 # two late. Only then may a child that brings the root's events first become our
 # parent (the root moved below us, `first_copy_from`).
 PARENT_SILENT_MS: Final = 2_000
+# A parent we left because the tree above us broke or moved (or we became the root)
+# still gets our pushes this long, so that it can take us as its parent once it
+# sees itself broken (after PARENT_SILENT_MS), rather than be cut off.
+FORMER_PARENT_GRACE_MS: Final = 2 * PARENT_SILENT_MS
 
 
 @dataclass
@@ -146,6 +150,7 @@ class _Awaited:
 
     due_ms: int
     announcers: list[PeerId]
+    parent_asked: bool = False
 
 
 @dataclass
@@ -158,6 +163,7 @@ class TopicTree:
     _children: set[PeerId] = field(default_factory=set)  # peers that named us their parent
     _declined: set[PeerId] = field(default_factory=set)  # peers that said they are not our child
     _told: dict[PeerId, bool] = field(default_factory=dict)  # what we last told each: child or not
+    _former: dict[PeerId, int] = field(default_factory=dict)  # parents left lately -> until ms
     _useless: dict[PeerId, int] = field(default_factory=dict)  # pushes over a lazy link
     _seen: OrderedDict[bytes, int] = field(default_factory=OrderedDict)  # source -> last event ms
     _streak: dict[bytes, int] = field(default_factory=dict)  # source -> events in a steady run
@@ -214,8 +220,10 @@ class TopicTree:
     # ------------------------------------------------------------- links
 
     def _eager(self, peer: PeerId) -> bool:
-        """Our parent, a peer that named us its parent, or one that has not said yet."""
-        return peer == self._parent or peer in self._children or peer not in self._declined
+        """Our parent, a peer that named us its parent, one that has not said yet, or a
+        parent we left lately (`_switch`)."""
+        return (peer == self._parent or peer in self._children or peer not in self._declined
+                or peer in self._former)
 
     def eager_of(self, peers: Iterable[PeerId]) -> list[PeerId]:
         return [p for p in peers if self._eager(p)]
@@ -245,33 +253,51 @@ class TopicTree:
         return True
 
     def first_copy_from(self, peer: PeerId, sources: Iterable[bytes], now_ms: int) -> None:
-        """`peer` brought news first (of `sources`) over an eager link here.
+        """`peer` brought news first (of `sources`).
 
         A root event first by a link that is neither our parent nor our child
-        makes it our parent (the tree forming, or a new link). First by a child
-        it does so only if our parent has been silent about the root for
-        PARENT_SILENT_MS (the root moved below us): a child that fetched a root
-        event our parent's copy of which was lost must not become our parent,
-        or the two would be each other's parent, cut off from the root. Over a
-        lazy link it counts only while we have no parent (the peer has not heard
-        from us yet: we had nothing to tell).
+        (a new link, the tree forming) makes it our parent. So does one by any
+        link once the tree is broken above us (`broken`: our parent silent
+        about the root): the root moved below us (the first copy comes by a
+        child), or a partition healed (by a link lazy here that a peer on the
+        other side still pushes on, having missed our prune). Otherwise a
+        child must not become our parent: one that fetched a root event whose
+        copy from our parent was lost would be our parent and we its, the two
+        cut off from the root.
         """
-        if not self._eager(peer) and self._parent is not None:
-            return
         root = self.root(now_ms)
         if root is None or root not in set(sources) or root == self.me:
             return
-        if peer != self._parent and (peer not in self._children or self.broken(now_ms)):
-            self._parent = peer
-        self._root_first_at[peer] = now_ms
+        if peer != self._parent:
+            if self.broken(now_ms):
+                self._switch(peer, now_ms)
+            elif self._eager(peer) and peer not in self._children:
+                self._parent = peer  # the tree forming: the old one has its own way
+        if peer == self._parent:
+            self._root_first_at[peer] = now_ms
 
     def adopt_parent(self, peer: PeerId, now_ms: int) -> None:
         """The tree is broken above us and `peer` announced what we lack: it is our parent
         now (we graft it, which tells it); the old parent is told we left it."""
-        self._parent = peer
+        self._switch(peer, now_ms)
         self._told[peer] = True
         self._root_first_at[peer] = now_ms  # PARENT_SILENT_MS of grace before it is silent
         self._news_at[peer] = now_ms
+
+    def _switch(self, parent: PeerId | None, now_ms: int) -> None:
+        """A new parent (None: we are the root) while the tree above us is broken or moved.
+
+        The old parent is told we left it, but we keep pushing to it for
+        FORMER_PARENT_GRACE_MS: where the root moved below us, or to our side
+        of a healed partition, it needs our copies to find its own new parent
+        (us, most likely: `first_copy_from` by any link once it is broken). Cut
+        at once, it was left with no eager link bringing the root, and its
+        side of the tree fell apart into cycles fed by exchanges only.
+        """
+        old = self._parent
+        self._parent = parent
+        if old is not None and old != parent:
+            self._former[old] = now_ms + FORMER_PARENT_GRACE_MS
 
     def declarations(self, peers: Iterable[PeerId], now_ms: int) -> list[tuple[PeerId, bool]]:
         """What to tell whom (True: a `Graft`, "you are my parent"; False: a `Prune`,
@@ -282,9 +308,12 @@ class TopicTree:
         event reaches us by the fastest path.
         """
         if self.me is not None and self.root(now_ms) == self.me:
-            self._parent = None
+            if self._parent is not None:
+                self._switch(None, now_ms)
         elif self._parent is None:
             return []
+        for peer in [p for p, until in self._former.items() if until <= now_ms]:
+            del self._former[peer]
         out = []
         for peer in peers:
             child = peer == self._parent
@@ -357,12 +386,14 @@ class TopicTree:
         self._children.discard(peer)
         self._declined.discard(peer)
         self._told.pop(peer, None)
+        self._former.pop(peer, None)
         self._useless.pop(peer, None)
         self._pending.pop(peer, None)
         self._heard.pop(peer, None)
         for awaited in self._awaited.values():
             if peer in awaited.announcers:
                 awaited.announcers.remove(peer)
+
 
     # ------------------------------------------------------------- announcing
 
@@ -440,20 +471,31 @@ class TopicTree:
         return sum(1 for event_id in ids if event_id in self._grafted)
 
     def due(self, now_ms: int, held: Callable[[bytes], bool]) -> dict[PeerId, list[bytes]]:
-        """The grafts to send now: per announcer, the awaited ids past their timeout.
+        """The fetches to send now: per peer, the awaited ids past their timeout.
 
-        Each overdue id is asked of its next announcer and waits one more
-        timeout; an id whose announcers are all spent is given up (anti-entropy
-        brings it). Ids that arrived meanwhile are dropped.
+        An overdue id is asked first of our parent while the tree above us is
+        whole (`broken`): if the parent holds it, our copy was lost on our link;
+        if not, the parent awaits it too (the copy was lost above it), and it
+        passes it down once it has it, so the subtree below a loss does not
+        fetch it node by node (measured in the 100-node world with 10 % loss:
+        two thirds of the fetches were of ids the parent lacked too, and each
+        came down again as a duplicate). Then each announcer in turn, one
+        timeout each; an id whose announcers are all spent is given up
+        (anti-entropy brings it). Ids that arrived meanwhile are dropped.
         """
         asks: dict[PeerId, list[bytes]] = {}
+        parent = self._parent
         for event_id in [i for i, a in self._awaited.items() if a.due_ms <= now_ms]:
             awaited = self._awaited[event_id]
             if held(event_id) or not awaited.announcers:
                 del self._awaited[event_id]
                 continue
-            peer = awaited.announcers.pop(0)
             awaited.due_ms = now_ms + self.graft_timeout_ms
+            if not awaited.parent_asked and parent is not None and not self.broken(now_ms):
+                awaited.parent_asked = True
+                asks.setdefault(parent, []).append(event_id)
+                continue
+            peer = awaited.announcers.pop(0)
             self._grafted[event_id] = None
             while len(self._grafted) > MAX_MISSING_IDS:
                 self._grafted.popitem(last=False)

@@ -19,6 +19,7 @@ from transport.eager_lazy import (
     GRAFT_TIMEOUT_MS,
     MAX_IHAVE_IDS,
     MAX_SOURCES,
+    FORMER_PARENT_GRACE_MS,
     PARENT_SILENT_MS,
     PRUNE_AFTER_DUPLICATES,
     ROOT_ACTIVE_MS,
@@ -177,6 +178,35 @@ def test_a_graft_for_repair_adopts_the_announcer_as_parent():
     tree.adopt_parent("b", NOW + 5)
     assert tree.is_parent("b") and not tree.broken(NOW + 5)
     assert tree.declarations(["p", "a", "b"], NOW + 5) == [("p", False)]  # b: the graft
+
+
+def test_once_broken_a_root_copy_by_any_link_makes_a_parent_and_the_old_one_keeps_ours_a_while():
+    """After a partition heals, a peer across it still pushing on a link lazy here brings
+    the root back; the parent we leave gets our pushes for FORMER_PARENT_GRACE_MS, so it
+    can take us as its parent rather than be cut off."""
+    tree = placed()
+    tree.child_left("p")
+    tree.child_left("b")
+    assert tree.is_lazy("b")
+    late = NOW + PARENT_SILENT_MS + 1  # the parent fell silent: broken
+    assert tree.broken(late)
+    tree.news_from("b", late)  # (as the engine: news by b, then whose first copy)
+    tree.first_copy_from("b", [S], late)
+    assert tree.is_parent("b") and not tree.broken(late)
+    assert tree.eager_of(["p", "a", "b"]) == ["p", "a", "b"]  # p for a while, a undeclared
+    assert tree.declarations(["p", "a", "b"], late) == [("p", False), ("b", True)]
+    tree.declarations(["p", "a", "b"], late + FORMER_PARENT_GRACE_MS)
+    assert tree.is_lazy("p")
+
+
+def test_an_overdue_id_is_asked_of_the_parent_first_while_the_tree_is_whole():
+    """If the parent lacks it too (lost above it), it passes it down once it has it,
+    instead of every node below the loss fetching it."""
+    tree = placed()
+    tree.announced("a", ids("x"), NOW, never_held)
+    at = NOW + GRAFT_TIMEOUT_MS
+    assert tree.due(at, never_held) == {"p": ids("x")}
+    assert tree.due(at + GRAFT_TIMEOUT_MS, never_held) == {"a": ids("x")}
 
 
 def test_news_over_a_lazy_link_changes_nothing_once_we_have_a_parent():
@@ -374,7 +404,8 @@ def test_the_comparison_reports_both_paths_and_the_tree_sends_fewer_copies():
 def test_on_fifo_links_one_tree_keeps_causal_order_and_sends_one_copy(sync_interval_ms):
     """Links that keep order (as a libp2p stream does; equal latencies here): once formed,
     no event overtakes a parent (none held back), so nothing is wanted or grafted and each
-    node receives one copy. With exchanges on, they hold back young events (no race).
+    node receives one copy. With exchanges on, they hold back young events (no race), yet
+    a root that moves lets a few of theirs come first.
     The old tree per source held back about a third of the copies in this world."""
     config = replace(PUSH_ONLY, tree=True, sync_interval_ms=sync_interval_ms,
                      sync_jitter_ms=0 if sync_interval_ms == NEVER_MS else 500)
@@ -394,10 +425,13 @@ def test_on_fifo_links_one_tree_keeps_causal_order_and_sends_one_copy(sync_inter
     if sync_interval_ms == NEVER_MS:
         assert measured["tree_held_back"] == 0 and measured["wants_sent"] == 0, measured
         assert measured["received_gossip"] == 0.9, measured  # every copy by the tree
+        assert measured["grafts_sent"] == 0 and measured["tree_fetches_sent"] == 0, measured
+        assert measured["duplicates"] <= 0.05, measured
     else:
-        # An exchange's events, forwarded on the tree, overtake a few copies
-        # (measured: 0.032 held back, 0.002 wanted, the rest by the tree).
-        assert measured["tree_held_back"] <= 0.05 and measured["wants_sent"] <= 0.01, measured
-        assert measured["received_gossip"] >= 0.85, measured
-    assert measured["grafts_sent"] == 0 and measured["tree_fetches_sent"] == 0, measured
-    assert measured["duplicates"] <= 0.05, measured
+        # Here the root moves in this phase (a writer with a lesser key turned steady),
+        # and while the parents turn towards it, exchanges bring a few events first
+        # (measured: 0.82 by the tree, 0.02 fetches, 0.13 duplicates, 0.007 held back).
+        assert measured["tree_held_back"] <= 0.02 and measured["wants_sent"] <= 0.01, measured
+        assert measured["received_gossip"] >= 0.75, measured
+        assert measured["grafts_sent"] <= 0.01 and measured["tree_fetches_sent"] <= 0.05, measured
+        assert measured["duplicates"] <= 0.2, measured
