@@ -539,9 +539,14 @@ class Disseminator(Intake, AntiEntropy, JoinHandshake):
             timers.next_sync_ms = (now_ms + self.config.sync_interval_ms
                                    + rng.randint(-jitter, jitter))
             out += self._sync_random(topic, now_ms, rng, exclude=None)
-        elif news_from is not None and self.config.sync_on_news and topic not in self._trees:
-            # (On the tree path the events a sync brought travel on along the tree,
-            # `_ingest`: one more exchange would only race it.)
+        elif news_from is not None and self.config.sync_on_news and (
+                topic not in self._trees or self._trees[topic].broken(now_ms)):
+            # (On the tree path only where the tree above us is broken: elsewhere the
+            # events a sync brought travel on along the tree, `_ingest`. After a
+            # partition heals the cut links are lazy, and a node that brought the
+            # other side's events across may be a leaf of its side's tree: there
+            # the exchanges spread them, 100-node world 5.0/5.0/7.6 s to converge
+            # against 5.7/6.1/7.5 s without, 2.5-2.7x bytes against 2.4-2.6x.)
             # Rumor mongering with feedback (Demers et al. 1987): an exchange that
             # moved events suggests other peers lack them too, so exchange with one
             # more peer now instead of at the next interval. Both sides do, so news
