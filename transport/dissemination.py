@@ -38,10 +38,12 @@ and the measurements):
    With `config.tree` the fast path is the eager/lazy tree instead
    (`transport.eager_lazy`, Plumtree with one tree per topic, which keeps
    causal order): an event new here, whatever brought it, goes in full on
-   the eager links and by id (`IHave`) on a few lazy ones; the root's
-   duplicates prune (`Prune`), ids not received in time are fetched and
-   their link grafted (`Graft`), and exchanges hold back young events
-   (`_held_back`). About one copy per node instead of ~`forward_fanout`.
+   the eager links and by id (`IHave`) on a few lazy ones; the eager links
+   are the nodes' parent links, which each node tells its peers (`Graft`:
+   "you are my parent", `Prune`: "I am not your child"); ids not received in
+   time are fetched (from a new parent by a graft where the tree broke), and
+   exchanges hold back young events (`_held_back`). About one copy per node
+   instead of ~`forward_fanout`.
 2. **Anti-entropy (the guarantee)** and 3. **the want backstop**: the
    exchanges live in `transport.anti_entropy` (a mixin of this class), the
    reconciliation they run in `transport.reconcile`. An exchange that moved
