@@ -219,7 +219,7 @@ class OrderBans:
         """
         old, old_verdicts, old_sets = self._tail, self._tail_verdicts, self._tail_sets
         reads = self._reads
-        where = dict(zip(old[shared:], range(shared, len(old))))
+        where = _Positions(old, shared)
         next_old = shared  # the old tail's first position not passed yet
         old_restricted = restricted
         differ: dict[StateKey, bytes | None] = {}
@@ -228,7 +228,9 @@ class OrderBans:
             if position == confirmed:
                 state = dict(state)  # the tail: judged on a throw-away copy
             event_id = sequence[position]
-            at = where.get(event_id, -1)
+            # Most events sit where the old tail had them: one comparison, no index.
+            at = next_old if next_old < len(old) and old[next_old] == event_id else \
+                where.get(event_id, -1)
             if at >= next_old:
                 for passed in range(next_old, at):  # in the old tail only, here
                     old_verdict = old_verdicts[passed]
@@ -268,7 +270,7 @@ class OrderBans:
                 out.verdicts.append(verdict)
                 out.sets.append(None if verdict.key is None else (verdict.key, event_id))
 
-    def _read_later(self, differ: Mapping[StateKey, object], where: Mapping[bytes, int],
+    def _read_later(self, differ: Mapping[StateKey, object], where: _Positions,
                     at: int) -> bool:
         """True if an event of the old tail from `at` on read a key of `differ` (or might:
         too many readers to look up)."""
@@ -373,6 +375,22 @@ class OrderBans:
             cache.clear()
         cache[memo_key] = reason
         return reason
+
+
+class _Positions:
+    """Positions in the old tail from `start` on, by id; the index is built on first use
+    (an insertion into a long tail is matched position by position and never needs it)."""
+
+    __slots__ = ("_old", "_start", "_index")
+
+    def __init__(self, old: tuple[bytes, ...], start: int) -> None:
+        self._old, self._start = old, start
+        self._index: dict[bytes, int] | None = None
+
+    def get(self, event_id: bytes, default: int) -> int:
+        if self._index is None:
+            self._index = dict(zip(self._old[self._start:], range(self._start, len(self._old))))
+        return self._index.get(event_id, default)
 
 
 def _new_sets(differ: dict[StateKey, bytes | None], state: dict[StateKey, bytes],
