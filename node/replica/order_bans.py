@@ -76,7 +76,7 @@ values), so a tail the linearizer reorders re-judges its joins by a lookup.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from node.core.event import Event
@@ -97,6 +97,7 @@ VERDICT_CACHE_SIZE = 4_096  # non-state verdicts by (author, kind, the state the
 STATE_VERDICT_CACHE_SIZE = 4_096  # state events' verdicts by (id, the state they read)
 READ_KEYS_CACHE_SIZE = 8_192  # events' auth keys (auth_types_for_event), by id
 READERS_LOOKUP_LIMIT = 256  # readers of the differing keys looked up before walking on
+POSITIONS_SCAN_LIMIT = 8  # readers looked for by scanning the old tail, not indexing it
 _CONTENT_RULED = frozenset({TYPE_CREATE, TYPE_MEMBER, TYPE_POWER_LEVELS, TYPE_JOIN_RULES})
 _RESTRICTS_READS_ALL = frozenset({TYPE_POWER_LEVELS, TYPE_JOIN_RULES})  # `restricts` reads more
 
@@ -278,7 +279,7 @@ class OrderBans:
         readers.append(self._readers.get(_ANY_KEY, ()))
         if sum(len(r) for r in readers) > READERS_LOOKUP_LIMIT:
             return True
-        return any(where.get(i, -1) >= at for r in readers for i in r)
+        return where.any_from((i for r in readers for i in r), at)
 
     def _judge_at(self, event_id: bytes, get: Callable[[bytes], Event],
                   state: Mapping[StateKey, bytes], restricted: bool) -> Verdict:
@@ -391,6 +392,16 @@ class _Positions:
         if self._index is None:
             self._index = dict(zip(self._old[self._start:], range(self._start, len(self._old))))
         return self._index.get(event_id, default)
+
+    def any_from(self, ids: Iterable[bytes], at: int) -> bool:
+        """True if one of `ids` sits in the old tail at `at` or later (`at` >= start)."""
+        wanted = list(ids)
+        if self._index is None and len(wanted) <= POSITIONS_SCAN_LIMIT:
+            # A few ids are looked for in C, without building the index (a join inserted
+            # into a long tail has its author's events, if any, as the readers of its key).
+            rest = self._old[at:]
+            return any(i in rest for i in wanted)
+        return any(self.get(i, -1) >= at for i in wanted)
 
 
 def _new_sets(differ: dict[StateKey, bytes | None], state: dict[StateKey, bytes],
