@@ -76,7 +76,7 @@ values), so a tail the linearizer reorders re-judges its joins by a lookup.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass
 
 from node.core.event import Event
@@ -150,6 +150,8 @@ class OrderBans:
         self._restricting: set[bytes] = set()
         self._reads: dict[bytes, Reads] = {}  # tail event -> the keys its verdict read
         self._readers: dict[StateKey, set[bytes]] = {}  # key -> tail events that read it
+        self._setters: dict[StateKey, set[bytes]] = {}  # key -> tail events that set it
+        self._set_keys: dict[bytes, StateKey] = {}  # tail event -> the key it sets
         self._read_keys: dict[bytes, tuple[StateKey, ...]] = {}  # event -> its auth keys
         self._memo: dict[tuple[object, ...], AuthReason | None] = {}  # non-state verdicts
         self._state_verdicts: dict[tuple[object, ...], AuthReason | None] = {}  # the others
@@ -183,10 +185,12 @@ class OrderBans:
             out.verdicts.extend(self._tail_verdicts[confirmed:shared])
             out.sets.extend(self._tail_sets[confirmed:shared])
         if shared < total:
-            state = self._state
+            state: MutableMapping[StateKey, bytes] = self._state
             if shared > confirmed:
-                state = dict(state)
-                state.update(filter(None, self._tail_sets[confirmed:shared]))
+                # The order state after old[confirmed:shared], answered per key (its
+                # setters are indexed) instead of copied: a copy cost the whole state.
+                state = _StateAt(self._state, self._setters, old, self._tail_sets, confirmed,
+                                 shared)
                 if self._restricting and not restricted:
                     restricted = any(i in self._restricting for i in old[confirmed:shared])
             self._walk_rest(sequence, confirmed, shared, end_start, total - len(old), state,
@@ -206,7 +210,8 @@ class OrderBans:
         return out.reasons, tuple(i for i in tail if i not in self._excluded)
 
     def _walk_rest(self, sequence: tuple[bytes, ...], confirmed: int, shared: int,
-                   end_start: int, shift: int, state: dict[StateKey, bytes], restricted: bool,
+                   end_start: int, shift: int, state: MutableMapping[StateKey, bytes],
+                   restricted: bool,
                    get: Callable[[bytes], Event], out: _Out) -> None:
         """Judge the sequence after its shared prefix, keeping the old verdicts that hold.
 
@@ -230,8 +235,11 @@ class OrderBans:
                 state = dict(state)  # the tail: judged on a throw-away copy
             event_id = sequence[position]
             # Most events sit where the old tail had them: one comparison, no index.
-            at = next_old if next_old < len(old) and old[next_old] == event_id else \
-                where.get(event_id, -1)
+            # Every old tail event was judged, so one never judged (an insertion) is new.
+            if next_old < len(old) and old[next_old] == event_id:
+                at = next_old
+            else:
+                at = where.get(event_id, -1) if event_id in reads else -1
             if at >= next_old:
                 for passed in range(next_old, at):  # in the old tail only, here
                     old_verdict = old_verdicts[passed]
@@ -292,6 +300,12 @@ class OrderBans:
             if readers is None:
                 readers = self._readers[key] = set()
             readers.add(event_id)
+        if verdict.key is not None:
+            setters = self._setters.get(verdict.key)
+            if setters is None:
+                setters = self._setters[verdict.key] = set()
+            setters.add(event_id)
+            self._set_keys[event_id] = verdict.key
         if verdict.reason is not None:
             self._excluded.add(event_id)
         if verdict.restricts:
@@ -308,6 +322,12 @@ class OrderBans:
                     readers.discard(event_id)
                     if not readers:
                         del self._readers[key]
+        key = self._set_keys.pop(event_id, None)
+        if key is not None:
+            setters = self._setters[key]
+            setters.discard(event_id)
+            if not setters:
+                del self._setters[key]
         self._excluded.discard(event_id)
         self._restricting.discard(event_id)
 
@@ -399,12 +419,88 @@ class _Positions:
         if self._index is None and len(wanted) <= POSITIONS_SCAN_LIMIT:
             # A few ids are looked for in C, without building the index (a join inserted
             # into a long tail has its author's events, if any, as the readers of its key).
-            rest = self._old[at:]
-            return any(i in rest for i in wanted)
+            return any(_find(self._old, i, at, len(self._old)) >= 0 for i in wanted)
         return any(self.get(i, -1) >= at for i in wanted)
 
 
-def _new_sets(differ: dict[StateKey, bytes | None], state: dict[StateKey, bytes],
+def _find(ids: tuple[bytes, ...], event_id: bytes, start: int, stop: int) -> int:
+    """Position of `event_id` in ids[start:stop] (scanned in C), -1 if absent."""
+    try:
+        return ids.index(event_id, start, stop)
+    except ValueError:
+        return -1
+
+
+class _StateAt(MutableMapping[StateKey, bytes]):
+    """The order state at a point of the old tail, without copying it: `base` (the state
+    after the confirmed prefix) updated by the old tail's sets in [start, stop), then by
+    what the walk writes.
+
+    A key is answered by its setters in the tail (`setters`, usually none or one, each
+    found by a scan in C), else by `base`; `base` is never written. Iterating (the
+    rare verdict that reads the whole state) builds the copy once.
+    """
+
+    __slots__ = ("_base", "_setters", "_old", "_sets", "_start", "_stop", "_own", "_whole")
+
+    def __init__(self, base: Mapping[StateKey, bytes], setters: Mapping[StateKey, set[bytes]],
+                 old: tuple[bytes, ...], sets: Sequence[tuple[StateKey, bytes] | None],
+                 start: int, stop: int) -> None:
+        self._base, self._setters, self._old, self._sets = base, setters, old, sets
+        self._start, self._stop = start, stop
+        self._own: dict[StateKey, bytes] = {}  # written by the walk
+        self._whole: dict[StateKey, bytes] | None = None
+
+    def _lookup(self, key: StateKey) -> bytes | None:
+        if self._whole is not None:
+            return self._whole.get(key)
+        value = self._own.get(key)
+        if value is not None:
+            return value
+        best = -1
+        for event_id in self._setters.get(key, ()):
+            at = _find(self._old, event_id, self._start, self._stop)
+            if at > best and (entry := self._sets[at]) is not None and entry[0] == key:
+                best = at
+        return self._base.get(key) if best < 0 else self._old[best]
+
+    def get(self, key: StateKey, default: bytes | None = None) -> bytes | None:  # type: ignore[override]
+        value = self._lookup(key)
+        return default if value is None else value
+
+    def __contains__(self, key: object) -> bool:
+        return self._lookup(key) is not None  # type: ignore[arg-type]
+
+    def __getitem__(self, key: StateKey) -> bytes:
+        value = self._lookup(key)
+        if value is None:
+            raise KeyError(key)
+        return value
+
+    def __setitem__(self, key: StateKey, value: bytes) -> None:
+        if self._whole is not None:
+            self._whole[key] = value
+        self._own[key] = value
+
+    def __delitem__(self, key: StateKey) -> None:
+        raise TypeError("the order state is only ever set")
+
+    def _materialised(self) -> dict[StateKey, bytes]:
+        if self._whole is None:
+            whole = dict(self._base)
+            whole.update(filter(None, self._sets[self._start:self._stop]))
+            whole.update(self._own)
+            self._whole = whole
+        return self._whole
+
+    def __iter__(self) -> Iterator[StateKey]:
+        return iter(self._materialised())
+
+    def __len__(self) -> int:
+        return len(self._materialised())
+
+
+def _new_sets(differ: dict[StateKey, bytes | None], state: MutableMapping[StateKey, bytes],
               key: StateKey, event_id: bytes) -> None:
     """The new sequence sets `key`: keep `differ` (key -> the old value) true."""
     if key in differ:
