@@ -230,6 +230,9 @@ class OrderBans:
         old_restricted = restricted
         differ: dict[StateKey, bytes | None] = {}
         checked: tuple[object, ...] | None = None  # `differ` when its readers were last looked up
+        # Judged in this walk: such an event sits before `at` in the old tail or not in it,
+        # so it is never a later reader (the event that made a key differ reads it).
+        judged: set[bytes] = set()
         for position in range(shared, len(sequence)):
             if position == confirmed:
                 state = dict(state)  # the tail: judged on a throw-away copy
@@ -252,7 +255,7 @@ class OrderBans:
                         and position >= confirmed and at == position - shift):
                     snapshot = tuple(differ.items())
                     if not differ or (snapshot != checked and not self._read_later(
-                            differ, where, at)):
+                            differ, where, at, judged)):
                         out.verdicts.extend(old_verdicts[at:])  # the rest is the same
                         out.sets.extend(old_sets[at:])
                         return
@@ -260,6 +263,7 @@ class OrderBans:
                 if restricted != old_restricted or (differ and _reads_any(
                         reads.get(event_id, _READS_ALL), differ)):
                     verdict = self._judge_at(event_id, get, state, restricted)
+                    judged.add(event_id)
                 else:
                     verdict = old_verdict
                 if verdict.key is not None:
@@ -269,6 +273,7 @@ class OrderBans:
                 old_restricted = old_restricted or old_verdict.restricts
             else:
                 verdict = self._judge_at(event_id, get, state, restricted)
+                judged.add(event_id)
                 if verdict.key is not None:
                     _new_sets(differ, state, verdict.key, event_id)
             restricted = restricted or verdict.restricts
@@ -280,14 +285,14 @@ class OrderBans:
                 out.sets.append(None if verdict.key is None else (verdict.key, event_id))
 
     def _read_later(self, differ: Mapping[StateKey, object], where: _Positions,
-                    at: int) -> bool:
+                    at: int, judged: set[bytes]) -> bool:
         """True if an event of the old tail from `at` on read a key of `differ` (or might:
         too many readers to look up)."""
         readers = [self._readers.get(key, ()) for key in differ]
         readers.append(self._readers.get(_ANY_KEY, ()))
         if sum(len(r) for r in readers) > READERS_LOOKUP_LIMIT:
             return True
-        return where.any_from((i for r in readers for i in r), at)
+        return where.any_from((i for r in readers for i in r if i not in judged), at)
 
     def _judge_at(self, event_id: bytes, get: Callable[[bytes], Event],
                   state: Mapping[StateKey, bytes], restricted: bool) -> Verdict:
