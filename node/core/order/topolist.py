@@ -93,6 +93,7 @@ class TopoList:
         self._block_max: list[SortKey] = []  # the largest key of each block
         self._block_of: dict[bytes, list[bytes]] = {}  # id -> the block holding it
         self._length = 0
+        self._snapshot: tuple[bytes, ...] | None = ()  # None: changed since the last one
 
     def __len__(self) -> int:
         return self._length
@@ -101,7 +102,11 @@ class TopoList:
         return chain.from_iterable(self._blocks)
 
     def snapshot(self) -> tuple[bytes, ...]:
-        return tuple(chain.from_iterable(self._blocks))
+        """The list as a tuple, kept until the next change (the linearizer asks for it
+        before and after each insertion)."""
+        if self._snapshot is None:
+            self._snapshot = tuple(chain.from_iterable(self._blocks))
+        return self._snapshot
 
     def insert(self, node: bytes, deps: Iterable[bytes]) -> int:
         """Insert a node none of the listed nodes depends on; return its position.
@@ -110,6 +115,7 @@ class TopoList:
         are done and must be left out). The position is the shared-prefix length.
         """
         key = self._key_of(node)
+        self._snapshot = None
         blocks, block_keys, block_max = self._blocks, self._block_keys, self._block_max
         # The first place the new node may go: right after its last dependency.
         b, i = 0, 0
@@ -171,3 +177,4 @@ class TopoList:
         self._block_max = [max(keys) for keys in self._block_keys]
         self._block_of = {node: block for block in self._blocks for node in block}
         self._length = len(order)
+        self._snapshot = tuple(order)
