@@ -43,9 +43,12 @@ steps); between them, the linearizer inserted, moved or dropped events:
     old tail       P P P P | a b c   d | E E E E E E
     new sequence   P P P P | a x b c   | E E E E E E   (x: judged; the rest kept)
 
-The prefix keeps its verdicts (its state is rebuilt by one `dict.update`
-of its setters). After it, the two are walked side by side: an event found
-further on in the old tail is matched (the old events before it are passed
+The prefix keeps its verdicts; the order state after it is not copied but
+read through a view (`_StateAt`): a key the old tail's prefix set is found
+through an index of the tail's setters, any other in the confirmed state,
+so a feed costs what it judges, not the size of the state. After it, the
+two are walked side by side: an event found further on in the old tail is
+matched (the old events before it are passed
 over), any other is judged. A matched event keeps its verdict unless the
 verdict read a key whose value differs between the two sequences at that
 point (`differ`: the judged events' setters and the passed-over ones'; a
