@@ -189,15 +189,19 @@ class OrderBans:
             out.sets.extend(self._tail_sets[confirmed:shared])
         if shared < total:
             state: MutableMapping[StateKey, bytes] = self._state
+            # Judged in the walk: at or after `shared` in the new sequence, so never in
+            # old[:shared] (the two agree there), nor a later reader in the old tail (such
+            # an event sits before the walk's old position, or not in the old tail).
+            judged: set[bytes] = set()
             if shared > confirmed:
                 # The order state after old[confirmed:shared], answered per key (its
                 # setters are indexed) instead of copied: a copy cost the whole state.
                 state = _StateAt(self._state, self._setters, old, self._tail_sets, confirmed,
-                                 shared)
+                                 shared, judged)
                 if self._restricting and not restricted:
                     restricted = any(i in self._restricting for i in old[confirmed:shared])
             self._walk_rest(sequence, confirmed, shared, end_start, total - len(old), state,
-                            restricted, get, out)
+                            restricted, get, out, judged)
         for event_id in appended:
             self._forget(event_id)
         self._tail = tuple(tail)
@@ -215,7 +219,7 @@ class OrderBans:
     def _walk_rest(self, sequence: tuple[bytes, ...], confirmed: int, shared: int,
                    end_start: int, shift: int, state: MutableMapping[StateKey, bytes],
                    restricted: bool,
-                   get: Callable[[bytes], Event], out: _Out) -> None:
+                   get: Callable[[bytes], Event], out: _Out, judged: set[bytes]) -> None:
         """Judge the sequence after its shared prefix, keeping the old verdicts that hold.
 
         Walks the new sequence and the old tail side by side: an event found
@@ -233,9 +237,6 @@ class OrderBans:
         old_restricted = restricted
         differ: dict[StateKey, bytes | None] = {}
         checked: tuple[object, ...] | None = None  # `differ` when its readers were last looked up
-        # Judged in this walk: such an event sits before `at` in the old tail or not in it,
-        # so it is never a later reader (the event that made a key differ reads it).
-        judged: set[bytes] = set()
         for position in range(shared, len(sequence)):
             if position == confirmed:
                 state = dict(state)  # the tail: judged on a throw-away copy
@@ -449,13 +450,15 @@ class _StateAt(MutableMapping[StateKey, bytes]):
     rare verdict that reads the whole state) builds the copy once.
     """
 
-    __slots__ = ("_base", "_setters", "_old", "_sets", "_start", "_stop", "_own", "_whole")
+    __slots__ = ("_base", "_setters", "_old", "_sets", "_start", "_stop", "_skip", "_own",
+                 "_whole")
 
     def __init__(self, base: Mapping[StateKey, bytes], setters: Mapping[StateKey, set[bytes]],
                  old: tuple[bytes, ...], sets: Sequence[tuple[StateKey, bytes] | None],
-                 start: int, stop: int) -> None:
+                 start: int, stop: int, skip: set[bytes]) -> None:
         self._base, self._setters, self._old, self._sets = base, setters, old, sets
         self._start, self._stop = start, stop
+        self._skip = skip  # setters known not to be in old[start:stop] (judged since)
         self._own: dict[StateKey, bytes] = {}  # written by the walk
         self._whole: dict[StateKey, bytes] | None = None
 
@@ -467,6 +470,8 @@ class _StateAt(MutableMapping[StateKey, bytes]):
             return value
         best = -1
         for event_id in self._setters.get(key, ()):
+            if event_id in self._skip:
+                continue
             at = _find(self._old, event_id, self._start, self._stop)
             if at > best and (entry := self._sets[at]) is not None and entry[0] == key:
                 best = at
