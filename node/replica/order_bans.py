@@ -43,9 +43,12 @@ steps); between them, the linearizer inserted, moved or dropped events:
     old tail       P P P P | a b c   d | E E E E E E
     new sequence   P P P P | a x b c   | E E E E E E   (x: judged; the rest kept)
 
-The prefix keeps its verdicts (its state is rebuilt by one `dict.update`
-of its setters). After it, the two are walked side by side: an event found
-further on in the old tail is matched (the old events before it are passed
+The prefix keeps its verdicts; the order state after it is not copied but
+read through a view (`_StateAt`): a key the old tail's prefix set is found
+through an index of the tail's setters, any other in the confirmed state,
+so a feed costs what it judges, not the size of the state. After it, the
+two are walked side by side: an event found further on in the old tail is
+matched (the old events before it are passed
 over), any other is judged. A matched event keeps its verdict unless the
 verdict read a key whose value differs between the two sequences at that
 point (`differ`: the judged events' setters and the passed-over ones'; a
@@ -76,7 +79,7 @@ values), so a tail the linearizer reorders re-judges its joins by a lookup.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass
 
 from node.core.event import Event
@@ -97,6 +100,7 @@ VERDICT_CACHE_SIZE = 4_096  # non-state verdicts by (author, kind, the state the
 STATE_VERDICT_CACHE_SIZE = 4_096  # state events' verdicts by (id, the state they read)
 READ_KEYS_CACHE_SIZE = 8_192  # events' auth keys (auth_types_for_event), by id
 READERS_LOOKUP_LIMIT = 256  # readers of the differing keys looked up before walking on
+POSITIONS_SCAN_LIMIT = 8  # readers looked for by scanning the old tail, not indexing it
 _CONTENT_RULED = frozenset({TYPE_CREATE, TYPE_MEMBER, TYPE_POWER_LEVELS, TYPE_JOIN_RULES})
 _RESTRICTS_READS_ALL = frozenset({TYPE_POWER_LEVELS, TYPE_JOIN_RULES})  # `restricts` reads more
 
@@ -149,6 +153,8 @@ class OrderBans:
         self._restricting: set[bytes] = set()
         self._reads: dict[bytes, Reads] = {}  # tail event -> the keys its verdict read
         self._readers: dict[StateKey, set[bytes]] = {}  # key -> tail events that read it
+        self._setters: dict[StateKey, set[bytes]] = {}  # key -> tail events that set it
+        self._set_keys: dict[bytes, StateKey] = {}  # tail event -> the key it sets
         self._read_keys: dict[bytes, tuple[StateKey, ...]] = {}  # event -> its auth keys
         self._memo: dict[tuple[object, ...], AuthReason | None] = {}  # non-state verdicts
         self._state_verdicts: dict[tuple[object, ...], AuthReason | None] = {}  # the others
@@ -182,14 +188,20 @@ class OrderBans:
             out.verdicts.extend(self._tail_verdicts[confirmed:shared])
             out.sets.extend(self._tail_sets[confirmed:shared])
         if shared < total:
-            state = self._state
+            state: MutableMapping[StateKey, bytes] = self._state
+            # Judged in the walk: at or after `shared` in the new sequence, so never in
+            # old[:shared] (the two agree there), nor a later reader in the old tail (such
+            # an event sits before the walk's old position, or not in the old tail).
+            judged: set[bytes] = set()
             if shared > confirmed:
-                state = dict(state)
-                state.update(filter(None, self._tail_sets[confirmed:shared]))
+                # The order state after old[confirmed:shared], answered per key (its
+                # setters are indexed) instead of copied: a copy cost the whole state.
+                state = _StateAt(self._state, self._setters, old, self._tail_sets, confirmed,
+                                 shared, judged)
                 if self._restricting and not restricted:
                     restricted = any(i in self._restricting for i in old[confirmed:shared])
             self._walk_rest(sequence, confirmed, shared, end_start, total - len(old), state,
-                            restricted, get, out)
+                            restricted, get, out, judged)
         for event_id in appended:
             self._forget(event_id)
         self._tail = tuple(tail)
@@ -205,8 +217,9 @@ class OrderBans:
         return out.reasons, tuple(i for i in tail if i not in self._excluded)
 
     def _walk_rest(self, sequence: tuple[bytes, ...], confirmed: int, shared: int,
-                   end_start: int, shift: int, state: dict[StateKey, bytes], restricted: bool,
-                   get: Callable[[bytes], Event], out: _Out) -> None:
+                   end_start: int, shift: int, state: MutableMapping[StateKey, bytes],
+                   restricted: bool,
+                   get: Callable[[bytes], Event], out: _Out, judged: set[bytes]) -> None:
         """Judge the sequence after its shared prefix, keeping the old verdicts that hold.
 
         Walks the new sequence and the old tail side by side: an event found
@@ -219,7 +232,7 @@ class OrderBans:
         """
         old, old_verdicts, old_sets = self._tail, self._tail_verdicts, self._tail_sets
         reads = self._reads
-        where = dict(zip(old[shared:], range(shared, len(old))))
+        where = _Positions(old, shared)
         next_old = shared  # the old tail's first position not passed yet
         old_restricted = restricted
         differ: dict[StateKey, bytes | None] = {}
@@ -228,7 +241,12 @@ class OrderBans:
             if position == confirmed:
                 state = dict(state)  # the tail: judged on a throw-away copy
             event_id = sequence[position]
-            at = where.get(event_id, -1)
+            # Most events sit where the old tail had them: one comparison, no index.
+            # Every old tail event was judged, so one never judged (an insertion) is new.
+            if next_old < len(old) and old[next_old] == event_id:
+                at = next_old
+            else:
+                at = where.get(event_id, -1) if event_id in reads else -1
             if at >= next_old:
                 for passed in range(next_old, at):  # in the old tail only, here
                     old_verdict = old_verdicts[passed]
@@ -241,7 +259,7 @@ class OrderBans:
                         and position >= confirmed and at == position - shift):
                     snapshot = tuple(differ.items())
                     if not differ or (snapshot != checked and not self._read_later(
-                            differ, where, at)):
+                            differ, where, at, judged)):
                         out.verdicts.extend(old_verdicts[at:])  # the rest is the same
                         out.sets.extend(old_sets[at:])
                         return
@@ -249,6 +267,7 @@ class OrderBans:
                 if restricted != old_restricted or (differ and _reads_any(
                         reads.get(event_id, _READS_ALL), differ)):
                     verdict = self._judge_at(event_id, get, state, restricted)
+                    judged.add(event_id)
                 else:
                     verdict = old_verdict
                 if verdict.key is not None:
@@ -258,6 +277,7 @@ class OrderBans:
                 old_restricted = old_restricted or old_verdict.restricts
             else:
                 verdict = self._judge_at(event_id, get, state, restricted)
+                judged.add(event_id)
                 if verdict.key is not None:
                     _new_sets(differ, state, verdict.key, event_id)
             restricted = restricted or verdict.restricts
@@ -268,15 +288,15 @@ class OrderBans:
                 out.verdicts.append(verdict)
                 out.sets.append(None if verdict.key is None else (verdict.key, event_id))
 
-    def _read_later(self, differ: Mapping[StateKey, object], where: Mapping[bytes, int],
-                    at: int) -> bool:
+    def _read_later(self, differ: Mapping[StateKey, object], where: _Positions,
+                    at: int, judged: set[bytes]) -> bool:
         """True if an event of the old tail from `at` on read a key of `differ` (or might:
         too many readers to look up)."""
         readers = [self._readers.get(key, ()) for key in differ]
         readers.append(self._readers.get(_ANY_KEY, ()))
         if sum(len(r) for r in readers) > READERS_LOOKUP_LIMIT:
             return True
-        return any(where.get(i, -1) >= at for r in readers for i in r)
+        return where.any_from((i for r in readers for i in r if i not in judged), at)
 
     def _judge_at(self, event_id: bytes, get: Callable[[bytes], Event],
                   state: Mapping[StateKey, bytes], restricted: bool) -> Verdict:
@@ -289,6 +309,12 @@ class OrderBans:
             if readers is None:
                 readers = self._readers[key] = set()
             readers.add(event_id)
+        if verdict.key is not None:
+            setters = self._setters.get(verdict.key)
+            if setters is None:
+                setters = self._setters[verdict.key] = set()
+            setters.add(event_id)
+            self._set_keys[event_id] = verdict.key
         if verdict.reason is not None:
             self._excluded.add(event_id)
         if verdict.restricts:
@@ -305,6 +331,12 @@ class OrderBans:
                     readers.discard(event_id)
                     if not readers:
                         del self._readers[key]
+        key = self._set_keys.pop(event_id, None)
+        if key is not None:
+            setters = self._setters[key]
+            setters.discard(event_id)
+            if not setters:
+                del self._setters[key]
         self._excluded.discard(event_id)
         self._restricting.discard(event_id)
 
@@ -375,7 +407,113 @@ class OrderBans:
         return reason
 
 
-def _new_sets(differ: dict[StateKey, bytes | None], state: dict[StateKey, bytes],
+class _Positions:
+    """Positions in the old tail from `start` on, by id; the index is built on first use
+    (an insertion into a long tail is matched position by position and never needs it)."""
+
+    __slots__ = ("_old", "_start", "_index")
+
+    def __init__(self, old: tuple[bytes, ...], start: int) -> None:
+        self._old, self._start = old, start
+        self._index: dict[bytes, int] | None = None
+
+    def get(self, event_id: bytes, default: int) -> int:
+        if self._index is None:
+            self._index = dict(zip(self._old[self._start:], range(self._start, len(self._old))))
+        return self._index.get(event_id, default)
+
+    def any_from(self, ids: Iterable[bytes], at: int) -> bool:
+        """True if one of `ids` sits in the old tail at `at` or later (`at` >= start)."""
+        wanted = list(ids)
+        if self._index is None and len(wanted) <= POSITIONS_SCAN_LIMIT:
+            # A few ids are looked for in C, without building the index (a join inserted
+            # into a long tail has its author's events, if any, as the readers of its key).
+            return any(_find(self._old, i, at, len(self._old)) >= 0 for i in wanted)
+        return any(self.get(i, -1) >= at for i in wanted)
+
+
+def _find(ids: tuple[bytes, ...], event_id: bytes, start: int, stop: int) -> int:
+    """Position of `event_id` in ids[start:stop] (scanned in C), -1 if absent."""
+    try:
+        return ids.index(event_id, start, stop)
+    except ValueError:
+        return -1
+
+
+class _StateAt(MutableMapping[StateKey, bytes]):
+    """The order state at a point of the old tail, without copying it: `base` (the state
+    after the confirmed prefix) updated by the old tail's sets in [start, stop), then by
+    what the walk writes.
+
+    A key is answered by its setters in the tail (`setters`, usually none or one, each
+    found by a scan in C), else by `base`; `base` is never written. Iterating (the
+    rare verdict that reads the whole state) builds the copy once.
+    """
+
+    __slots__ = ("_base", "_setters", "_old", "_sets", "_start", "_stop", "_skip", "_own",
+                 "_whole")
+
+    def __init__(self, base: Mapping[StateKey, bytes], setters: Mapping[StateKey, set[bytes]],
+                 old: tuple[bytes, ...], sets: Sequence[tuple[StateKey, bytes] | None],
+                 start: int, stop: int, skip: set[bytes]) -> None:
+        self._base, self._setters, self._old, self._sets = base, setters, old, sets
+        self._start, self._stop = start, stop
+        self._skip = skip  # setters known not to be in old[start:stop] (judged since)
+        self._own: dict[StateKey, bytes] = {}  # written by the walk
+        self._whole: dict[StateKey, bytes] | None = None
+
+    def _lookup(self, key: StateKey) -> bytes | None:
+        if self._whole is not None:
+            return self._whole.get(key)
+        value = self._own.get(key)
+        if value is not None:
+            return value
+        best = -1
+        for event_id in self._setters.get(key, ()):
+            if event_id in self._skip:
+                continue
+            at = _find(self._old, event_id, self._start, self._stop)
+            if at > best and (entry := self._sets[at]) is not None and entry[0] == key:
+                best = at
+        return self._base.get(key) if best < 0 else self._old[best]
+
+    def get(self, key: StateKey, default: bytes | None = None) -> bytes | None:  # type: ignore[override]
+        value = self._lookup(key)
+        return default if value is None else value
+
+    def __contains__(self, key: object) -> bool:
+        return self._lookup(key) is not None  # type: ignore[arg-type]
+
+    def __getitem__(self, key: StateKey) -> bytes:
+        value = self._lookup(key)
+        if value is None:
+            raise KeyError(key)
+        return value
+
+    def __setitem__(self, key: StateKey, value: bytes) -> None:
+        if self._whole is not None:
+            self._whole[key] = value
+        self._own[key] = value
+
+    def __delitem__(self, key: StateKey) -> None:
+        raise TypeError("the order state is only ever set")
+
+    def _materialised(self) -> dict[StateKey, bytes]:
+        if self._whole is None:
+            whole = dict(self._base)
+            whole.update(filter(None, self._sets[self._start:self._stop]))
+            whole.update(self._own)
+            self._whole = whole
+        return self._whole
+
+    def __iter__(self) -> Iterator[StateKey]:
+        return iter(self._materialised())
+
+    def __len__(self) -> int:
+        return len(self._materialised())
+
+
+def _new_sets(differ: dict[StateKey, bytes | None], state: MutableMapping[StateKey, bytes],
               key: StateKey, event_id: bytes) -> None:
     """The new sequence sets `key`: keep `differ` (key -> the old value) true."""
     if key in differ:

@@ -143,6 +143,9 @@ def _run(seed: int) -> int:
         fresh.advance(confirmed, feed.tail, get)
         assert fast._tail_verdicts == fresh._tail_verdicts, f"seed {seed}, step {step}"
         assert (fast._state, fast._restricted) == (fresh._state, fresh._restricted)
+        # the state at a point of the tail is read through this index (`_StateAt`)
+        for event_id, entry in zip(fast._tail, fast._tail_sets):
+            assert entry is None or event_id in fast._setters[entry[0]], f"seed {seed}"
         excluded += len(expected[0]) - expected[0].count(None) + len(feed.tail) - len(expected[1])
     return excluded
 

@@ -65,6 +65,7 @@ from transport.sim.adversary import (
     BannedWriter,
     outsider_frames,
 )
+from transport.sim.gc_quiet import quiet_gc
 from transport.sim.network import Due, Network, ring_with_chords
 from transport.sim.scenario import DEFAULT_INDEXERS, LIVENESS_BOUND_MS, Scenario
 from transport.sim.simnode import SimNode, seed_bytes
@@ -305,10 +306,11 @@ class Cluster:
     def run(self) -> Summary:
         """Fault phase, heal, liveness phase, checks; returns the summary (raises on failure)."""
         started = time.perf_counter()
-        end = self.fault_phase_end()
-        self.run_until(end)
-        self.heal(clean=not self.scenario.lossy_liveness)
-        converged_at = self.run_to_convergence(self.scenario.liveness_bound_ms)
+        with quiet_gc():  # the world is built: freeze it (transport.sim.gc_quiet)
+            end = self.fault_phase_end()
+            self.run_until(end)
+            self.heal(clean=not self.scenario.lossy_liveness)
+            converged_at = self.run_to_convergence(self.scenario.liveness_bound_ms)
         self.close_logs()
         self.check(converged_at is not None)
         return self.summary(end, converged_at, time.perf_counter() - started)

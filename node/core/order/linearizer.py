@@ -304,8 +304,15 @@ class Linearizer:
 
 
 def _shared_prefix(a: tuple[bytes, ...], b: tuple[bytes, ...]) -> int:
-    length = min(len(a), len(b))
-    for i in range(length):
-        if a[i] != b[i]:
-            return i
-    return length
+    """Length of the longest common prefix, by slice comparisons (C speed, logarithmic
+    steps): after each confirmation it spans the whole tail, a thousand ids at 1000 nodes."""
+    low, high = 0, min(len(a), len(b))
+    if a[:high] == b[:high]:
+        return high
+    while low < high:  # the prefix is at least low and at most high long
+        middle = (low + high + 1) // 2
+        if a[low:middle] == b[low:middle]:
+            low = middle
+        else:
+            high = middle - 1
+    return low

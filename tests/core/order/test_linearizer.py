@@ -112,3 +112,20 @@ def test_adding_a_node_twice_is_a_no_op_and_reusing_an_id_is_an_error():
     with pytest.raises(OrderError, match="without seq 1"):
         linearizer.add(node("a2", "a0"))
     assert full(linearizer) == ["a0"]  # failed adds left nothing behind
+
+
+def test_shared_prefix_by_slices_matches_the_element_loop():
+    import random
+
+    from node.core.order.linearizer import _shared_prefix
+
+    def loop(a, b):
+        n = min(len(a), len(b))
+        return next((i for i in range(n) if a[i] != b[i]), n)
+
+    rng = random.Random(7)
+    for _ in range(3_000):
+        a = tuple(bytes([rng.randrange(3)]) for _ in range(rng.randrange(30)))
+        b = a[:rng.randrange(len(a) + 1)] + tuple(bytes([rng.randrange(3)])
+                                                  for _ in range(rng.randrange(10)))
+        assert _shared_prefix(a, b) == loop(a, b) == _shared_prefix(b, a)

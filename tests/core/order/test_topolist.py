@@ -1,10 +1,12 @@
 """The tentative order: Kahn's algorithm, smallest (writer, seq) first, kept incrementally."""
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from node.core.order import topolist
 from node.core.order.topolist import TopoList, kahn
-from node.core.order.values import sort_key
+from node.core.order.values import OrderNode, sort_key
 
 from .dag import names, node
 
@@ -55,3 +57,47 @@ def test_incremental_insertion_is_kahn_and_reports_the_shared_prefix(dag):
         assert names(topo.snapshot()) == order_of(*seen)
         after = topo.snapshot()
         assert before[:position] == after[:position] and after[position] == n.id
+
+
+def _reference_insert(ids: list[bytes], keys: dict[bytes, tuple], new: bytes,
+                      deps: tuple[bytes, ...]) -> int:
+    """The scan as first written (a Python loop): the fast path must place nodes the same."""
+    position = max((ids.index(dep) + 1 for dep in set(deps)), default=0)
+    while position < len(ids) and not keys[new] < keys[ids[position]]:
+        position += 1
+    return position
+
+
+@pytest.mark.parametrize("block", [1, 3, topolist.TOPO_BLOCK])
+def test_insertion_matches_the_reference_scan_on_wide_seeded_dags(block, monkeypatch):
+    # A join storm in miniature: many writers, most nodes referencing a few old ones,
+    # so new nodes land anywhere in a long tail (what the blocks were built for); small
+    # blocks split often.
+    import random
+
+    monkeypatch.setattr(topolist, "TOPO_BLOCK", block)
+    for seed in range(20):
+        rng = random.Random(seed)
+        by_id: dict[bytes, OrderNode] = {}
+        tips: dict[bytes, bytes] = {}
+        topo = TopoList(lambda i: sort_key(by_id[i]))
+        reference: list[bytes] = []
+        reference_keys: dict[bytes, tuple] = {}
+        for step in range(250):
+            writer = b"w%02d" % rng.randrange(40)
+            deps = set(rng.sample(sorted(by_id), min(len(by_id), rng.randrange(4))))
+            if writer in tips:
+                deps.add(tips[writer])
+            seq = by_id[tips[writer]].seq + 1 if writer in tips else 0
+            new = OrderNode(b"%s-%d-%d" % (writer, seq, step), writer, seq, tuple(sorted(deps)))
+            by_id[new.id] = new
+            tips[writer] = new.id
+            reference_keys[new.id] = sort_key(new)
+            expected = _reference_insert(reference, reference_keys, new.id, new.deps)
+            reference.insert(expected, new.id)
+            assert topo.insert(new.id, new.deps) == expected, (seed, step)
+            if step % 50 == 49:  # a rebuild (as after a confirmation) keeps the same list
+                topo.rebuild(list(topo), lambda i: by_id[i].deps)
+        assert list(topo) == reference and topo.snapshot() == tuple(reference)
+        assert len(topo) == len(reference)
+        assert reference == kahn(by_id, lambda i: by_id[i].deps, lambda i: sort_key(by_id[i]))
