@@ -83,6 +83,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, MutableMappin
 from dataclasses import dataclass
 
 from node.core.event import Event
+from node.core.order.linearizer import common_prefix
 from node.state.auth_rules import auth_types_for_event, check_auth
 from node.state.restrictive import restricts
 from node.state.types import (
@@ -535,21 +536,6 @@ def _old_sets(differ: dict[StateKey, bytes | None], state: Mapping[StateKey, byt
 
 def _reads_any(reads: Reads, keys: Mapping[StateKey, object]) -> bool:
     return reads is _READS_ALL or not keys.keys().isdisjoint(reads)
-
-
-def common_prefix(a: Sequence[bytes], b: Sequence[bytes]) -> int:
-    """Length of the longest common prefix of two tuples (or two lists: slices compare
-    by type), found by slice comparisons: C speed, logarithmically many steps."""
-    low, high = 0, min(len(a), len(b))
-    if a[:high] == b[:high]:
-        return high
-    while low < high:  # the prefix is at least low and at most high long
-        middle = (low + high + 1) // 2
-        if a[low:middle] == b[low:middle]:
-            low = middle
-        else:
-            high = middle - 1
-    return low
 
 
 def _common_suffix(a: Sequence[bytes], b: Sequence[bytes], limit: int) -> int:

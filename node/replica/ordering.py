@@ -97,7 +97,8 @@ from node.core.event import ID_BYTES as _ID_BYTES
 from node.core.event import Event
 from node.core.graph import Graph
 from node.core.order import Linearizer, OrderNode, OrderUpdate
-from node.replica.order_bans import OrderBans, common_prefix
+from node.core.order.linearizer import common_prefix
+from node.replica.order_bans import OrderBans
 from node.replica.order_duties import OrderDuties
 from node.replica.order_records import OrderRecords
 from node.replica.order_views import OrderStatus

@@ -17,7 +17,8 @@ from __future__ import annotations
 import random
 
 from node.core.event import Event
-from node.replica.order_bans import OrderBans, _common_suffix, common_prefix
+from node.core.order.linearizer import common_prefix
+from node.replica.order_bans import OrderBans, _common_suffix
 from tests.state.builder import Graph, create, join_rules, member, message, power, topic
 
 SEEDS = range(40)

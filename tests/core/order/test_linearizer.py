@@ -117,7 +117,7 @@ def test_adding_a_node_twice_is_a_no_op_and_reusing_an_id_is_an_error():
 def test_shared_prefix_by_slices_matches_the_element_loop():
     import random
 
-    from node.core.order.linearizer import _shared_prefix
+    from node.core.order.linearizer import common_prefix
 
     def loop(a, b):
         n = min(len(a), len(b))
@@ -128,4 +128,4 @@ def test_shared_prefix_by_slices_matches_the_element_loop():
         a = tuple(bytes([rng.randrange(3)]) for _ in range(rng.randrange(30)))
         b = a[:rng.randrange(len(a) + 1)] + tuple(bytes([rng.randrange(3)])
                                                   for _ in range(rng.randrange(10)))
-        assert _shared_prefix(a, b) == loop(a, b) == _shared_prefix(b, a)
+        assert common_prefix(a, b) == loop(a, b) == common_prefix(b, a)
