@@ -485,13 +485,14 @@ class TopicTree:
         """
         asks: dict[PeerId, list[bytes]] = {}
         parent = self._parent
+        whole = parent is not None and not self.broken(now_ms)  # (the same for every id)
         for event_id in [i for i, a in self._awaited.items() if a.due_ms <= now_ms]:
             awaited = self._awaited[event_id]
             if held(event_id) or not awaited.announcers:
                 del self._awaited[event_id]
                 continue
             awaited.due_ms = now_ms + self.graft_timeout_ms
-            if not awaited.parent_asked and parent is not None and not self.broken(now_ms):
+            if whole and not awaited.parent_asked:
                 awaited.parent_asked = True
                 asks.setdefault(parent, []).append(event_id)
                 continue
