@@ -73,10 +73,7 @@ def run_path(scenario: Scenario, path: str) -> dict[str, Any]:
     scenario = replace(scenario, push=path != "none", tree=path == "tree")
     started = time.perf_counter()
     cluster = Cluster.from_scenario(scenario)
-    end = cluster.fault_phase_end()
-    cluster.run_until(end)
-    cluster.heal(clean=not scenario.lossy_liveness)
-    converged_at = cluster.run_to_convergence(scenario.liveness_bound_ms)
+    end, converged_at = cluster.run_scenario_phases()
     cluster.check(converged_at is not None)  # raises (naming the replay) unless right
     out = figures(cluster, None if converged_at is None else converged_at - end)
     out["wall_s"] = round(time.perf_counter() - started, 1)

@@ -303,14 +303,19 @@ class Cluster:
             self.run_until(min(deadline, self.now_ms + CONVERGENCE_CHECK_MS))
         return self.now_ms if self.converged() else None
 
-    def run(self) -> Summary:
-        """Fault phase, heal, liveness phase, checks; returns the summary (raises on failure)."""
-        started = time.perf_counter()
+    def run_scenario_phases(self) -> tuple[int, int | None]:
+        """Fault phase, heal, liveness phase: (the fault phase's end, the time every node
+        had converged, None if not within the scenario's liveness bound)."""
         with quiet_gc():  # the world is built: freeze it (transport.sim.gc_quiet)
             end = self.fault_phase_end()
             self.run_until(end)
             self.heal(clean=not self.scenario.lossy_liveness)
-            converged_at = self.run_to_convergence(self.scenario.liveness_bound_ms)
+            return end, self.run_to_convergence(self.scenario.liveness_bound_ms)
+
+    def run(self) -> Summary:
+        """Fault phase, heal, liveness phase, checks; returns the summary (raises on failure)."""
+        started = time.perf_counter()
+        end, converged_at = self.run_scenario_phases()
         self.close_logs()
         self.check(converged_at is not None)
         return self.summary(end, converged_at, time.perf_counter() - started)
