@@ -92,7 +92,8 @@ PHASE_KEYS = ("bytes_received", "bytes_sent_push", "bytes_sent_ihave", "duplicat
 
 def phases(scenario: Scenario, path: str, count: int) -> list[dict[str, Any]]:
     """The steady state: `count` phases of `scenario.rounds` write rounds (and 1 s to settle)
-    in one authorized world, each phase's counters per node and per event.
+    in one authorized world, each phase's counters per node and per event (and the
+    phase's mean encoded event, `event_bytes`, as node 0 applied them).
 
     A short run measures mostly the start, where every link is eager and every
     node's join is a new source; the later phases show what the fast path costs
@@ -103,13 +104,18 @@ def phases(scenario: Scenario, path: str, count: int) -> list[dict[str, Any]]:
     s = replace(scenario, push=path != "none", tree=path == "tree")
     cluster = Cluster.built_for(s)  # every flag of the scenario, none of its schedule
     out = []
+    graph = cluster.members[0].replica.graph
     for _ in range(count):
         before, events_before = dict(cluster.totals()), len(cluster.event_ids(0))
+        delivered_before = graph.delivered_count
         cluster.write(rounds=s.rounds, writers=s.writers, round_ms=s.round_ms)
         cluster.run_until(cluster.fault_phase_end() + SETTLE_MS)
         totals, events = cluster.totals(), len(cluster.event_ids(0)) - events_before
         per = max(1, events * s.nodes)
-        out.append({"events": events} | {
+        sizes = [len(e.raw) for _, e in graph.deliveries(
+            delivered_before, graph.delivered_count - delivered_before)]
+        out.append({"events": events,
+                    "event_bytes": round(sum(sizes) / max(1, len(sizes)), 1)} | {
             key: round((totals.get(key, 0) - before.get(key, 0)) / per, 3) for key in PHASE_KEYS})
     return out
 
