@@ -15,8 +15,11 @@ inputs, of set iteration order, or of anything but the events). Event ids
 are digests of the events, so an id names the same event in every graph
 that holds it. The key here is the inputs themselves, compared exactly: the
 set of the state maps, each as a frozenset of its (key, event id) items - no
-digest that could collide. A call with two equal maps among its inputs is not
-memoised (the set would hide the repetition); a refused resolution
+digest that could collide. Two equal maps among the inputs count once: `resolve`
+gives the same answer with repeats (each key is unconflicted when it is in every
+input with one value, and the auth difference is a union minus an intersection,
+both blind to a repeat; `tests/state/test_resolution_properties.py` pins it),
+and distinct groups often hold equal maps. A refused resolution
 (`AuthChainTooLarge`) is not memoised here either (the tracker remembers
 refusals itself). The result is copied out, so no caller can change what
 another one gets.
@@ -76,8 +79,6 @@ class ResolutionMemo:
         the same function for every call on one memo.
         """
         key: Key = frozenset(frozenset(state.items()) for state in state_sets)
-        if len(key) != len(state_sets):  # two equal maps: the set would hide one
-            return resolver(state_sets, source)
         found = self._entries.get(key)
         if found is not None:
             self.hits += 1
