@@ -229,8 +229,8 @@ class StateGroups:
                 best = (size, gid)
         base_gid = EMPTY_GROUP if best is None else best[1]
         base = self.load(base_gid)
-        changes: dict[StateKey, bytes | None] = {k: v for k, v in state.items() if base.get(k) != v}
-        changes.update({k: None for k in base if k not in state})
+        changes: dict[StateKey, bytes | None] = dict(state.items() - base.items())
+        changes.update(dict.fromkeys(base.keys() - state.keys()))
         return self.derive(base_gid, changes)
 
     def _allocate(self) -> int:
@@ -314,7 +314,7 @@ def _entries(state: Mapping[StateKey, bytes]) -> list[Change]:
 
 
 def _difference_size(a: Mapping[StateKey, bytes], b: Mapping[StateKey, bytes]) -> int:
-    if len(a) > len(b):
-        a, b = b, a
-    shared = sum(1 for k, v in a.items() if b.get(k) == v)
+    # The items both hold, intersected in C (keys and ids are hashable): a merge of a
+    # thousand-member topic compares thousands of items per candidate.
+    shared = len(a.items() & b.items())
     return len(a) + len(b) - 2 * shared

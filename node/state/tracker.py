@@ -10,7 +10,9 @@ application order); `StateTracker.apply` follows it, event by event:
    state group, that group is reused as is (a chain of messages costs a dict
    lookup); otherwise the parents' states are resolved with state resolution
    v2 (`node.state.resolve`), memoised per set of input groups (in memory and
-   on disk), so a merge of the same forks is resolved once, ever.
+   on disk), so a merge of the same forks is resolved once, ever; and by the
+   exact input maps across the trackers of one process
+   (`node.state.resolution_memo`), so replicas meeting one merge resolve it once.
 2. **Authorization.** Matrix checks a received event three times: against its
    auth events (spec step 4: reject), against the state before it (step 5:
    reject) and against the server's current state (step 6: "soft fail").
@@ -69,7 +71,9 @@ from node.core.event import Event
 from node.core.store import DamagedTopicError
 from node.state.auth_chain import AuthChainTooLarge
 from node.state.auth_rules import EventFields, check_auth, check_auth_refs, select_auth_refs
+from node.state import resolution_memo
 from node.state.resolution import resolve
+from node.state.resolution_memo import ResolutionMemo
 from node.state.store import EMPTY_GROUP, EventState, StateGroups
 from node.state.types import (
     TYPE_CREATE,
@@ -107,9 +111,14 @@ class GraphView(Protocol):
 class StateTracker:
     """State before/after every applied event of one topic, and the current state."""
 
-    def __init__(self, graph: GraphView, groups: StateGroups) -> None:
+    def __init__(self, graph: GraphView, groups: StateGroups,
+                 memo: ResolutionMemo | None = None) -> None:
         self.graph = graph
         self.groups = groups
+        # Resolutions by their exact inputs, shared by every tracker of the process
+        # unless one is given (node.state.resolution_memo): replicas that meet the
+        # same merge resolve it once between them.
+        self._memo = resolution_memo.SHARED if memo is None else memo
         self.stats: Counter[str] = Counter()
         self._verdicts: OrderedDict[tuple, AuthReason | None] = OrderedDict()
         self._verdict_cache_size = VERDICT_CACHE_SIZE  # a node's cache budget may shrink it
@@ -182,7 +191,7 @@ class StateTracker:
             raise StateResolutionError(refused)
         self.stats["resolutions"] += 1
         try:
-            resolved = resolve([self.groups.load(g) for g in gids], self.graph)
+            resolved = self._memo.resolve([self.groups.load(g) for g in gids], self.graph, resolve)
         except AuthChainTooLarge as error:
             self._unresolvable[key] = str(error)
             if len(self._unresolvable) > UNRESOLVABLE_CACHE_SIZE:

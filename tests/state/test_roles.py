@@ -56,3 +56,24 @@ def test_banned_and_departed_members_hold_no_role(base: Graph) -> None:
     roles = roles_at(base, head)
     assert (roles["bob"], roles["alice"]) == (Role.NONE, Role.NONE)
     assert indexers(base.state_after[head], base.source) == frozenset()
+
+
+def test_indexers_read_only_listed_users_as_every_member_would() -> None:
+    # The shortcut (only users listed at or above indexer_level are candidates) against
+    # the definition (every member's role), on the states of seeded random topics.
+    import random
+
+    from node.state.types import TYPE_MEMBER, is_user_id
+    from node.state.view import StateView
+    from tests.state.test_resolution_properties import build_forks, random_plan
+
+    rng = random.Random(11)
+    for _ in range(40):
+        graph = build_forks(random_plan(rng), tick_ms=0)
+        for state in graph.state_after.values():
+            users = {k for (kind, k) in state if kind == TYPE_MEMBER and is_user_id(k)}
+            creator = StateView(state, graph.source).creator()
+            users |= {creator} if creator is not None else set()
+            expected = frozenset(bytes.fromhex(u) for u in users
+                                 if role_of(bytes.fromhex(u), state, graph.source) is Role.INDEXER)
+            assert indexers(state, graph.source) == expected

@@ -27,6 +27,8 @@ from node.state import resolve
 from node.state.auth_rules import EventFields, select_auth_refs
 from node.state.store import MAX_ENTRIES_PER_RECORD, StateGroups
 from node.state.auth_chain import AuthChainTooLarge
+from node.state import resolution_memo
+from node.state.resolution_memo import ResolutionMemo
 from node.state.tracker import StateResolutionError
 from node.state.types import AuthReason, StateKey
 from storage.lmdb_store import LmdbStore
@@ -246,6 +248,8 @@ def test_unresolvable_forks_are_read_as_the_greatest_heads_state_and_tried_once(
 ) -> None:
     """Reads fall back as `_process` does; a refused input set is not resolved again."""
     graph, _ = scenarios.ban_vs_pl(topic_builder)
+    # Resolutions other tests made of these same states are remembered process-wide.
+    monkeypatch.setattr(resolution_memo, "SHARED", ResolutionMemo())
     # Soft fail off: it reads the current state on receipt, which would resolve
     # the heads before the test refuses resolution.
     replica = Replica(MemoryStore(), graph.topic_id, identity("observer"),

@@ -67,6 +67,10 @@ class Linearizer:
         self._nodes: dict[bytes, OrderNode] = {}
         self._keys: dict[bytes, SortKey] = {}
         self._aside: dict[bytes, OrderNode] = {}  # relayed, not referenced yet
+        # Unconfirmed node -> the unconfirmed nodes depending on it: what a
+        # confirmation frees, so the tail is reordered from its old order
+        # (`TopoList.remove`) instead of rebuilt.
+        self._children: dict[bytes, list[bytes]] = {}
         # The confirmed prefix as packed (lane, seq) positions, 8 bytes a node:
         # ids are read back through the index (which may keep them on disk).
         self._confirmed = PagedInts()
@@ -232,6 +236,10 @@ class Linearizer:
         self._consensus.add(node)
         is_confirmed = self.is_confirmed
         open_deps = [dep for dep in node.deps if not is_confirmed(dep)]
+        children = self._children
+        for dep in open_deps:
+            children[dep].append(node.id)
+        children[node.id] = []
         return self._tentative.insert(node.id, open_deps)
 
     def _settle(self, before: tuple[bytes, ...], rewind: int) -> OrderUpdate:
@@ -242,8 +250,9 @@ class Linearizer:
             pass
         appended = tuple(appended_ids)
         if appended:
-            remaining = [n for n in self._tentative if n in self._nodes]
-            self._tentative.rebuild(remaining, self._deps_of)
+            self._tentative.remove(set(appended), self._deps_of, self._children_of)
+            for node_id in appended:
+                del self._children[node_id]
             rewind = common_prefix(before, appended + self.tentative)
         return OrderUpdate(appended, self.tentative, confirmed_before + rewind)
 
@@ -301,6 +310,9 @@ class Linearizer:
 
     def _deps_of(self, node_id: bytes) -> tuple[bytes, ...]:
         return self._nodes[node_id].deps
+
+    def _children_of(self, node_id: bytes) -> list[bytes]:
+        return self._children[node_id]
 
 
 def common_prefix(a: Sequence[bytes], b: Sequence[bytes]) -> int:

@@ -101,3 +101,80 @@ def test_insertion_matches_the_reference_scan_on_wide_seeded_dags(block, monkeyp
         assert list(topo) == reference and topo.snapshot() == tuple(reference)
         assert len(topo) == len(reference)
         assert reference == kahn(by_id, lambda i: by_id[i].deps, lambda i: sort_key(by_id[i]))
+
+
+def _past(by_id: dict[bytes, OrderNode], anchor: bytes, listed: set[bytes]) -> set[bytes]:
+    """The anchor and its listed ancestors: a set closed under dependencies (a batch)."""
+    past, stack = {anchor}, [anchor]
+    while stack:
+        for dep in by_id[stack.pop()].deps:
+            if dep in listed and dep not in past:
+                past.add(dep)
+                stack.append(dep)
+    return past
+
+
+@pytest.mark.parametrize("block", [1, 3, topolist.TOPO_BLOCK])
+def test_removing_a_confirmed_batch_gives_kahn_over_the_rest(block, monkeypatch):
+    # Seeded wide DAGs, as a tail under confirmations: nodes arrive, and now and then
+    # the past of a random listed node leaves (confirmed); `remove` must leave exactly
+    # the list `kahn` builds from scratch over what remains.
+    import random
+
+    monkeypatch.setattr(topolist, "TOPO_BLOCK", block)
+    for seed in range(30):
+        rng = random.Random(seed)
+        by_id: dict[bytes, OrderNode] = {}
+        tips: dict[bytes, bytes] = {}
+        children: dict[bytes, list[bytes]] = {}
+        topo = TopoList(lambda i: sort_key(by_id[i]))
+        writers = rng.choice([3, 10, 40])
+        for step in range(300):
+            listed = set(topo)
+            writer = b"w%02d" % rng.randrange(writers)
+            pool = sorted(listed) if listed and rng.random() < 0.9 else sorted(by_id)
+            deps = set(rng.sample(pool, min(len(pool), rng.randrange(1, 4)))) if pool else set()
+            if writer in tips:
+                deps.add(tips[writer])
+            seq = by_id[tips[writer]].seq + 1 if writer in tips else 0
+            new = OrderNode(b"%s-%d-%d" % (writer, seq, step), writer, seq, tuple(sorted(deps)))
+            by_id[new.id] = new
+            tips[writer] = new.id
+            open_deps = [d for d in new.deps if d in listed]
+            for dep in open_deps:
+                children[dep].append(new.id)
+            children[new.id] = []
+            topo.insert(new.id, open_deps)
+            if rng.random() < 0.08 and len(topo) > 1:
+                listed = set(topo)
+                gone: set[bytes] = set()
+                for anchor in rng.sample(sorted(listed), rng.randint(1, 2)):
+                    gone |= _past(by_id, anchor, listed)
+                rest = listed - gone
+                topo.remove(gone, lambda i: by_id[i].deps, children.__getitem__)
+                expected = kahn(rest, lambda i: by_id[i].deps, lambda i: sort_key(by_id[i]))
+                assert list(topo) == expected and topo.snapshot() == tuple(expected), (seed, step)
+                assert len(topo) == len(expected)
+                for node_id in gone:
+                    del children[node_id]
+        # Insertion after removals still agrees with the reference.
+        listed = set(topo)
+        assert list(topo) == kahn(listed, lambda i: by_id[i].deps, lambda i: sort_key(by_id[i]))
+
+
+@settings(max_examples=150, deadline=None)
+@given(dags(), st.data())
+def test_remove_is_kahn_over_the_rest_on_random_dags(dag, data):
+    by_id = {n.id: n for n in dag}
+    topo = TopoList(lambda i: sort_key(by_id[i]))
+    children: dict[bytes, list[bytes]] = {n.id: [] for n in dag}
+    for n in dag:
+        topo.insert(n.id, n.deps)
+        for dep in n.deps:
+            children[dep].append(n.id)
+    anchor = data.draw(st.sampled_from([n.id for n in dag]))
+    listed = set(by_id)
+    gone = _past(by_id, anchor, listed)
+    topo.remove(gone, lambda i: by_id[i].deps, children.__getitem__)
+    rest = listed - gone
+    assert list(topo) == kahn(rest, lambda i: by_id[i].deps, lambda i: sort_key(by_id[i]))
