@@ -41,9 +41,13 @@ from node.state.resolution import resolve
 from node.state.types import EventSource, StateKey, StateMap
 
 # Items (state keys of the input maps plus those of the result) held by one
-# memo: about 100 bytes each, so some 200 MB at most. A thousand-member
-# merge of two forks is about 3,000 items; the oldest entries go first.
-RESOLUTION_MEMO_ITEMS = 2_000_000
+# memo: about 100 bytes each, so some 5 MB at most in a node. A thousand-member
+# merge of two forks is about 3,000 items; the oldest entries go first. A node
+# holds one replica per topic, and its tracker remembers its own merges
+# (`StateGroups.memo`), so a node gains little from more; the simulator, whose
+# thousand replicas meet the same merges, raises the bound for its process
+# (`transport.sim.world.SIM_RESOLUTION_MEMO_ITEMS`).
+RESOLUTION_MEMO_ITEMS = 50_000
 
 Key = frozenset[frozenset[tuple[StateKey, bytes]]]
 Resolver = Callable[[Sequence[StateMap], EventSource], dict[StateKey, bytes]]

@@ -44,6 +44,7 @@ from node.core.peer_policy import Abort, Banned, PeerPolicy, Redial
 from node.replica.ordering import OrderConfig
 from node.replica.replica import Replica, ReplicaConfig
 from node.state.actions import power_levels_content
+from node.state import resolution_memo
 from node.state.power_levels import CREATOR_LEVEL
 from node.state.types import (
     HISTORY_SHARED,
@@ -83,6 +84,12 @@ JOIN_RETRY_MS = 1_000  # an invitee that holds nothing yet (or an outsider) asks
 _DELIVER, _TICK, _ROUND = int(Due.DELIVER), int(Due.TICK), int(Due.ROUND)
 _CRASH, _RESTART = int(Due.CRASH), int(Due.RESTART)
 
+# The process-wide memo of state resolutions (node.state.resolution_memo) holds this
+# many items while a world runs here (about 200 MB at most): a world's replicas all
+# meet the same merges, the join storm's above all, and with a node's bound the
+# 1000-node world resolved them again replica after replica.
+SIM_RESOLUTION_MEMO_ITEMS = 2_000_000
+
 
 class Cluster:
     """n replicas of one topic over a simulated network on a virtual clock."""
@@ -108,6 +115,8 @@ class Cluster:
         if banned_writer is not None and (not authorization or n < 2
                                           or n - 1 < min(indexers, n)):
             raise ValueError("a banned writer needs authorization and a non-indexer member")
+        memo = resolution_memo.SHARED  # (a cache of pure results: no effect on the run)
+        memo.max_items = max(memo.max_items, SIM_RESOLUTION_MEMO_ITEMS)
         self.seed = seed
         self.rng = random.Random(seed)
         self.network = Network(self.rng, loss=loss, duplicate=duplicate, reorder=reorder,
