@@ -276,3 +276,18 @@ def test_regression_seed_where_the_old_timers_wrote_several_dummies():
     after = run_scenario(scenario)
     assert after.dummies < before.dummies
     assert after.tick_mean_width <= WIDTH_BOUND
+
+
+def test_in_the_authorized_world_the_width_is_also_measured_from_the_end_of_the_join_storm():
+    """Every member's join is concurrent with the others' (width near n, whatever
+    depletion does): the summary also gives the tick width from when each member held
+    an event of every member, and when the last one did. A read-only measure: the
+    100-node world's digest is main's (edfb3011 at seed 1, 1000-4000 ms partition)."""
+    summary = run_scenario(replace(SMALL, authorization=True))
+    assert summary.converged
+    assert summary.joins_held_ms is not None and summary.joins_held_ms < 1_000
+    assert summary.tick_mean_width_after_joins is not None
+    assert summary.tick_mean_width_after_joins <= WIDTH_BOUND
+    assert summary.tick_mean_width_after_joins < summary.tick_mean_width
+    unauthorized = run_scenario(replace(SMALL, nodes=20))
+    assert unauthorized.tick_mean_width_after_joins is None  # (no joins in the pure graph)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from node.core.event import KIND_DUMMY
 from transport.sim.adversary import BannedWriter
@@ -57,6 +57,11 @@ class Summary:
     tick_mean_width: float = 0.0
     max_width: int = 0
     real_events: int = 0  # events in the topic that are not dummies (joins, acks, writes)
+    # The same tick width, counted only from when each member held an event of every
+    # member (the join storm over there; authorized worlds), and when the last member
+    # got there (None: not every member did).
+    tick_mean_width_after_joins: float | None = None
+    joins_held_ms: int | None = None
 
     @property
     def dummies_per_write(self) -> float:
@@ -79,7 +84,10 @@ class Summary:
             f"mean width {self.mean_width:.2f}; wall {self.wall_s:.2f} s; digest {self.digest}",
             f"depletion: {self.dummies} dummies, {self.dummies_per_write:.2f} per written event, "
             f"{self.dummies_per_real_event:.3f} per real event ({self.real_events}); width "
-            f"per tick mean {self.tick_mean_width:.2f}, max {self.max_width}",
+            f"per tick mean {self.tick_mean_width:.2f}, max {self.max_width}"
+            + ("" if self.tick_mean_width_after_joins is None else
+               f"; from each member holding every join (all by {self.joins_held_ms} ms) "
+               f"mean {self.tick_mean_width_after_joins:.2f}"),
             f"order: {self.confirmed} confirmed, {self.acks} acks; {self.bans} bans",
         ] + ([f"banned writer: {self.banned_writes[0]} writes concurrent with its ban, "
               f"{self.banned_writes[1]} after it; {self.excluded} excluded from the order, "
@@ -98,6 +106,7 @@ class World(Protocol):
     authorization: bool
     created: list[bytes]
     width_samples: list[float]
+    joins_held: dict[int, tuple[int, int, int]]
     bans: list[tuple[int, str]]
     banned: BannedWriter | None
 
@@ -151,4 +160,16 @@ def summarise(cluster: World, fault_end: int, converged_at: int | None,
         tick_mean_width=round(totals.get("width_tick_sum", 0)
                               / max(totals.get("width_ticks", 0), 1), 3),
         max_width=max((n.engine.stats["width_max"] for n in nodes), default=0),
-        real_events=real)
+        real_events=real, **_after_joins(cluster))
+
+
+def _after_joins(cluster: World) -> dict[str, Any]:
+    """The tick width from each member's end of the join storm (`Summary`), if all got there."""
+    held = cluster.joins_held
+    members = cluster.members
+    if not cluster.authorization or any(n.index not in held for n in members):
+        return {}
+    width_sum = sum(n.engine.stats["width_tick_sum"] - held[n.index][1] for n in members)
+    ticks = sum(n.engine.stats["width_ticks"] - held[n.index][2] for n in members)
+    return {"tick_mean_width_after_joins": round(width_sum / max(ticks, 1), 3),
+            "joins_held_ms": max(held[n.index][0] for n in members)}

@@ -192,6 +192,12 @@ class Cluster:
                                       self._open_log(log_dir, node_id), store,
                                       PeerPolicy(self.rng), member=i < n))
         self.members = self.nodes[:n]
+        # Per member, once it holds an event of every member (every join: the join
+        # storm is over there): (when, its engine's width_tick_sum, width_ticks) then.
+        # The width depletion bounds is measured from there (`summary`): n concurrent
+        # joins hold every replica's width near n, whatever depletion does.
+        self.joins_held: dict[int, tuple[int, int, int]] = {}
+        self._member_keys = [node.identity.public_key for node in self.members]
         # Late members: invited at write round `late_round`; the full payloads each is sent.
         self.late_round = late_round
         self.late_payloads: dict[int, set[bytes]] = {i: set() for i in range(n - late, n)}
@@ -387,6 +393,8 @@ class Cluster:
         if self.invite and not node.replica.ready and at >= node.next_join_ms:
             self._ask_to_join(node, at)
         self._apply(node, node.engine.tick(at))
+        if node.member and self.authorization and index not in self.joins_held:
+            self._note_joins_held(node, at)
         if self.banned is not None and index == self.banned.index and self.banned.due(at):
             self._banned_writes(self.banned)
         assert node.policy is not None
@@ -397,6 +405,13 @@ class Cluster:
             if made is not None:
                 self._apply(node, node.engine.on_publish(self.topic, made[0], at))
             self._observe(node)
+
+    def _note_joins_held(self, node: SimNode, at: int) -> None:
+        """Does `node` hold an event of every member yet? (`joins_held`; read only)"""
+        graph = node.replica.graph
+        if all(graph.author_latest_seq(key) is not None for key in self._member_keys):
+            stats = node.engine.stats
+            self.joins_held[node.index] = (at, stats["width_tick_sum"], stats["width_ticks"])
 
     def _ask_to_join(self, node: SimNode, at: int) -> None:
         """An invitee (or an outsider) that holds nothing of the topic asks its peers again.
