@@ -28,7 +28,8 @@ Rodrigues, "Epidemic Broadcast Trees", SRDS 2007) receives it about once:
   source is steady; a pause does not end a steady run at once, since every
   change of root moves parents). A node's parent is the link its first copy
   of a root event came by (or, if the root became the root after its latest
-  event came, the link that event came by first: `first_copies`). Once it has one (or is the root) it tells its
+  event came, the link that event came by first: `first_copies`). Once it
+  has one (or is the root) it tells its
   parent so (`Graft`) and every other peer that it is not their child
   (`Prune`), once each (`declarations`). A link is eager at a node if it
   leads to its parent, to a peer that named it its parent, or to a peer that

@@ -68,6 +68,19 @@ def _reference_insert(ids: list[bytes], keys: dict[bytes, tuple], new: bytes,
     return position
 
 
+def _write(by_id: dict[bytes, OrderNode], tips: dict[bytes, bytes], writer: bytes,
+           deps: set[bytes], step: int) -> OrderNode:
+    """`writer`'s next node on `deps` and its own previous node (a writer's nodes are a
+    chain), recorded in `by_id` and `tips`."""
+    if writer in tips:
+        deps.add(tips[writer])
+    seq = by_id[tips[writer]].seq + 1 if writer in tips else 0
+    new = OrderNode(b"%s-%d-%d" % (writer, seq, step), writer, seq, tuple(sorted(deps)))
+    by_id[new.id] = new
+    tips[writer] = new.id
+    return new
+
+
 @pytest.mark.parametrize("block", [1, 3, topolist.TOPO_BLOCK])
 def test_insertion_matches_the_reference_scan_on_wide_seeded_dags(block, monkeypatch):
     # A join storm in miniature: many writers, most nodes referencing a few old ones,
@@ -86,12 +99,7 @@ def test_insertion_matches_the_reference_scan_on_wide_seeded_dags(block, monkeyp
         for step in range(250):
             writer = b"w%02d" % rng.randrange(40)
             deps = set(rng.sample(sorted(by_id), min(len(by_id), rng.randrange(4))))
-            if writer in tips:
-                deps.add(tips[writer])
-            seq = by_id[tips[writer]].seq + 1 if writer in tips else 0
-            new = OrderNode(b"%s-%d-%d" % (writer, seq, step), writer, seq, tuple(sorted(deps)))
-            by_id[new.id] = new
-            tips[writer] = new.id
+            new = _write(by_id, tips, writer, deps, step)
             reference_keys[new.id] = sort_key(new)
             expected = _reference_insert(reference, reference_keys, new.id, new.deps)
             reference.insert(expected, new.id)
@@ -134,12 +142,7 @@ def test_removing_a_confirmed_batch_gives_kahn_over_the_rest(block, monkeypatch)
             writer = b"w%02d" % rng.randrange(writers)
             pool = sorted(listed) if listed and rng.random() < 0.9 else sorted(by_id)
             deps = set(rng.sample(pool, min(len(pool), rng.randrange(1, 4)))) if pool else set()
-            if writer in tips:
-                deps.add(tips[writer])
-            seq = by_id[tips[writer]].seq + 1 if writer in tips else 0
-            new = OrderNode(b"%s-%d-%d" % (writer, seq, step), writer, seq, tuple(sorted(deps)))
-            by_id[new.id] = new
-            tips[writer] = new.id
+            new = _write(by_id, tips, writer, deps, step)
             open_deps = [d for d in new.deps if d in listed]
             for dep in open_deps:
                 children[dep].append(new.id)
