@@ -28,15 +28,19 @@ Rodrigues, "Epidemic Broadcast Trees", SRDS 2007) receives it about once:
   source is steady; a pause does not end a steady run at once, since every
   change of root moves parents). A node's parent is the link its first copy
   of a root event came by (or, if the root became the root after its latest
-  event came, the link that event came by first: `first_copies`). Once it
-  has one (or is the root) it tells its
-  parent so (`Graft`) and every other peer that it is not their child
-  (`Prune`), once each (`declarations`). A link is eager at a node if it
-  leads to its parent, to a peer that named it its parent, or to a peer that
-  has not said yet (a new link: so the first root event floods, and reaches
-  each node by its fastest path). So once told, the eager links are the
-  parent links, which span, and each node receives one copy of each event
-  from whatever source. Duplicates prune nothing: the links follow the
+  event came, the link that event came by first: `first_copies`). Once it has
+  one (or is the root) it tells its parent so (`Graft`) and every other peer
+  that it is not their child (`Prune`), once each (`declarations`), but only
+  once the root has stayed the same for `ROOT_SETTLE_MS`: every node is a
+  source of its own join, so in a join storm each was the root of its own view
+  at first and pruned every link before the joins had spread. Until then the
+  links nobody declared stay eager, and news goes on enough of them to make
+  `forward_fanout`, as push does (`transport.dissemination`). A link is eager
+  at a node if it leads to its parent, to a peer that named it its parent, or
+  to a peer that has not said yet (a new link: so the first root event floods,
+  and reaches each node by its fastest path). So once told, the eager links
+  are the parent links, which span, and each node receives one copy of each
+  event from whatever source. Duplicates prune nothing: the links follow the
   parents. (Before, a duplicate of the root's pruned its link and a prune of
   the parent's was refused: links re-made eager by grafts and refusals kept
   carrying other sources' copies until a root copy came round, 0.17
@@ -75,8 +79,9 @@ flush is struck from what we announce to it (it holds it).
 
 `TopicTree` is pure state (no clock, no randomness, no IO): the engine hands
 it the time, the peers and each event's author, and sends what it returns.
-It remembers the last event time of the `MAX_SOURCES` most recently active
-authors (to pick the root).
+It remembers the last event time of at most `MAX_SOURCES` (+ `SOURCES_SLACK`)
+authors, to pick the root: when the table is cut, the sources that may be the
+root are kept (active, steady, the least keys), not the most recent.
 """
 
 from __future__ import annotations
@@ -117,9 +122,14 @@ MAX_IHAVE_IDS: Final = 256  # ids in one IHave; a fuller batch is flushed before
 MAX_MISSING_IDS: Final = 16_384  # announced ids awaited per topic (the oldest are forgotten)
 MAX_ANNOUNCERS: Final = 4  # announcers remembered per awaited id (each asked in turn)
 MAX_HEARD_IDS: Final = 4_096  # ids a peer announced to us since our last flush to it
-# Sources (event authors) whose last event time a topic keeps (to pick the root);
-# the least recently active is forgotten.
+# Sources (event authors) whose last event time a topic keeps (to pick the root).
 MAX_SOURCES: Final = 256
+# The table of sources grows this far past MAX_SOURCES before it is cut back to it
+# (a sort per cut, not per event). The cut keeps what may be the root: sources
+# still active, steady ones first, then those with a run of events, then the least
+# keys. (Forgetting the least recent, as before, forgot the root itself in a join
+# storm of more than MAX_SOURCES members, and the nodes' roots then differed.)
+SOURCES_SLACK: Final = MAX_SOURCES // 4
 # A source is active (may be the root) this long after its last event new here.
 # Long against the gaps of a steady writer, so nodes agree on the root; short
 # enough that a root gone quiet hands over before the tree has changed much.
@@ -140,6 +150,16 @@ ROOT_MIN_STREAK: Final = 8
 # two late. Only then may a child that brings the root's events first become our
 # parent (the root moved below us, `first_copy_from`).
 PARENT_SILENT_MS: Final = 2_000
+# The root changed here less than this ago: nothing is declared yet (no Graft, no
+# Prune), so every link not declared before stays eager. Every node counts itself
+# as a source, so in a join storm (n members joining at once, each writing its
+# join) every node was the root of its own view at first and pruned every link at
+# once: the joins then spread by announcements and timeouts only (200 nodes: every
+# member held every join 4.5 s after the storm, against 0.7 s by push; the
+# depletion dummies reached a handful of nodes each). The root settles once the
+# least key's event has come round; the tree then forms from its first copies.
+# Above the spread of one flood over a few hops; small against a topic's life.
+ROOT_SETTLE_MS: Final = 500
 # A parent we left because the tree above us broke or moved (or we became the root)
 # still gets our pushes this long, so that it can take us as its parent once it
 # sees itself broken (after PARENT_SILENT_MS), rather than be cut off.
@@ -162,18 +182,21 @@ class TopicTree:
     graft_timeout_ms: int = GRAFT_TIMEOUT_MS
     prune_after: int = PRUNE_AFTER_DUPLICATES
     me: bytes | None = None  # this node's key (the root may be us)
+    settle_ms: int = ROOT_SETTLE_MS
     _children: set[PeerId] = field(default_factory=set)  # peers that named us their parent
     _declined: set[PeerId] = field(default_factory=set)  # peers that said they are not our child
     _told: dict[PeerId, bool] = field(default_factory=dict)  # what we last told each: child or not
     _former: dict[PeerId, int] = field(default_factory=dict)  # parents left lately -> until ms
     _useless: dict[PeerId, int] = field(default_factory=dict)  # pushes over a lazy link
-    _seen: OrderedDict[bytes, int] = field(default_factory=OrderedDict)  # source -> last event ms
+    _seen: dict[bytes, int] = field(default_factory=dict)  # source -> last event ms
     _streak: dict[bytes, int] = field(default_factory=dict)  # source -> events in a steady run
     _steady_at: dict[bytes, int] = field(default_factory=dict)  # source -> last ms in a steady run
     _root_memo: tuple[int, bytes | None] | None = None  # (now_ms, root(now_ms))
+    _root_was: bytes | None = None  # the root when last computed, and since when
+    _root_since_ms: int = 0
     _parent: PeerId | None = None  # the link the root's last first copy came by
-    # Per recently active source: the link its latest first copy came by (the
-    # MAX_SOURCES most recent), so that a node whose root changed to a source it
+    # Per recently active source: the link its latest first copy came by (for the
+    # sources `_seen` keeps), so that a node whose root changed to a source it
     # has heard already takes its parent at once (`_place`), not at the root's next
     # event: a root that writes rarely left most nodes without a parent, every link
     # undeclared and so eager (measured: 18 of 20 nodes in a lossless world, 3.2
@@ -202,13 +225,21 @@ class TopicTree:
         if streak >= ROOT_MIN_STREAK:
             self._steady_at[source] = now_ms
         self._seen[source] = now_ms
-        self._seen.move_to_end(source)
-        while len(self._seen) > MAX_SOURCES:
-            forgotten, _ = self._seen.popitem(last=False)
+        if len(self._seen) > MAX_SOURCES + SOURCES_SLACK:
+            self._forget_sources(now_ms)
+        self._root_memo = None
+
+    def _forget_sources(self, now_ms: int) -> None:
+        """Cut the sources back to MAX_SOURCES, keeping those that may be the root."""
+        def worth(source: bytes) -> tuple[bool, bool, bool, bytes]:
+            return (now_ms - self._seen[source] > ROOT_ACTIVE_MS, not self._steady(source, now_ms),
+                    self._streak.get(source, 0) < 2, source)
+
+        for forgotten in sorted(self._seen, key=worth)[MAX_SOURCES:]:
+            del self._seen[forgotten]
             self._first_link.pop(forgotten, None)
             self._streak.pop(forgotten, None)
             self._steady_at.pop(forgotten, None)
-        self._root_memo = None
 
     def root(self, now_ms: int) -> bytes | None:
         """The source whose first copies say which link is our parent: the least key of
@@ -219,7 +250,14 @@ class TopicTree:
         active = [s for s, t in self._seen.items() if now_ms - t <= ROOT_ACTIVE_MS]
         root = min(active, key=lambda s: (not self._steady(s, now_ms), s)) if active else None
         self._root_memo = (now_ms, root)
+        if root != self._root_was:
+            self._root_was, self._root_since_ms = root, now_ms
         return root
+
+    def settled(self, now_ms: int) -> bool:
+        """Has the root stayed the same for `settle_ms` (ROOT_SETTLE_MS)? (Declarations wait.)"""
+        self.root(now_ms)
+        return now_ms - self._root_since_ms >= self.settle_ms
 
     def _steady(self, source: bytes, now_ms: int) -> bool:
         """Was `source` in a steady run within ROOT_ACTIVE_MS? (A pause does not end it at
@@ -292,7 +330,10 @@ class TopicTree:
         for source in sources:
             links.pop(source, None)  # (re-inserted: the dict's order is the recency)
             links[source] = peer
-            if len(links) > MAX_SOURCES:
+        if len(links) > MAX_SOURCES + SOURCES_SLACK:  # sources forgotten (`saw`) first
+            for source in [s for s in links if s not in self._seen]:
+                del links[source]
+            while len(links) > MAX_SOURCES + SOURCES_SLACK:
                 del links[next(iter(links))]
 
     def _place(self, now_ms: int) -> None:
@@ -335,8 +376,11 @@ class TopicTree:
 
         Nothing before we have a place in the tree (a parent, or the root is us):
         until then every link stays eager at the other end too, so the first root
-        event reaches us by the fastest path.
+        event reaches us by the fastest path. Nothing new either while the root
+        is not settled (ROOT_SETTLE_MS): a join storm floods.
         """
+        if not self.settled(now_ms):
+            return []
         if self.me is not None and self.root(now_ms) == self.me:
             if self._parent is not None:
                 self._switch(None, now_ms)
