@@ -18,7 +18,9 @@ who writes them instead:
   `merge` = `DepletionPolicy.dummy_parents(d_max)` extremities, so a width
   w over the threshold t needs `wanted` = ceil((w − t) / (merge − 1))
   dummies at once (a join storm of 1000 members needs ~50; the common case
-  needs one): the first `wanted` ranks write one each — rank r merging run r
+  needs one): the first `wanted` ranks write one each, all at the end of the
+  quiet period (not spread over `SPREAD_MS`: the wave's first dummies would
+  postpone the rest) — rank r merging run r
   of the sorted extremities, so the storm's dummies do not name the same
   ones (`node.core.parents.select_share`) — the next rank one
   `SLOT_MS` later — the fallback when a chosen replica is dead, partitioned
@@ -65,7 +67,7 @@ from typing import Final
 
 DEFAULT_DEPLETION_BACKOFF_MS: Final = 5_000  # BACKOFF: the first wait is drawn from [0, this)
 MAX_DEPLETION_BACKOFF_MS: Final = 300_000  # BACKOFF: Synapse sends its dummies every 5 min at most
-SPREAD_MS: Final = 200  # a random spread within one rank's slot: ranks never act in lockstep
+SPREAD_MS: Final = 200  # a random spread within one rank's slot (not a storm's wave: `_wait`)
 QUIET_MS: Final = 1_000  # over the threshold this long with no dummy arriving before one is due
 STORM_QUIET_MS: Final = 200  # ... when one dummy cannot merge the excess (no burst of writes)
 SLOT_MS: Final = 1_000  # each rank past the wanted ones waits one slot more (a dummy's spread)
@@ -204,9 +206,17 @@ class DepletionTimer:
             self.rank = None
             return FALLBACK_MS + int(self.draw * FALLBACK_SPREAD_MS)
         self.rank = rank_of(me, candidates, extremity_digest(extremities))
-        late = self.rank - wanted_dummies(len(extremities), threshold, merge) + 1
+        wanted = wanted_dummies(len(extremities), threshold, merge)
+        late = self.rank - wanted + 1
         if late > MAX_SLOTS:
             return FALLBACK_MS + int(self.draw * FALLBACK_SPREAD_MS)
+        if wanted > 1 and late <= 0:
+            # A storm's wave goes out at once (each at its next tick): spread over
+            # SPREAD_MS, the first of the wave arrived at the others before most had
+            # written, restarted their quiet period and re-ranked them (600 nodes, 32
+            # wanted: 5 dummies by 500 ms and the width 395 at 750 ms; at once, 35
+            # and 104).
+            return 0
         return max(0, late) * SLOT_MS + int(self.draw * spread_ms)
 
     def due_backoff(self, ready: bool, width: int, threshold: int, now_ms: int,

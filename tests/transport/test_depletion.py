@@ -107,6 +107,9 @@ def test_a_very_wide_graph_has_its_first_ranks_write_at_once():
     fired = [a for a, at in zip(authors, due) if at is not None]
     assert len(fired) == wanted_dummies(200, THRESHOLD, MERGE) == 10
     assert sorted(rank_of(a, set(authors), digest) for a in fired) == list(range(10))
+    # The whole wave at the first tick after the quiet period, not spread over SPREAD_MS:
+    # spread, its first dummies arrived at the others first and postponed them.
+    assert {at for at in due if at is not None} == {STORM_QUIET_MS}
 
 
 def test_the_storm_writers_take_different_runs_of_the_extremities():
