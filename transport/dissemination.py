@@ -99,11 +99,13 @@ from typing import Any
 from node.core.event import KIND_DUMMY, Event, event_id_of, is_withheld_form
 from node.logschema import GOSSIP, SCHEMA_VERSION
 from node.core.graph import Graph
+from node.replica.ordering import KIND_ACK
 from node.replica.replica import Replica
 from node.state.types import TYPE_MEMBER, Membership, content_of, user_id
 from transport.anti_entropy import AntiEntropy
 from transport.depletion import DepletionMode, DepletionTimer
-from transport.eager_lazy import MAX_YOUNG_EVENTS, TREE_WANT_AFTER_MS, TopicTree
+from transport.eager_lazy import (MAX_YOUNG_EVENTS, ORDER_EVENT_EXTRA_LINKS, TREE_WANT_AFTER_MS,
+                                  TopicTree)
 from transport.dissemination_config import DisseminationConfig
 from transport.effects import Announce, Effect, Log, PeerId, Send
 from transport.join_handshake import JoinHandshake
@@ -704,22 +706,35 @@ class Disseminator(Intake, AntiEntropy, JoinHandshake):
         Not on every link (GossipSub's flood publishing, the previous design): a
         child sent on a link its parents did not take could overtake them, and
         be held back there (measured in the seeded world: a root flooding its
-        own events made a third of the copies wait for a parent).
+        own events made a third of the copies wait for a parent). Except the
+        order's own events, acks and dummies: they go on ORDER_EVENT_EXTRA_LINKS
+        links off the tree too (`_tree_spread`).
         """
-        return self._tree_spread(tree, topic, raws, (), now_ms,
-                                 self.config.push_fanout)  # (it notes us as a source)
+        return self._tree_spread(tree, topic, raws, (), now_ms, own=True)  # (notes us a source)
 
     def _tree_spread(self, tree: TopicTree, topic: bytes, raws: list[bytes],
-                     exclude: Sequence[PeerId], now_ms: int,
-                     unsettled_fanout: int | None = None) -> list[Effect]:
+                     exclude: Sequence[PeerId], now_ms: int, *,
+                     own: bool = False) -> list[Effect]:
         """Events new here: in full on the eager links, ids on a few lazy ones.
 
         While the root is not settled (`TopicTree.settled`: a join storm, the
         topic's first events) the links nobody declared are eager at both ends;
         the events go in full on the tree's links and, as push does, on enough
-        of the others to make `unsettled_fanout` (`forward_fanout` by default),
-        and by id on a few of the rest. (On every undeclared link, the 200-node
-        join storm cost 6 copies of each join per node, against push's 1.6.)
+        of the others to make `forward_fanout` (`push_fanout` for our `own`
+        events), and by id on a few of the rest. (On every undeclared link, the
+        200-node join storm cost 6 copies of each join per node, against push's
+        1.6.)
+
+        Our own acks and dummies also go in full on ORDER_EVENT_EXTRA_LINKS
+        random links off the tree. Convergence after a heal waits for one
+        confirmed order everywhere, so for the acks to reach every indexer and
+        every node; over the tree, under loss, a lost copy waits for an
+        announcement and a timeout, and the acks kept acknowledging each other
+        meanwhile. Entering the tree at a few more places, an ack reaches every
+        node sooner at a few copies per event in all, not per node: in the
+        100-node world with 10 % loss and a partition (seeds 1-12) the tree
+        converged in 3.7 s at the mean against 5.1 s, and push's 3.8 s; the
+        steady state's bytes did not move.
         """
         if not raws:
             return []
@@ -730,8 +745,8 @@ class Disseminator(Intake, AntiEntropy, JoinHandshake):
         if not tree.settled(now_ms):
             placed = [p for p in eager if tree.is_parent(p) or tree.is_child(p)]
             others = [p for p in eager if not (tree.is_parent(p) or tree.is_child(p))]
-            room = max(0, (self.config.forward_fanout if unsettled_fanout is None
-                           else unsettled_fanout) - len(placed))
+            room = max(0, (self.config.push_fanout if own else self.config.forward_fanout)
+                       - len(placed))
             if len(others) > room:
                 picked = self._rng.sample(others, room)
                 lazy = lazy + [p for p in others if p not in picked]
@@ -747,9 +762,21 @@ class Disseminator(Intake, AntiEntropy, JoinHandshake):
             for peer in chosen:  # announcements repair the tree; a few per event suffice
                 announce.setdefault(peer, []).append(event_id)
         out = self._push_to(topic, raws, eager) if eager else []
+        if own:
+            order_events = [raw for raw in raws if self._is_order_event(replica, raw)]
+            off_tree = [p for p in peers if p not in set(eager)]
+            if order_events and off_tree:
+                out += self._push_to(topic, order_events, self._rng.sample(
+                    off_tree, min(len(off_tree), ORDER_EVENT_EXTRA_LINKS)))
         for peer, ids in sorted(announce.items()):
             out += self._ihaves(topic, tree.announce([peer], ids))
         return out
+
+    @staticmethod
+    def _is_order_event(replica: Replica, raw: bytes) -> bool:
+        """Is this an ack or a dummy (an event the order and the width need, no payload)?"""
+        event = replica.graph.get(event_id_of(raw))
+        return event is not None and event.kind in (KIND_ACK, KIND_DUMMY)
 
     @staticmethod
     def _source(replica: Replica, event_id: bytes) -> bytes | None:

@@ -160,6 +160,12 @@ PARENT_SILENT_MS: Final = 2_000
 # least key's event has come round; the tree then forms from its first copies.
 # Above the spread of one flood over a few hops; small against a topic's life.
 ROOT_SETTLE_MS: Final = 500
+# An author's own acks and dummies (the order's and the width's events, no payload)
+# also go in full on this many random links off the tree: the convergence after a
+# heal waits for the acks to reach every node, and over the tree under loss a lost
+# copy waits for an announcement and a timeout. A few more entry points cost a few
+# copies per event in all, not per node (transport.dissemination `_tree_spread`).
+ORDER_EVENT_EXTRA_LINKS: Final = 3
 # A parent we left because the tree above us broke or moved (or we became the root)
 # still gets our pushes this long, so that it can take us as its parent once it
 # sees itself broken (after PARENT_SILENT_MS), rather than be cut off.
