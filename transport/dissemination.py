@@ -710,7 +710,7 @@ class Disseminator(Intake, AntiEntropy, JoinHandshake):
         order's own events, acks and dummies: they go on ORDER_EVENT_EXTRA_LINKS
         links off the tree too (`_tree_spread`).
         """
-        return self._tree_spread(tree, topic, raws, (), now_ms, own=True)  # (notes us a source)
+        return self._tree_spread(tree, topic, raws, (), now_ms, own=True)  # (notes our source)
 
     def _tree_spread(self, tree: TopicTree, topic: bytes, raws: list[bytes],
                      exclude: Sequence[PeerId], now_ms: int, *,
@@ -764,7 +764,8 @@ class Disseminator(Intake, AntiEntropy, JoinHandshake):
         out = self._push_to(topic, raws, eager) if eager else []
         if own:
             order_events = [raw for raw in raws if self._is_order_event(replica, raw)]
-            off_tree = [p for p in peers if p not in set(eager)]
+            on_tree = set(eager)
+            off_tree = [p for p in peers if p not in on_tree]
             if order_events and off_tree:
                 out += self._push_to(topic, order_events, self._rng.sample(
                     off_tree, min(len(off_tree), ORDER_EVENT_EXTRA_LINKS)))
