@@ -744,7 +744,7 @@ class Disseminator(Intake, AntiEntropy, JoinHandshake):
         eager = tree.eager_of(peers)
         if not tree.settled(now_ms):
             placed = [p for p in eager if tree.is_parent(p) or tree.is_child(p)]
-            others = [p for p in eager if not (tree.is_parent(p) or tree.is_child(p))]
+            others = [p for p in eager if p not in placed]
             room = max(0, (self.config.push_fanout if own else self.config.forward_fanout)
                        - len(placed))
             if len(others) > room:
@@ -753,20 +753,22 @@ class Disseminator(Intake, AntiEntropy, JoinHandshake):
                 eager = placed + picked
         fanout = self.config.lazy_fanout
         announce: dict[PeerId, list[bytes]] = {}
+        order_events: list[bytes] = []  # our own acks and dummies (below)
         for raw in raws:
             event_id = event_id_of(raw)
-            source = self._source(replica, event_id)
-            if source is not None:
-                tree.saw(source, now_ms)
+            event = self._held_event(replica, event_id)
+            if event is not None:
+                tree.saw(event.author, now_ms)
+                if own and event.kind in (KIND_ACK, KIND_DUMMY):
+                    order_events.append(raw)
             chosen = self._rng.sample(lazy, fanout) if len(lazy) > fanout else lazy
             for peer in chosen:  # announcements repair the tree; a few per event suffice
                 announce.setdefault(peer, []).append(event_id)
         out = self._push_to(topic, raws, eager) if eager else []
-        if own:
-            order_events = [raw for raw in raws if self._is_order_event(replica, raw)]
+        if order_events:
             on_tree = set(eager)
             off_tree = [p for p in peers if p not in on_tree]
-            if order_events and off_tree:
+            if off_tree:
                 out += self._push_to(topic, order_events, self._rng.sample(
                     off_tree, min(len(off_tree), ORDER_EVENT_EXTRA_LINKS)))
         for peer, ids in sorted(announce.items()):
@@ -774,15 +776,14 @@ class Disseminator(Intake, AntiEntropy, JoinHandshake):
         return out
 
     @staticmethod
-    def _is_order_event(replica: Replica, raw: bytes) -> bool:
-        """Is this an ack or a dummy (an event the order and the width need, no payload)?"""
-        event = replica.graph.get(event_id_of(raw))
-        return event is not None and event.kind in (KIND_ACK, KIND_DUMMY)
+    def _held_event(replica: Replica, event_id: bytes) -> Event | None:
+        """The event, applied or buffered here (None: not held)."""
+        return replica.graph.get(event_id) or replica.graph.buffered_event(event_id)
 
-    @staticmethod
-    def _source(replica: Replica, event_id: bytes) -> bytes | None:
+    @classmethod
+    def _source(cls, replica: Replica, event_id: bytes) -> bytes | None:
         """The author of a received event (the source whose tree carries it), if held here."""
-        event = replica.graph.get(event_id) or replica.graph.buffered_event(event_id)
+        event = cls._held_event(replica, event_id)
         return None if event is None else event.author
 
     def _tree_received(self, tree: TopicTree, peer: PeerId, replica: Replica, ids: list[bytes],
