@@ -34,7 +34,8 @@ new).
 
 Decoding is strict and bounded: the frame size is checked before parsing,
 msgpack is told the largest string/array/bin it may allocate, and every field
-is type- and range-checked. Anything wrong raises `MessageError(reason)` —
+is type- and range-checked, and the frame must be the one encoding of its
+message (re-encoded and compared). Anything wrong raises `MessageError(reason)` —
 never another exception type — so the engine can count a misbehaving peer and
 move on. Event bytes inside messages are only size-checked here; the
 Reference Monitor validates them.
@@ -96,7 +97,7 @@ class MessageError(ValueError):
 
     Reasons (stable strings for logs and counters): too_large, not_msgpack,
     bad_shape, unknown_version, unknown_type, bad_field, too_many_events,
-    event_too_large, too_many_ids, bloom_too_large.
+    event_too_large, too_many_ids, bloom_too_large, not_canonical.
     """
 
     def __init__(self, reason: str, detail: str = "") -> None:
@@ -423,7 +424,24 @@ _REFUSALS = {r.value: r for r in JoinRefusal}
 
 
 def decode(data: bytes) -> Message:
-    """Parse one frame from a peer; raise MessageError (only) if it is not a valid message."""
+    """Parse one frame from a peer; raise MessageError (only) if it is not a valid message.
+
+    A frame is accepted only in the one encoding `encode` gives its message
+    (msgpack allows several for an int or a length: `0xcc 0x01` is also 1), so
+    a message has exactly one frame: what is counted, logged or compared as
+    bytes is what the message says, and nothing rides along unseen.
+    """
+    message = _parse(data)
+    try:
+        canonical = encode(message)
+    except ValueError:  # decoding is at least as strict as encoding; never here
+        raise _fail("bad_field", "out of bounds") from None
+    if canonical != data:
+        raise _fail("not_canonical", "not the one encoding of its message")
+    return message
+
+
+def _parse(data: bytes) -> Message:
     if not isinstance(data, (bytes, bytearray, memoryview)):
         raise _fail("bad_shape", "not bytes")
     if len(data) > MAX_FRAME_BYTES:

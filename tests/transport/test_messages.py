@@ -233,6 +233,19 @@ def test_mutated_frames_decode_or_raise_only_message_error(data, seed, flips):
     assert_decodes_canonically_or_is_refused(bytes(mutated))
 
 
+@pytest.mark.parametrize("mutated", [
+    # Found by the mutation fuzz (seed 29545, 2 flips): the version 1 written as
+    # `0xcc 0x01` (uint 8) decoded to a message whose frame is `0x01`.
+    b"\x99\xcc\x01" + encode(Offer(TOPIC, 2**32 - 1, (), (), 0, True, BloomFilter(SALT, 1, b"\x00")))[2:],
+    # The same for a length: a 32-byte topic with a bin 16 header.
+    b"\x94\x01\x04\xc5\x00\x20" + TOPIC + b"\x90",
+])
+def test_a_frame_in_a_second_encoding_of_its_message_is_refused(mutated):
+    with pytest.raises(MessageError) as refused:
+        decode(mutated)
+    assert refused.value.reason == "not_canonical"
+
+
 def test_the_mutation_fuzz_reaches_accepted_frames():
     # The round-trip checks above only bite on frames the decoder accepts: the
     # mutations (same loop, fixed seeds) must produce plenty of those.
