@@ -200,6 +200,7 @@ class Disseminator(Intake, AntiEntropy, JoinHandshake):
         # (what an exchange holds back: `_young_cutoff`).
         self._delivered_at: dict[bytes, deque[tuple[int, int]]] = {}
         self._held: set[bytes] = set()  # the ids the exchange being answered holds back
+        self.released_by: dict[bytes, PeerId] = {}  # set by each `_ingest` (transport.intake)
         self._peers: list[PeerId] = []  # sorted: random choices must not depend on hash order
         self._init_anti_entropy()
         self._init_join_handshake()
@@ -836,8 +837,25 @@ class Disseminator(Intake, AntiEntropy, JoinHandshake):
         tree.received(fresh_ids)
         if not self.config.forward_pushed:
             return out
-        return out + self._tree_spread(tree, topic, fresh,
-                                       self._holders(replica, peer, fresh), now_ms)
+        # The events this push brought go on to everyone but their holders; those it
+        # released (buffered here, pushed earlier by another peer) go to the sender
+        # too: it brought their past, not them. (Excluding it, as before, kept a
+        # child's events from going up the tree whenever its parent's push released
+        # them: in the seeded world they reached the rest of the tree by an exchange,
+        # ~0.7 s late.)
+        released_by = self.released_by
+        brought = [raw for raw in fresh if event_id_of(raw) not in released_by]
+        if brought:
+            out += self._tree_spread(tree, topic, brought,
+                                     self._holders(replica, peer, brought), now_ms)
+        by_pusher: dict[PeerId, list[bytes]] = {}
+        for raw in fresh:
+            pusher = released_by.get(event_id_of(raw))
+            if pusher is not None:
+                by_pusher.setdefault(pusher, []).append(raw)
+        for pusher, raws in sorted(by_pusher.items()):
+            out += self._tree_spread(tree, topic, raws, (pusher,), now_ms)
+        return out
 
     def _tree_tick(self, tree: TopicTree, replica: Replica, now_ms: int) -> list[Effect]:
         """Flush the announcements, and graft for the announced ids overdue here."""

@@ -325,7 +325,8 @@ class TopicTree:
         if peer != self._parent:
             if self.broken(now_ms):
                 self._switch(peer, now_ms)
-            elif self._eager(peer) and peer not in self._children:
+            elif (self._eager(peer) and peer not in self._children
+                  and (self._parent is None or not self._told.get(self._parent))):
                 self._parent = peer  # the tree forming: the old one has its own way
         if peer == self._parent:
             self._root_first_at[peer] = now_ms

@@ -105,6 +105,11 @@ class Intake:
             kept = self.__dict__["_awaiting"] = OrderedDict()
         return kept
 
+    # Set by each `_ingest`: the events it released (pushed to us earlier, buffered,
+    # applied now) -> the peer that pushed each. That peer holds it; the peer whose
+    # frame released it may not (it brought the past, not the event).
+    released_by: dict[bytes, PeerId]
+
     # The engine's state this part reads (set by `Disseminator.__init__`).
     config: DisseminationConfig
     stats: Counter[str]
@@ -215,6 +220,7 @@ class Intake:
         logging = self.config.log
         fresh: list[bytes] = []
         awaiting = self._awaiting_forward
+        self.released_by = {}
         released: list[bytes] = []  # pushed earlier, buffered, applied now on SYNC
         pushers: set[PeerId] = set()
         for raw in raws:
@@ -284,9 +290,11 @@ class Intake:
                     fresh.append(event.raw)
                     if awaiting and event.id != event_id:
                         pusher = awaiting.pop((topic, event.id), None)
-                        if pusher is not None and channel == SYNC:
-                            released.append(event.raw)
-                            pushers.add(pusher)
+                        if pusher is not None:
+                            self.released_by[event.id] = pusher
+                            if channel == SYNC:
+                                released.append(event.raw)
+                                pushers.add(pusher)
                     out.append(self._log("delivered", now_ms, topic, event=event,
                                          channel=channel, depth=graph.depth(event.id)))
             self._log_cascade(outcome, event_id, topic, now_ms, out)
