@@ -829,7 +829,7 @@ class Disseminator(Intake, AntiEntropy, JoinHandshake):
             stats["tree_duplicate_pushes_" + (
                 "lazy" if tree.is_lazy(peer) else "parent" if tree.is_parent(peer)
                 else "child" if tree.is_child(peer) else "other")] += 1
-            if tree.duplicate_from(peer):
+            if tree.duplicate_from(peer, now_ms):
                 stats["tree_retold"] += 1  # the peer missed our prune: `_tell` repeats it
         out += self._tell(tree, replica, now_ms)
         if not fresh:

@@ -117,6 +117,12 @@ TREE_WANT_AFTER_MS: Final = 100
 # Pushes over a link already lazy here (the peer missed our Prune) before it is
 # told again: a few pushes our prune crossed are expected, a stream of them is not.
 PRUNE_AFTER_DUPLICATES: Final = 3
+# ... and at most once per this long per peer: pushes sent before our tell reached
+# the peer keep coming for a round trip or so (hundreds of ms under load), and a
+# former parent is pushed to for FORMER_PARENT_GRACE_MS on purpose. Every third
+# duplicate told again, a burst of one peer's pushes made 28 prunes to it in one
+# step of the cluster bench, and a former parent's grace a prune every ~50 ms.
+PRUNE_RETELL_MS: Final = 1_000
 # An exchange (anti-entropy) holds back events applied within this (transport.
 # dissemination `_young_cutoff`): they are on their way by the tree, and sent by
 # the exchange they break its causal order. Above a tree's few hops under load
@@ -199,6 +205,7 @@ class TopicTree:
     _told: dict[PeerId, bool] = field(default_factory=dict)  # what we last told each: child or not
     _former: dict[PeerId, int] = field(default_factory=dict)  # parents left lately -> until ms
     _useless: dict[PeerId, int] = field(default_factory=dict)  # pushes over a lazy link
+    _told_at: dict[PeerId, int] = field(default_factory=dict)  # when we last told each
     _seen: dict[bytes, int] = field(default_factory=dict)  # source -> last event ms
     _streak: dict[bytes, int] = field(default_factory=dict)  # source -> events in a steady run
     _steady_at: dict[bytes, int] = field(default_factory=dict)  # source -> last ms in a steady run
@@ -294,10 +301,11 @@ class TopicTree:
     def is_lazy(self, peer: PeerId) -> bool:
         return not self._eager(peer)
 
-    def duplicate_from(self, peer: PeerId) -> bool:
+    def duplicate_from(self, peer: PeerId, now_ms: int) -> bool:
         """A push from `peer` brought nothing new here; True if it came over a lazy link
-        PRUNE_AFTER_DUPLICATES times: the peer missed what we told it (lost on the
-        way), and `declarations` tells it again.
+        PRUNE_AFTER_DUPLICATES times and PRUNE_RETELL_MS passed since we told it: the
+        peer missed what we told it (lost on the way), and `declarations` tells it
+        again.
 
         A duplicate over an eager link changes nothing: the links follow the
         parents, not the duplicates (module docstring).
@@ -305,7 +313,8 @@ class TopicTree:
         if self._eager(peer):
             return False
         count = self._useless.get(peer, 0) + 1
-        if count < self.prune_after:
+        if count < self.prune_after or now_ms - self._told_at.get(peer, now_ms - PRUNE_RETELL_MS) \
+                < PRUNE_RETELL_MS:
             self._useless[peer] = count
             return False
         self._useless.pop(peer, None)
@@ -414,6 +423,7 @@ class TopicTree:
             child = peer == self._parent
             if self._told.get(peer) is not child:
                 self._told[peer] = child
+                self._told_at[peer] = now_ms
                 out.append((peer, child))
         return out
 
@@ -502,6 +512,7 @@ class TopicTree:
         self._children.discard(peer)
         self._declined.discard(peer)
         self._told.pop(peer, None)
+        self._told_at.pop(peer, None)
         self._former.pop(peer, None)
         self._useless.pop(peer, None)
         self._pending.pop(peer, None)

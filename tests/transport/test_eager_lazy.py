@@ -24,6 +24,7 @@ from transport.eager_lazy import (
     FORMER_PARENT_GRACE_MS,
     PARENT_SILENT_MS,
     PRUNE_AFTER_DUPLICATES,
+    PRUNE_RETELL_MS,
     ROOT_ACTIVE_MS,
     ROOT_GAP_MS,
     ROOT_MIN_STREAK,
@@ -323,15 +324,19 @@ def test_nothing_is_declared_until_the_root_settles():
 
 
 def test_a_peer_still_pushing_over_a_lazy_link_is_told_again():
-    """Our Prune was lost: after as many useless pushes it is sent another. Duplicates
-    over an eager link change nothing (the links follow the parents)."""
+    """Our Prune was lost: after as many useless pushes, and once PRUNE_RETELL_MS passed
+    since we told it (pushes sent before it arrived are expected), it is sent another.
+    Duplicates over an eager link change nothing (the links follow the parents)."""
     tree = placed()
     tree.child_left("a")
-    assert not tree.duplicate_from("p")
-    for _ in range(PRUNE_AFTER_DUPLICATES - 1):
-        assert not tree.duplicate_from("a")  # pushes our prune crossed
-    assert tree.duplicate_from("a")  # the peer keeps pushing: told again
-    assert tree.declarations(["p", "a", "b"], NOW) == [("a", False)]
+    assert not tree.duplicate_from("p", NOW)
+    for _ in range(PRUNE_AFTER_DUPLICATES + 5):
+        assert not tree.duplicate_from("a", NOW + 10)  # pushes our prune crossed
+    later = NOW + PRUNE_RETELL_MS
+    assert tree.duplicate_from("a", later)  # the peer keeps pushing: told again
+    assert tree.declarations(["p", "a", "b"], later) == [("a", False)]
+    for _ in range(PRUNE_AFTER_DUPLICATES + 5):
+        assert not tree.duplicate_from("a", later + 10)  # once per PRUNE_RETELL_MS
 
 
 def test_ids_an_exchange_brought_are_remembered_as_races():
