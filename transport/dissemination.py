@@ -844,15 +844,20 @@ class Disseminator(Intake, AntiEntropy, JoinHandshake):
         # them: in the seeded world they reached the rest of the tree by an exchange,
         # ~0.7 s late.)
         released_by = self.released_by
-        brought = [raw for raw in fresh if event_id_of(raw) not in released_by]
-        if brought:
-            out += self._tree_spread(tree, topic, brought,
-                                     self._holders(replica, peer, brought), now_ms)
+        if not released_by:  # the common case: one id lookup less per event
+            return out + self._tree_spread(tree, topic, fresh,
+                                           self._holders(replica, peer, fresh), now_ms)
+        brought: list[bytes] = []
         by_pusher: dict[PeerId, list[bytes]] = {}
         for raw in fresh:
             pusher = released_by.get(event_id_of(raw))
-            if pusher is not None:
+            if pusher is None:
+                brought.append(raw)
+            else:
                 by_pusher.setdefault(pusher, []).append(raw)
+        if brought:
+            out += self._tree_spread(tree, topic, brought,
+                                     self._holders(replica, peer, brought), now_ms)
         for pusher, raws in sorted(by_pusher.items()):
             out += self._tree_spread(tree, topic, raws, (pusher,), now_ms)
         return out
