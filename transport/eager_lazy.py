@@ -315,8 +315,9 @@ class TopicTree:
         if self._eager(peer):
             return False
         count = self._useless.get(peer, 0) + 1
-        if count < self.prune_after or now_ms - self._told_at.get(peer, now_ms - PRUNE_RETELL_MS) \
-                < PRUNE_RETELL_MS:
+        told_at = self._told_at.get(peer)
+        if count < self.prune_after or (told_at is not None
+                                        and now_ms - told_at < PRUNE_RETELL_MS):
             self._useless[peer] = count
             return False
         self._useless.pop(peer, None)
@@ -375,9 +376,14 @@ class TopicTree:
     def adopt_parent(self, peer: PeerId, now_ms: int) -> None:
         """The tree is broken above us and `peer` announced what we lack: it is our parent
         now (we graft it, which tells it); the old parent is told we left it."""
-        self._switch(peer, now_ms)
+        self._take_parent(peer, now_ms)
         self._told[peer] = True
-        self._root_first_at[peer] = now_ms  # PARENT_SILENT_MS of grace before it is silent
+
+    def _take_parent(self, peer: PeerId, now_ms: int) -> None:
+        """`peer` is our parent from now on (`_switch`), with PARENT_SILENT_MS of grace
+        before it counts as silent."""
+        self._switch(peer, now_ms)
+        self._root_first_at[peer] = now_ms
         self._news_at[peer] = now_ms
 
     def _switch(self, parent: PeerId | None, now_ms: int) -> None:
@@ -455,9 +461,7 @@ class TopicTree:
         """
         link = None if root is None else self._first_link.get(root)
         if link is not None and link != self._parent and link in peers:
-            self._switch(link, now_ms)
-            self._root_first_at[link] = now_ms  # PARENT_SILENT_MS of grace
-            self._news_at[link] = now_ms
+            self._take_parent(link, now_ms)
             self._children.discard(link)  # it is our parent now, not our child
 
     def news_from(self, peer: PeerId, now_ms: int) -> None:
