@@ -46,6 +46,7 @@ from __future__ import annotations
 import os
 import random
 import re
+import statistics
 import subprocess
 import threading
 import time
@@ -318,24 +319,20 @@ def test_fast_paths_on_the_wire(tmp_path, record_figures):
         if "error" not in run and run["latency_ms"]:
             by.setdefault((run["publish_mode"], run["fast_path"]), []).append(run)
 
-    def median(values: list[float]) -> float:
-        ordered = sorted(values)
-        middle = len(ordered) // 2
-        return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
-
     ratios: dict[str, Any] = {}
     for mode in MODES:
         base = by.get((mode, "push"))
         for path in PATHS:
             these = by.get((mode, path))
             if base and these:
+                p99s = [r["latency_ms"]["p99"] for r in these]
                 ratios[f"{mode}/{path}"] = {
-                    "wire_x_event": median([r["wire_x_event"] for r in these]),
-                    "duplicates_per_node_event": median(
+                    "wire_x_event": statistics.median([r["wire_x_event"] for r in these]),
+                    "duplicates_per_node_event": statistics.median(
                         [r["duplicates_per_node_event"] for r in these]),
-                    "p99_ms": [r["latency_ms"]["p99"] for r in these],
-                    "p99_vs_push": round(median([r["latency_ms"]["p99"] for r in these])
-                                         / median([r["latency_ms"]["p99"] for r in base]), 2),
+                    "p99_ms": p99s,
+                    "p99_vs_push": round(statistics.median(p99s) / statistics.median(
+                        [r["latency_ms"]["p99"] for r in base]), 2),
                 }
     # The other figures (5 nodes; 1000 events/s) get their own file.
     name = "fast_paths" + (f"_n{NODES}" if NODES != 10 else "") + (
