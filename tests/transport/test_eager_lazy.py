@@ -186,6 +186,32 @@ def test_with_a_steady_root_only_its_copies_by_the_parent_say_the_tree_is_whole(
     assert not tree.broken(at + PARENT_SILENT_MS + 1)
 
 
+def test_a_parent_that_named_us_its_parent_is_a_cycle_cut_off_from_the_root():
+    """Two nodes each the other's parent, fed the root's events by exchanges: each pushes
+    them to the other as its child, so neither parent falls silent. The cycle itself says
+    the tree is broken above us (seeded world, fixed writers: two nodes cut off for
+    seconds, p99 0.66-1.46 s), unless that parent is the root itself (a node that became
+    the root keeps its old parent's graft for FORMER_PARENT_GRACE_MS)."""
+    tree = TopicTree(settle_ms=0)
+    at = NOW
+    for _ in range(ROOT_MIN_STREAK):  # a steady root: only its copies count as news
+        tree.saw(S, at)
+        at += ROOT_GAP_MS // 2
+    tree.first_copy_from("p", [S], at)
+    assert not tree.broken(at)
+    tree.child_joined("p")  # p named us its parent
+    tree.first_copy_from("p", [S], at + 1)  # the root's copies still come by it
+    assert tree.broken(at + 1)
+    tree.first_copy_from("q", [S], at + 2)  # so the next first root copy moves us
+    assert tree.is_parent("q") and not tree.broken(at + 2)
+    root_itself = TopicTree(settle_ms=0)
+    root_itself.saw(S, NOW)
+    root_itself.news_from("s", NOW)  # (as the engine: news by s, then whose first copy)
+    root_itself.first_copy_from("s", [S], NOW, authored=True)  # s is the root
+    root_itself.child_joined("s")  # its graft from before it became the root
+    assert root_itself.is_parent("s") and not root_itself.broken(NOW)
+
+
 def test_a_child_becomes_our_parent_only_once_our_parent_fell_silent():
     """A child that fetched a root event whose copy from our parent was lost must not
     become our parent (each the other's, cut off from the root); a root that moved below
@@ -497,11 +523,14 @@ def test_a_join_storm_spreads_on_the_tree_before_it_forms():
     declared at once, every link was pruned before the joins had spread, and they then
     crossed by announcements and timeouts (measured at seed 0: every member held every
     join at 2,517 ms, 14 dummies, the width from there 11.8 over the bound of 10).
-    Declarations wait for the root to settle (ROOT_SETTLE_MS): 898 ms, no dummy, 5.5."""
+    Declarations wait for the root to settle (ROOT_SETTLE_MS): 898 ms, no dummy, 5.5.
+    Until a node has declared its place, its exchanges hold back no young event (nothing
+    carries them yet: the joins go on a few undeclared links each, as by push): 727 ms
+    before, 427 since (at 100 nodes 2.3 s and 4.1 s before, seeds 0 and 2; 0.6 s since)."""
     summary = run_scenario(replace(TREE_WORLD, nodes=60, partition_at_ms=1_000,
                                    heal_at_ms=4_000, writers=5))
     assert summary.converged
-    assert summary.joins_held_ms is not None and summary.joins_held_ms < 1_500
+    assert summary.joins_held_ms is not None and summary.joins_held_ms < 600
     assert summary.dummies <= 3, summary.dummies
     assert summary.tick_mean_width_after_joins is not None
     assert summary.tick_mean_width_after_joins <= DepletionPolicy().threshold
@@ -638,7 +667,7 @@ def fixed_writers_world(tmp_path, seed: int) -> tuple[list[int], int]:
     return sorted(latency for latency, _ in writes), by_exchange
 
 
-@pytest.mark.parametrize("seed", [1, 2, 3, 8])
+@pytest.mark.parametrize("seed", [1, 2, 3, 8, 20])
 def test_fixed_writers_and_a_moving_root_keep_the_tree_s_latency_tail_short(tmp_path, seed):
     """Three faults of the tree under fixed writers, each a tail of about a second (the
     cluster bench's tree p99 was over 1 s in some runs):
@@ -655,7 +684,8 @@ def test_fixed_writers_and_a_moving_root_keep_the_tree_s_latency_tail_short(tmp_
     493 / 21. Push in the same worlds: 223, 267, 210. Seed 8: a node the root of its
     own view for a moment pruned its parent, and its graft waited for the next root
     to settle: 952 / 205, then 491 / 15 once a new root keeps its old parent's link
-    through FORMER_PARENT_GRACE_MS."""
+    through FORMER_PARENT_GRACE_MS. Seed 20: two nodes each the other's parent, fed by
+    exchanges, 656 / 89, then 414 / 2 once such a cycle counts as broken."""
     latencies, by_exchange = fixed_writers_world(tmp_path, seed=seed)
     p99 = latencies[len(latencies) * 99 // 100]
     late = sum(1 for latency in latencies if latency > GRAFT_TIMEOUT_MS + 300)
