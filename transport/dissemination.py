@@ -199,9 +199,6 @@ class Disseminator(Intake, AntiEntropy, JoinHandshake):
         # Per tree topic: (ms, delivered_count) samples over the last sync_hold_ms
         # (what an exchange holds back: `_young_cutoff`).
         self._delivered_at: dict[bytes, deque[tuple[int, int]]] = {}
-        # Per tree topic: how many events were applied here by the last tick before
-        # this node declared its place in the tree (none of them is held back).
-        self._applied_unformed: dict[bytes, int] = {}
         self._held: set[bytes] = set()  # the ids the exchange being answered holds back
         self.released_by: dict[bytes, PeerId] = {}  # set by each `_ingest` (transport.intake)
         self._peers: list[PeerId] = []  # sorted: random choices must not depend on hash order
@@ -244,7 +241,6 @@ class Disseminator(Intake, AntiEntropy, JoinHandshake):
         self._timers.pop(topic, None)
         self._trees.pop(topic, None)
         self._delivered_at.pop(topic, None)
-        self._applied_unformed.pop(topic, None)
         self._forget_topic(topic)
         self._forget_join_topic(topic)
 
@@ -918,12 +914,13 @@ class Disseminator(Intake, AntiEntropy, JoinHandshake):
 
     def _sample_delivered(self, topic: bytes, tree: TopicTree, replica: Replica,
                           now_ms: int) -> None:
-        """Remember how many events were applied by now (one sample per tick), and by
-        the last tick before the tree formed here."""
+        """Remember how many events were applied by now (one sample per tick). Before
+        the tree formed here only the latest sample is kept: what was applied by then
+        is never held back (`_young_cutoff`)."""
         samples = self._delivered_at.setdefault(topic, deque())
-        samples.append((now_ms, replica.graph.delivered_count))
         if not tree.formed:
-            self._applied_unformed[topic] = replica.graph.delivered_count
+            samples.clear()
+        samples.append((now_ms, replica.graph.delivered_count))
         hold_from = now_ms - self.config.sync_hold_ms
         while len(samples) > 1 and samples[1][0] <= hold_from:
             samples.popleft()  # the first sample left is the last one at or before hold_from
@@ -951,7 +948,6 @@ class Disseminator(Intake, AntiEntropy, JoinHandshake):
         if not samples or self.config.sync_hold_ms <= 0:
             return None
         cutoff, delivered = samples[0][1], graph.delivered_count
-        cutoff = max(cutoff, self._applied_unformed.get(graph.topic_id, 0))
         if cutoff >= delivered or delivered - cutoff > MAX_YOUNG_EVENTS:
             return None
         return cutoff

@@ -552,6 +552,8 @@ class TopicTree:
         self._declined.discard(peer)
         self._told.pop(peer, None)
         self._told_at.pop(peer, None)
+        if self._root_link is not None and self._root_link[1] == peer:
+            self._root_link = None
         self._former.pop(peer, None)
         self._useless.pop(peer, None)
         self._pending.pop(peer, None)
