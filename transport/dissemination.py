@@ -936,16 +936,23 @@ class Disseminator(Intake, AntiEntropy, JoinHandshake):
         overtake their other parents elsewhere (measured in the seeded world: with
         exchanges, a third of the copies were held back waiting for a parent; with
         none, none). Not when more than MAX_YOUNG_EVENTS are young (a catch-up
-        stream: nothing races it), and never events applied before this node
+        stream: nothing races it), and not at all while this node has not
         declared its place in the tree (`TopicTree.formed`): until then no tree
         carries them. In a join storm the joins go on `forward_fanout` undeclared
         links each, as by push, and the holes that leaves were repaired only by
         announcements and timeouts (200 nodes, a partition from 1 s: every member
-        held every join at 4.3 s, after the heal, against 0.63 s by push; 0.76 s
-        since).
+        held every join at 4.3 s, after the heal, against 0.63 s by push). Once
+        formed, what was applied by the last tick before is still never held
+        back (`_sample_delivered`). (Holding back only what came after that last
+        tick while unformed, 41,153 events were held back by 200 ms in that
+        storm, and every join was everywhere at 0.76 s; holding back none, 0.51 s
+        on links that keep order: docs/anti-entropy.md, "FIFO links".)
         """
         samples = self._delivered_at.get(graph.topic_id)
         if not samples or self.config.sync_hold_ms <= 0:
+            return None
+        tree = self._trees.get(graph.topic_id)
+        if tree is None or not tree.formed:
             return None
         cutoff, delivered = samples[0][1], graph.delivered_count
         if cutoff >= delivered or delivered - cutoff > MAX_YOUNG_EVENTS:

@@ -78,9 +78,15 @@ Rodrigues, "Epidemic Broadcast Trees", SRDS 2007) receives it about once:
 Anti-entropy stays the guarantee underneath (`transport.anti_entropy`): an id
 nobody announces, or all announcers fail to deliver, still arrives by
 reconciliation. So every table here is bounded and may forget. Exchanges hold
-back young events once the tree carries them (SYNC_HOLD_MS), not before this
-node declared its place in it (`formed`): a join storm is repaired by them as
-under push.
+back young events once the tree carries them (SYNC_HOLD_MS), none while this
+node has not declared its place in it (`formed`): a join storm is repaired by
+them as under push.
+
+The declarations assume that a link keeps order, as the node's one libp2p
+stream per peer does: a `Graft` that overtook an earlier `Prune` to the same
+peer would leave the two disagreeing about their link until the parent falls
+silent (PARENT_SILENT_MS). The simulator's links keep order too (they did not
+before 2026-11-27: `transport.sim.network`).
 
 Announcements are sent only where they may be news: never to a holder (the
 sender, the author), and an id a lazy peer announced to us since the last

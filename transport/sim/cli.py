@@ -34,6 +34,11 @@ def build_parser(prog: str = PROGRAM) -> argparse.ArgumentParser:
                    help="probability a message is delivered twice")
     p.add_argument("--reorder", type=float, default=d.reorder,
                    help="probability a message is delayed past later ones")
+    p.add_argument("--reordering-links", action="store_true",
+                   help="each message draws its own latency, so a later one may overtake an "
+                        "earlier one on its link (the default before 2026-11-27: runs recorded "
+                        "before then replay with it); by default links keep order, as a libp2p "
+                        "stream does")
     p.add_argument("--latency", type=int, nargs=2, default=list(d.latency_ms), metavar=("LO", "HI"),
                    help="link latency range in virtual ms")
     p.add_argument("--neighbours", type=int, default=d.neighbours, help="peers per node")
@@ -108,6 +113,7 @@ def scenario_from_args(ns: argparse.Namespace) -> Scenario:
         raise SystemExit("--partition-at and --heal-at go together")
     return Scenario(
         seed=ns.seed, nodes=ns.nodes, loss=ns.loss, duplicate=ns.duplicate, reorder=ns.reorder,
+        fifo_links=not ns.reordering_links,
         latency_ms=(ns.latency[0], ns.latency[1]), neighbours=ns.neighbours, rounds=ns.rounds,
         writers=ns.writers, round_ms=ns.round_ms, partition_at_ms=ns.partition_at,
         heal_at_ms=ns.heal_at, groups=ns.groups,

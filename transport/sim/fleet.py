@@ -193,7 +193,8 @@ class FleetCluster(Cluster):
                       latency_ms=s.latency_ms, reorder=s.reorder, neighbours=s.neighbours,
                       config=s.dissemination_config(log=False), d_max=s.d_max,
                       depletion=s.depletion, log_dir=log_dir, scenario=s,
-                      authorization=s.authorization, indexers=s.indexers)
+                      authorization=s.authorization, indexers=s.indexers,
+                      fifo_links=s.fifo_links)
         interval = max(1, s.fleet_ms // (s.rounds + 1))  # writes spread over the fleet phase
         cluster.write(s.rounds, s.writers, interval, start_ms=interval)
         cluster.schedule_churn()

@@ -11,6 +11,16 @@ to REORDER_EXTRA_FACTOR times the latency bound), and partitions - a
 schedule of `(groups, at_ms, heal_at_ms)` during which messages between
 groups are dropped at delivery time. The order of the random draws is part
 of a seed's meaning: change it and every recorded seed replays another run.
+
+Each message draws its own latency, so by default two messages on one link
+may arrive in either order. A libp2p stream (the node's one stream per peer,
+`transport.libp2p_messages`) keeps order, so a world may ask for **FIFO
+links** (`fifo=True`): a message is then delivered no earlier than the one
+sent before it on the same link (head-of-line waiting, as on a stream). It
+draws nothing more, so a seed's draws are the same either way. The tree fast
+path's declarations depend on it: a `Graft` overtaking an earlier `Prune` to
+the same peer left the two disagreeing about their link for seconds
+(docs/anti-entropy.md, "FIFO links").
 """
 
 from __future__ import annotations
@@ -61,7 +71,8 @@ class Network:
     """The clock, the heap, the fault draws and the traffic counters of one world."""
 
     def __init__(self, rng: random.Random, *, loss: float = 0.0, duplicate: float = 0.0,
-                 reorder: float = 0.0, latency_ms: tuple[int, int] = (5, 50)) -> None:
+                 reorder: float = 0.0, latency_ms: tuple[int, int] = (5, 50),
+                 fifo: bool = False) -> None:
         if not (0 <= latency_ms[0] <= latency_ms[1]):
             raise ValueError("latency_ms must be (lo, hi) with 0 <= lo <= hi")
         for name, p in (("loss", loss), ("duplicate", duplicate), ("reorder", reorder)):
@@ -70,6 +81,9 @@ class Network:
         self.rng = rng
         self.loss, self.duplicate, self.reorder = loss, duplicate, reorder
         self.latency_ms = latency_ms
+        self.fifo = fifo
+        # With fifo: per (src, dst) link, when its last message is delivered.
+        self._link_due: dict[tuple[int, int], int] = {}
         self.now_ms = 0
         self._heap: list[tuple[int, int, int, int, int, Any]] = []
         self._seq = 0
@@ -107,9 +121,20 @@ class Network:
         if self.loss and self.rng.random() < self.loss:
             self.dropped += 1
             return
-        self.schedule(self.now_ms + self.latency(), Due.DELIVER, src, dst, data)
+        self.schedule(self._arrival(src, dst), Due.DELIVER, src, dst, data)
         if self.duplicate and self.rng.random() < self.duplicate:
-            self.schedule(self.now_ms + self.latency(), Due.DELIVER, src, dst, data)
+            self.schedule(self._arrival(src, dst), Due.DELIVER, src, dst, data)
+
+    def _arrival(self, src: int, dst: int) -> int:
+        """When a message sent now on src -> dst arrives: after its own latency, and on
+        FIFO links not before the message sent before it (equal times keep the heap's
+        insertion order, so the earlier one still comes first)."""
+        at = self.now_ms + self.latency()
+        if self.fifo:
+            link = (src, dst)
+            at = max(at, self._link_due.get(link, 0))
+            self._link_due[link] = at
+        return at
 
     def latency(self) -> int:
         lo, hi = self.latency_ms

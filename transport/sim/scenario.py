@@ -34,6 +34,10 @@ class Scenario:
     duplicate: float = 0.0
     reorder: float = 0.0
     latency_ms: tuple[int, int] = (5, 50)
+    # Links keep order, as a libp2p stream does (`transport.sim.network`, fifo); the
+    # default since 2026-11-27 (before it each message drew its own latency and
+    # overtook others on its link: `--reordering-links` replays runs recorded then).
+    fifo_links: bool = True
     neighbours: int = 6
     rounds: int = 30
     writers: int = 4  # concurrent writers per round
@@ -117,7 +121,8 @@ class Scenario:
                          ("--clean-liveness", not self.lossy_liveness),
                          ("--no-authorization", not self.authorization),
                          ("--adversary", self.adversary), ("--invite", self.invite),
-                         ("--banned-writer", self.banned_writer)):
+                         ("--banned-writer", self.banned_writer),
+                         ("--reordering-links", not self.fifo_links)):
             if on:
                 args.append(flag)
         return args

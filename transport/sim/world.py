@@ -103,7 +103,7 @@ class Cluster:
                  indexers: int = DEFAULT_INDEXERS, adversary: bool = False,
                  invite: bool = False, outsiders: int = 0,
                  banned_writer: int | None = None, history: str = HISTORY_SHARED,
-                 late: int = 0, late_round: int = 1) -> None:
+                 late: int = 0, late_round: int = 1, fifo_links: bool = True) -> None:
         if not 2 <= n <= MAX_NODES or not 0 <= outsiders <= MAX_NODES - n:
             raise ValueError(f"n must be in [2, {MAX_NODES}], outsiders in [0, {MAX_NODES} - n]")
         if (invite or outsiders) and not authorization:
@@ -120,13 +120,14 @@ class Cluster:
         self.seed = seed
         self.rng = random.Random(seed)
         self.network = Network(self.rng, loss=loss, duplicate=duplicate, reorder=reorder,
-                               latency_ms=latency_ms)
+                               latency_ms=latency_ms, fifo=fifo_links)
         self.tick_ms = tick_ms
         # Only a Scenario's schedule can be replayed from the command line; a cluster
         # scheduled by hand (partition(), write()) is replayed by rerunning its code.
         self._replayable = scenario is not None
         self.scenario = scenario or Scenario(seed=seed, nodes=n, loss=loss, duplicate=duplicate,
                                              reorder=reorder, latency_ms=latency_ms,
+                                             fifo_links=fifo_links,
                                              neighbours=neighbours, d_max=d_max)
         self.created: list[bytes] = []
         self.width_samples: list[float] = []
@@ -251,7 +252,8 @@ class Cluster:
                    authorization=s.authorization, indexers=s.indexers, adversary=s.adversary,
                    invite=s.invite, outsiders=s.outsiders,
                    banned_writer=max(1, s.rounds // 3) if s.banned_writer else None,
-                   history=s.history, late=s.late, late_round=max(1, s.rounds // 2))
+                   history=s.history, late=s.late, late_round=max(1, s.rounds // 2),
+                   fifo_links=s.fifo_links)
 
     @property
     def now_ms(self) -> int:
