@@ -704,7 +704,8 @@ def test_fixed_writers_and_a_moving_root_keep_the_tree_s_latency_tail_short(tmp_
     through FORMER_PARENT_GRACE_MS. Seed 20: two nodes each the other's parent, fed by
     exchanges, 656 / 89, then 414 / 2 once such a cycle counts as broken. (All of
     these on links that reordered; on links that keep order, as the daemons' streams
-    do, seeds 1, 2, 3, 8, 20: 402 / 0, 374 / 0, 415 / 20, 412 / 8, see the test's log.)"""
+    do, seeds 1, 2, 3, 8: 402 / 0, 374 / 0, 415 / 20, 412 / 8: docs/anti-entropy.md,
+    "FIFO links".)"""
     latencies, by_exchange = fixed_writers_world(tmp_path, seed=seed)
     p99 = latencies[len(latencies) * 99 // 100]
     late = sum(1 for latency in latencies if latency > GRAFT_TIMEOUT_MS + 300)

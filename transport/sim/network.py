@@ -12,12 +12,14 @@ schedule of `(groups, at_ms, heal_at_ms)` during which messages between
 groups are dropped at delivery time. The order of the random draws is part
 of a seed's meaning: change it and every recorded seed replays another run.
 
-Each message draws its own latency, so by default two messages on one link
-may arrive in either order. A libp2p stream (the node's one stream per peer,
-`transport.libp2p_messages`) keeps order, so a world may ask for **FIFO
-links** (`fifo=True`): a message is then delivered no earlier than the one
-sent before it on the same link (head-of-line waiting, as on a stream). It
-draws nothing more, so a seed's draws are the same either way. The tree fast
+Each message draws its own latency, so on a plain `Network` two messages on
+one link may arrive in either order. A libp2p stream (the node's one stream
+per peer, `transport.libp2p_messages`) keeps order, so every world asks for
+**FIFO links** (`fifo=True`; `Scenario.fifo_links`, on by default since
+2026-11-27, `--reordering-links` off): a message is then delivered no
+earlier than the one sent before it on the same link (head-of-line waiting,
+as on a stream). It draws nothing more, so a seed's draws are the same
+either way. The tree fast
 path's declarations depend on it: a `Graft` overtaking an earlier `Prune` to
 the same peer left the two disagreeing about their link for seconds
 (docs/anti-entropy.md, "FIFO links").
