@@ -19,10 +19,9 @@ per peer, `transport.libp2p_messages`) keeps order, so every world asks for
 2026-11-27, `--reordering-links` off): a message is then delivered no
 earlier than the one sent before it on the same link (head-of-line waiting,
 as on a stream). It draws nothing more, so a seed's draws are the same
-either way. The tree fast
-path's declarations depend on it: a `Graft` overtaking an earlier `Prune` to
-the same peer left the two disagreeing about their link for seconds
-(docs/anti-entropy.md, "FIFO links").
+either way. The tree fast path's declarations depend on it: a `Graft`
+overtaking an earlier `Prune` to the same peer left the two disagreeing
+about their link for seconds (docs/anti-entropy.md, "FIFO links").
 """
 
 from __future__ import annotations
