@@ -224,8 +224,10 @@ class Disseminator(Intake, AntiEntropy, JoinHandshake):
         self._replicas[replica.topic_id] = replica
         self._timers[replica.topic_id] = _TopicTimers()
         if self.config.push and self.config.tree:
-            self._trees[replica.topic_id] = TopicTree(self.config.graft_timeout_ms,
-                                                     self.config.prune_after, self._own_key())
+            self._trees[replica.topic_id] = TopicTree(
+                self.config.graft_timeout_ms, self.config.prune_after, self._own_key(),
+                sync_hold_floor_ms=self.config.sync_hold_ms,
+                adaptive=self.config.adaptive_timers)
 
     def _own_key(self) -> bytes | None:
         """This node's author key (its id is the key in hex), if the id is one."""
@@ -781,12 +783,6 @@ class Disseminator(Intake, AntiEntropy, JoinHandshake):
         """The event, applied or buffered here (None: not held)."""
         return replica.graph.get(event_id) or replica.graph.buffered_event(event_id)
 
-    @classmethod
-    def _source(cls, replica: Replica, event_id: bytes) -> bytes | None:
-        """The author of a received event (the source whose tree carries it), if held here."""
-        event = cls._held_event(replica, event_id)
-        return None if event is None else event.author
-
     def _tree_received(self, tree: TopicTree, peer: PeerId, replica: Replica, ids: list[bytes],
                        fresh: list[bytes], known: set[bytes], now_ms: int) -> list[Effect]:
         """A push of events `ids` arrived (`known`: those held here before): note whose
@@ -810,7 +806,13 @@ class Disseminator(Intake, AntiEntropy, JoinHandshake):
         # The root's first copies say which link is our parent (transport.eager_lazy),
         # judged on their own: under load a push often carries several sources' events.
         root = tree.root(now_ms)
-        sources = [self._source(replica, event_id) for event_id in ids]
+        events = [self._held_event(replica, event_id) for event_id in ids]
+        sources = [None if event is None else event.author for event in events]
+        if tree.adaptive:  # how late the tree's first copies come (transport.tree_lateness)
+            lateness = tree.lateness
+            for event in events:
+                if event is not None and event.id in fresh_ids:
+                    lateness.arrived(event.author, now_ms - event.timestamp_ms)
         root_ids = [i for i, source in zip(ids, sources) if source is not None and source == root]
         all_known = bool(ids) and all(i in known for i in ids)
         if len(known) < len(ids):  # news by this link, of any source (`TopicTree.broken`)
@@ -867,6 +869,8 @@ class Disseminator(Intake, AntiEntropy, JoinHandshake):
         """Flush the announcements, and graft for the announced ids overdue here."""
         topic = replica.topic_id
         out = self._ihaves(topic, tree.flush())
+        # A gauge, not a counter: the measure the timers stretch to (of the topic ticked last).
+        self.stats["tree_lateness_ms"] = tree.lateness.ms
         graph = replica.graph
         asks = tree.due(now_ms, lambda i: graph.has(i) or graph.is_buffered(i)
                         or graph.rejected_reason(i) is not None)
@@ -921,7 +925,7 @@ class Disseminator(Intake, AntiEntropy, JoinHandshake):
         if not tree.formed:
             samples.clear()
         samples.append((now_ms, replica.graph.delivered_count))
-        hold_from = now_ms - self.config.sync_hold_ms
+        hold_from = now_ms - tree.sync_hold()
         while len(samples) > 1 and samples[1][0] <= hold_from:
             samples.popleft()  # the first sample left is the last one at or before hold_from
 

@@ -93,6 +93,9 @@ class DisseminationConfig:
     prune_after: int = PRUNE_AFTER_DUPLICATES  # pushes over a lazy link before the prune is repeated
     lazy_fanout: int = DEFAULT_LAZY_FANOUT  # lazy links each new event's id is announced on
     sync_hold_ms: int = SYNC_HOLD_MS  # exchanges hold back events applied within this (tree)
+    # The tree's timers (graft timeout, sync hold, parent silence) stretch to the measured
+    # lateness of its copies when that is more (transport.tree_lateness).
+    adaptive_timers: bool = True
     announce: bool = False  # emit `Announce` for local events (an external fast path)
     push_fanout: int = DEFAULT_PUSH_FANOUT
     forward_pushed: bool = True  # relay events first received by push

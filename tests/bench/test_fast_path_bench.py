@@ -96,7 +96,9 @@ TREE_COUNTERS = ("grafts_sent", "graft_ids_sent", "graft_events_served", "prunes
 PER_NODE_COUNTERS = ("duplicates", "tree_held_back", "tree_duplicate_pushes_parent",
                      "tree_duplicate_pushes_root", "tree_duplicate_pushes_lazy",
                      "tree_duplicate_pushes_other", "prunes_sent", "pruned",
-                     "grafted", "tree_root_news_over_lazy", "wants_sent", "received_sync")
+                     "grafted", "tree_root_news_over_lazy", "wants_sent", "received_sync",
+                     "tree_lateness_ms")
+GAUGES = ("tree_lateness_ms",)  # reported as they stand at the end, not as a difference
 _BYTES_RECEIVED = re.compile(r"bytes_received:(\d+)")
 _PID = re.compile(r"pid=(\d+)")
 
@@ -127,7 +129,7 @@ def breakdown(before: dict[int, Counter[str]], after: dict[int, Counter[str]], p
                            for k in TREE_COUNTERS},
         "other_counters": {k: summed_delta(before, after, k)
                            for k in sorted({k for c in after.values() for k in c})
-                           if k not in TREE_COUNTERS and isinstance(after[0].get(k), int)
+                           if k not in TREE_COUNTERS and k not in GAUGES and isinstance(after[0].get(k), int)
                            and summed_delta(before, after, k)},
     }
 
@@ -291,8 +293,10 @@ def measure(base_dir: Path, fast_path: str, mode: str) -> dict[str, Any]:
         "duplicates_by_channel": {c: round(n / per, 3)
                                   for c, n in observed.duplicates_by_channel.items()},
         "breakdown": breakdown(before, after, per, event_size, wire),
-        "per_node": {node_ids[i][:6]: {k: after[i][k] - before[i][k] for k in PER_NODE_COUNTERS
-                                       if after[i][k] - before[i][k]} for i in indices},
+        "per_node": {node_ids[i][:6]: {k: after[i][k] if k in GAUGES else after[i][k] - before[i][k]
+                                       for k in PER_NODE_COUNTERS
+                                       if (after[i][k] if k in GAUGES else after[i][k] - before[i][k])}
+                     for i in indices},
         "load_average_1m_at_end": load,
     }
 
