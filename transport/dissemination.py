@@ -196,7 +196,7 @@ class Disseminator(Intake, AntiEntropy, JoinHandshake):
         self._replicas: dict[bytes, Replica] = {}
         self._timers: dict[bytes, _TopicTimers] = {}
         self._trees: dict[bytes, TopicTree] = {}  # the tree fast path's links (config.tree)
-        # Per tree topic: (ms, delivered_count) samples over the last sync_hold_ms
+        # Per tree topic: (ms, delivered_count) samples over the tree's last hold
         # (what an exchange holds back: `_young_cutoff`).
         self._delivered_at: dict[bytes, deque[tuple[int, int]]] = {}
         self._held: set[bytes] = set()  # the ids the exchange being answered holds back
@@ -930,11 +930,12 @@ class Disseminator(Intake, AntiEntropy, JoinHandshake):
             samples.popleft()  # the first sample left is the last one at or before hold_from
 
     def _young_cutoff(self, graph: Graph, now_ms: int) -> int | None:
-        """The delivery position from which events are young (applied within sync_hold_ms),
-        or None if none is held back.
+        """The delivery position from which events are young (applied within the tree's
+        hold, `TopicTree.sync_hold`), or None if none is held back.
 
         On the tree path an exchange holds back events applied here within
-        `sync_hold_ms` (`transport.eager_lazy`, SYNC_HOLD_MS): they are mostly on
+        `sync_hold_ms` (`transport.eager_lazy`, SYNC_HOLD_MS; stretched to the
+        tree's measured lateness when that is more): they are mostly on
         their way to the peer by the tree, and sent by the exchange they arrive
         out of the tree's causal order, so that the peer's children of them
         overtake their other parents elsewhere (measured in the seeded world: with
