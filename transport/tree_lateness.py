@@ -11,7 +11,9 @@ duplicates per node and event, 2.9x the event's bytes on the wire).
 
 So each topic measures how late the tree's first copies come, and the timers
 stretch to it (never below their fixed values, which stay the floor: on a quiet
-machine and in the simulator nothing changes).
+machine and in the simulator's usual worlds nothing changes; on slow links with
+idle CPUs they trade latency for bytes, docs/anti-entropy.md "Timers that
+stretch").
 
 A copy's lateness is its age when it arrives here: our clock less its author's
 `timestamp_ms`. The whole age, not its excess over the author's fastest copy:
