@@ -275,8 +275,8 @@ class TopicTree:
         GRAFT_TIMEOUTS_PER_LATENESS times the tree's lateness here if more.
 
         The timers are fixed floors that stretch with the lateness of the tree's
-        copies (`transport.tree_lateness`, the median copy's delay past its
-        author's fastest). On 2 saturated cores the 10-node bench's copies took
+        copies (`transport.tree_lateness`, the median age of the recent first
+        copies by push). On 2 saturated cores the 10-node bench's copies took
         1.4 s at p90 over the tree, and the fixed timers fired on copies that
         were late, not lost: 0.3 ids fetched per node and event, exchanges
         sending what the tree still carried (0.65 events per node and event),

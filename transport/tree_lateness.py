@@ -81,19 +81,19 @@ class _Baseline:
 class Lateness:
     """One topic's measure of how late the tree's first copies come (module docstring)."""
 
-    _fastest: OrderedDict[bytes, _Baseline] = field(default_factory=OrderedDict)
+    _baselines: OrderedDict[bytes, _Baseline] = field(default_factory=OrderedDict)  # by author
     _samples: deque[int] = field(default_factory=lambda: deque(maxlen=LATENESS_SAMPLES))
     _since_recompute: int = 0
     _value_ms: int = 0
 
     def arrived(self, author: bytes, age_ms: int) -> None:
         """A first copy by the tree of one of `author`'s events, `age_ms` old here."""
-        baseline = self._fastest.pop(author, None)
+        baseline = self._baselines.pop(author, None)
         if baseline is None:
             baseline = _Baseline(age_ms, age_ms)
-        self._fastest[author] = baseline  # (re-inserted: the dict's order is the recency)
-        if len(self._fastest) > MAX_AUTHORS:
-            self._fastest.popitem(last=False)
+        self._baselines[author] = baseline  # (re-inserted: the dict's order is the recency)
+        if len(self._baselines) > MAX_AUTHORS:
+            self._baselines.popitem(last=False)
         ahead = min(0, baseline.least(age_ms))  # the author's clock is ahead of ours
         self._samples.append(min(age_ms - ahead, MAX_LATENESS_MS))
         self._since_recompute += 1

@@ -95,7 +95,7 @@ def test_the_measure_is_recomputed_every_few_copies_and_authors_are_bounded():
     assert lateness.ms == 500
     for n in range(MAX_AUTHORS + 10):
         lateness.arrived(n.to_bytes(32, "big"), 0)
-    assert len(lateness._fastest) == MAX_AUTHORS
+    assert len(lateness._baselines) == MAX_AUTHORS
 
 
 def late_tree(delay_ms: int, adaptive: bool = True) -> TopicTree:
