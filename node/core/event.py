@@ -57,12 +57,19 @@ MAX_EVENT_BYTES = 64 * 1024
 # What an event's fields other than its payload take at most, encoded: MAX_PARENTS
 # and MAX_AUTH_REFS ids, a MAX_KIND_BYTES kind, a MAX_STATE_KEY_BYTES state key, the
 # author, topic, signature and integers with their msgpack headers add up to 1,506
-# bytes (tests/core/test_event.py builds that worst case); rounded up to 2 KiB.
+# bytes (tests/core/test_event.py builds that worst case); rounded up to 2 KiB. (A
+# dummy may name MAX_DUMMY_PARENTS, 1,496 bytes more: dummies carry no payload.)
 EVENT_OVERHEAD_BYTES = 2 * 1024
 # The largest payload a local publish accepts, whatever the topic's d_max: 63,488
 # bytes (62 KiB). Publishing more is refused before anything is signed.
 MAX_PAYLOAD_BYTES = MAX_EVENT_BYTES - EVENT_OVERHEAD_BYTES
 MAX_PARENTS = 20
+# A dummy event (KIND_DUMMY) may name this many: it has no payload and no purpose but
+# merging extremities, and each one merges MAX_DUMMY_PARENTS - 1 of them. Held to
+# MAX_PARENTS, a join storm of 1000 members needed 53 dummies at once and the
+# simulated 600-node world's width stayed over its bound for seconds; at 64, 16 do
+# (docs/anti-entropy.md, "Wider dummies"). 64 ids are 2.2 KB encoded.
+MAX_DUMMY_PARENTS = 64
 MAX_AUTH_REFS = 10
 MAX_STATE_KEY_BYTES = 255
 MAX_KIND_BYTES = 64
@@ -430,6 +437,11 @@ def _built(version: int, topic: bytes, author: bytes, seq: int, parents: list[by
         b"", signature, raw, _blake2b(raw, digest_size=ID_BYTES).digest(), payload.data, True)
 
 
+def max_parents_of(kind: str) -> int:
+    """How many parents an event of `kind` may name: MAX_PARENTS, MAX_DUMMY_PARENTS for a dummy."""
+    return MAX_DUMMY_PARENTS if kind == KIND_DUMMY else MAX_PARENTS
+
+
 def _is_id_fast(value: Any) -> bool:
     return type(value) is bytes and len(value) == ID_BYTES
 
@@ -440,8 +452,9 @@ def _plainly_valid(
 ) -> bool:
     """True for a well-formed non-create event whose strings are ASCII.
 
-    Stricter than `_check_fields` (exact types, ASCII only, parents present),
-    never looser: ASCII strings have as many bytes as characters, and
+    Stricter than `_check_fields` (exact types, ASCII only, parents present, at most
+    MAX_PARENTS of them whatever the kind: a wider dummy takes the slow path), never
+    looser: ASCII strings have as many bytes as characters, and
     `sorted(set(x)) == x` holds exactly for a sorted list without duplicates.
     """
     return (
@@ -490,8 +503,8 @@ def _check_fields(
     if state_key is not None:
         _expect(len(state_key.encode()) <= MAX_STATE_KEY_BYTES, RejectReason.STATE_KEY_TOO_LONG,
                 f"{len(state_key.encode())} > {MAX_STATE_KEY_BYTES} bytes")
-    _expect(len(parents) <= MAX_PARENTS,
-            RejectReason.TOO_MANY_PARENTS, f"{len(parents)} > {MAX_PARENTS}")
+    limit = max_parents_of(kind)
+    _expect(len(parents) <= limit, RejectReason.TOO_MANY_PARENTS, f"{len(parents)} > {limit}")
     _expect(len(auth) <= MAX_AUTH_REFS,
             RejectReason.TOO_MANY_AUTH_REFS, f"{len(auth)} > {MAX_AUTH_REFS}")
     _expect(len(set(parents)) == len(parents), RejectReason.DUPLICATE_PARENTS)
@@ -536,8 +549,8 @@ def check_local_event(
         return  # the common case in one test; the checks below name what is wrong
     _expect(len(raw) <= MAX_EVENT_BYTES,
             RejectReason.TOO_LARGE, f"{len(raw)} > {MAX_EVENT_BYTES} bytes")
-    _expect(len(parents) <= MAX_PARENTS,
-            RejectReason.TOO_MANY_PARENTS, f"{len(parents)} > {MAX_PARENTS}")
+    limit = max_parents_of(kind)
+    _expect(len(parents) <= limit, RejectReason.TOO_MANY_PARENTS, f"{len(parents)} > {limit}")
     _expect(len(set(parents)) == len(parents), RejectReason.DUPLICATE_PARENTS)
     _expect(len(auth) <= MAX_AUTH_REFS,
             RejectReason.TOO_MANY_AUTH_REFS, f"{len(auth)} > {MAX_AUTH_REFS}")

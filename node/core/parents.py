@@ -26,8 +26,8 @@ with d parents removes d - 1 extremities. Held to `d_max` a replica needs
 the threshold is emitting its own at the same time, each dummy itself a new
 extremity for the others: the dummy storm. So a dummy takes up to
 `DepletionPolicy.max_parents` (default MAX_DUMMY_PARENTS, the event format's
-limit of 20) and one usually suffices. `max_parents=None` restores the old
-rule (dummies held to `d_max`).
+limit for dummies: 64, where other events may name 20) and one usually
+suffices. `max_parents=None` restores the old rule (dummies held to `d_max`).
 
 What the dissemination engine needs to schedule dummies (it adds the
 randomized backoff that keeps n replicas from answering one wide graph with
@@ -43,19 +43,27 @@ import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from node.core.event import MAX_DUMMY_PARENTS
+
 DEFAULT_D_MAX = 10
 MIN_D_MAX = 1
 MAX_D_MAX = 20  # the event format's MAX_PARENTS
 
 DEFAULT_DEPLETION_THRESHOLD = 10
 DEFAULT_DEPLETION_INTERVAL_MS = 1_000
-MAX_DUMMY_PARENTS = MAX_D_MAX  # a dummy merges as many extremities as an event may name
 
 
 class ParentPolicy(enum.Enum):
     RANDOM = "random"
     NEWEST = "newest"
     MIXED = "mixed"
+
+
+def _check_pick(d_max: int) -> None:
+    """A pick names 1 to MAX_DUMMY_PARENTS parents (a topic's d_max for ordinary events,
+    at most MAX_D_MAX; a dummy's up to MAX_DUMMY_PARENTS)."""
+    if not MIN_D_MAX <= d_max <= MAX_DUMMY_PARENTS:
+        raise ValueError(f"d_max must be in [{MIN_D_MAX}, {MAX_DUMMY_PARENTS}], got {d_max}")
 
 
 def select_parents(
@@ -66,8 +74,7 @@ def select_parents(
     depth_of: Callable[[bytes], int],
 ) -> list[bytes]:
     """Pick at most `d_max` of `extremities` by `policy`; the result is sorted."""
-    if not MIN_D_MAX <= d_max <= MAX_D_MAX:
-        raise ValueError(f"d_max must be in [{MIN_D_MAX}, {MAX_D_MAX}], got {d_max}")
+    _check_pick(d_max)
     pool = sorted(extremities)  # sorted first: the same rng gives the same pick everywhere
     if len(pool) <= d_max:
         return pool
@@ -92,8 +99,7 @@ def select_share(extremities: Sequence[bytes], d_max: int, share: int) -> list[b
     runs are spent): replicas that hold the same extremities cut them alike,
     so k such dummies merge k * d_max different extremities. No randomness.
     """
-    if not MIN_D_MAX <= d_max <= MAX_D_MAX:
-        raise ValueError(f"d_max must be in [{MIN_D_MAX}, {MAX_D_MAX}], got {d_max}")
+    _check_pick(d_max)
     if share < 0:
         raise ValueError(f"share must be >= 0, got {share}")
     pool = sorted(extremities)
@@ -117,9 +123,11 @@ class DepletionPolicy:
     max_parents: int | None = MAX_DUMMY_PARENTS
 
     def __post_init__(self) -> None:
-        if self.max_parents is not None and not MIN_D_MAX < self.max_parents <= MAX_D_MAX:
+        if (self.max_parents is not None
+                and not MIN_D_MAX < self.max_parents <= MAX_DUMMY_PARENTS):
             # One parent merges nothing: a dummy must be able to name two.
-            raise ValueError(f"max_parents must be None or in ({MIN_D_MAX}, {MAX_D_MAX}]")
+            raise ValueError(
+                f"max_parents must be None or in ({MIN_D_MAX}, {MAX_DUMMY_PARENTS}]")
 
     def due(self, width: int, now_ms: int, last_dummy_ms: int | None) -> bool:
         if not self.over(width):

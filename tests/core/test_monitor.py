@@ -9,7 +9,9 @@ from hypothesis import strategies as st
 
 from node.core.event import (
     EVENT_VERSION,
+    KIND_DUMMY,
     MAX_AUTH_REFS,
+    MAX_DUMMY_PARENTS,
     MAX_EVENT_BYTES,
     MAX_PARENTS,
     MAX_STATE_KEY_BYTES,
@@ -132,6 +134,21 @@ def test_too_many_parents(world):
     parents = sorted(bytes([i]) * 32 for i in range(MAX_PARENTS + 1))
     assert_rejected(world, craft_raw(fields_of(world, parents=parents), identity("mallory")),
                     "too_many_parents")
+
+
+def test_a_dummy_may_name_more_parents_than_other_events_but_not_without_bound(world):
+    """A dummy only merges extremities: the format lets it name MAX_DUMMY_PARENTS (a
+    join storm's width comes down in a third of the dummies), and no more."""
+    wide = sorted(bytes([i]) * 32 for i in range(MAX_DUMMY_PARENTS))
+    dummy = decode_event(craft_raw(fields_of(world, parents=wide, kind=KIND_DUMMY, payload=b""),
+                                   identity("mallory")))
+    assert len(dummy.parents) == MAX_DUMMY_PARENTS > MAX_PARENTS
+    with pytest.raises(EventFormatError) as refused:
+        decode_event(craft_raw(fields_of(world, parents=wide, payload=b""), identity("mallory")))
+    assert refused.value.reason is RejectReason.TOO_MANY_PARENTS  # a message: MAX_PARENTS
+    wider = sorted(bytes([i]) * 32 for i in range(MAX_DUMMY_PARENTS + 1))
+    assert_rejected(world, craft_raw(fields_of(world, parents=wider, kind=KIND_DUMMY, payload=b""),
+                                     identity("mallory")), "too_many_parents")
 
 
 def test_no_parents_on_a_non_create_event(world):

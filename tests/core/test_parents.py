@@ -112,12 +112,14 @@ def test_depletion_policy_exposes_what_the_engine_schedules_by():
     assert not policy.over(10) and policy.over(11)
     assert not DepletionPolicy(threshold=10, enabled=False).over(100)
     assert policy.settled(5) and not policy.settled(6)  # hysteresis at half the threshold
-    assert policy.dummy_parents(4) == MAX_DUMMY_PARENTS == MAX_PARENTS
+    # A dummy names more than an ordinary event may (node.core.event, MAX_DUMMY_PARENTS).
+    assert policy.dummy_parents(4) == MAX_DUMMY_PARENTS == 64 > MAX_PARENTS
     assert DepletionPolicy(max_parents=None).dummy_parents(4) == 4
-    assert policy.width_after_dummy(50, 10) == 31 and policy.width_after_dummy(7, 10) == 1
+    assert DepletionPolicy(max_parents=MAX_PARENTS).dummy_parents(4) == MAX_PARENTS
+    assert policy.width_after_dummy(100, 10) == 37 and policy.width_after_dummy(7, 10) == 1
     # backward compatible: positional fields keep their meaning, defaults unchanged
     assert DepletionPolicy(3, 1_000, True).threshold == 3
     with pytest.raises(ValueError, match="max_parents"):
         DepletionPolicy(max_parents=1)
     with pytest.raises(ValueError, match="max_parents"):
-        DepletionPolicy(max_parents=MAX_PARENTS + 1)
+        DepletionPolicy(max_parents=MAX_DUMMY_PARENTS + 1)

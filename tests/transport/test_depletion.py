@@ -38,7 +38,7 @@ from transport.effects import Log
 from transport.sim import Cluster, Scenario, run_scenario
 
 THRESHOLD = 10
-MERGE = 20  # DepletionPolicy's dummy_parents at d_max 10
+MERGE = 20  # dummies of 20 parents (the timer takes any; the default is MAX_DUMMY_PARENTS)
 
 
 def keys(n: int) -> list[bytes]:
@@ -68,6 +68,8 @@ def test_the_wanted_count_is_what_one_wave_of_dummies_merges():
     assert wanted_dummies(29, THRESHOLD, MERGE) == 1  # one dummy of 20 parents: 29 -> 10
     assert wanted_dummies(30, THRESHOLD, MERGE) == 2
     assert wanted_dummies(1_000, THRESHOLD, MERGE) == 53  # a join storm of 1000 members
+    # ... with the dummies the event format allows (node.core.event): 16 at once.
+    assert wanted_dummies(1_000, THRESHOLD, DepletionPolicy().dummy_parents(10)) == 16
 
 
 def test_replicas_holding_the_same_extremities_agree_on_the_order():
