@@ -18,9 +18,9 @@ who writes them instead:
   `merge` = `DepletionPolicy.dummy_parents(d_max)` extremities, so a width
   w over the threshold t needs `wanted` = ceil((w − t) / (merge − 1))
   dummies at once (a join storm of 1000 members needs 16 dummies of 64
-  parents; the common case needs one): the first `wanted` ranks write one each, all at the end of the
-  quiet period (not spread over `SPREAD_MS`: the wave's first dummies would
-  postpone the rest) — rank r merging run r
+  parents; the common case needs one): the first `wanted` ranks write one
+  each, all at the end of the quiet period (not spread over `SPREAD_MS`:
+  the wave's first dummies would postpone the rest) — rank r merging run r
   of the sorted extremities, so the storm's dummies do not name the same
   ones (`node.core.parents.select_share`) — the next rank one
   `SLOT_MS` later — the fallback when a chosen replica is dead, partitioned

@@ -43,11 +43,11 @@ import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from node.core.event import MAX_DUMMY_PARENTS
+from node.core.event import MAX_DUMMY_PARENTS, MAX_PARENTS
 
 DEFAULT_D_MAX = 10
 MIN_D_MAX = 1
-MAX_D_MAX = 20  # the event format's MAX_PARENTS
+MAX_D_MAX = MAX_PARENTS  # an ordinary event names at most what the format allows
 
 DEFAULT_DEPLETION_THRESHOLD = 10
 DEFAULT_DEPLETION_INTERVAL_MS = 1_000
