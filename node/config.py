@@ -93,6 +93,12 @@ class NodeConfig:
     # None: node.replica.ordering's DEFAULT_ACK_INTERVAL_MS (not imported here: it would
     # load the replica's modules into every CLI call, doubling its start-up).
     ack_interval_ms: int | None = None
+    # The most extremities one dummy event merges (node.core.parents.DepletionPolicy).
+    # None: the event format's limit for dummies (node.core.event.MAX_DUMMY_PARENTS,
+    # 64). Builds before 2026-11-28 refuse a dummy of more than 20 parents, and with it
+    # everything written on it: set 20 while a fleet still runs such builds (docs/deploy.md,
+    # "Upgrading a fleet"). Not imported here, as above.
+    dummy_max_parents: int | None = None
     log_dir: str | None = "logs"  # relative to the data dir; None = no dissemination log
     metrics_port: int = 0
     # The connection manager (node.core.connection_manager): below `connections_low` the
@@ -140,6 +146,13 @@ def validate(config: NodeConfig) -> NodeConfig:
         positive(name)
     if config.ack_interval_ms is not None:
         positive("ack_interval_ms")
+    if config.dummy_max_parents is not None:
+        from node.core.event import MAX_DUMMY_PARENTS  # only when set: the CLI stays light
+
+        value = config.dummy_max_parents
+        if type(value) is not int or not 2 <= value <= MAX_DUMMY_PARENTS:
+            raise ConfigError(f"dummy_max_parents must be an integer from 2 to "
+                              f"{MAX_DUMMY_PARENTS}, got {value!r}")
     for name in ("connections_high", "max_connections", "max_connections_per_ip"):
         positive(name, "connections")
     if type(config.connections_low) is not int or config.connections_low < 0:

@@ -64,6 +64,7 @@ from node.backup import BackupError, finish_backup, prepare_target
 from node.check import quick_check_topic
 from node.core.store import DamagedTopicError, Op, StoreError, damaged_topic_message
 from node.core.peer_book import PeerBook
+from node.core.parents import DepletionPolicy
 from node.dialer import Dialer
 from node.fleet import BookKeeper, ConnectionKeeper, PeerExchange, peers_report
 from node.effects import (GOSSIP_TOPIC_PREFIX, PROTOCOL_DISSEMINATION, EffectRunner,
@@ -569,8 +570,11 @@ class Node:
 
     def _replica_config(self) -> ReplicaConfig:
         interval = self.config.ack_interval_ms
+        merge = self.config.dummy_max_parents
         return ReplicaConfig(ordering=OrderConfig() if interval is None
                              else OrderConfig(ack_interval_ms=interval),
+                             depletion=(DepletionPolicy() if merge is None
+                                        else DepletionPolicy(max_parents=merge)),
                              caches=self._cache_budget.shares(len(self._topics) + 1))
 
     def _share_caches(self) -> None:

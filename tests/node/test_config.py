@@ -45,6 +45,14 @@ def test_the_ack_interval_is_a_setting(tmp_path):
         load_config(write(tmp_path, "ack_interval_ms = 0\n"))
 
 
+@pytest.mark.parametrize("value", ["1", "65", "20.5", '"20"', "true"])
+def test_the_dummies_width_is_a_setting_within_the_formats_limit(tmp_path, value):
+    assert load_config(write(tmp_path, "dummy_max_parents = 20\n")).dummy_max_parents == 20
+    assert load_config(write(tmp_path, "")).dummy_max_parents is None
+    with pytest.raises(ConfigError, match="dummy_max_parents must be an integer from 2 to 64"):
+        load_config(write(tmp_path, f"dummy_max_parents = {value}\n"))
+
+
 def test_the_transport_timeout_is_a_setting_defaulting_to_the_transports(tmp_path):
     from node.config import DEFAULT_TRANSPORT_TIMEOUT_MS
     from transport.libp2p_streams import MESSAGE_WRITE_TIMEOUT_S, OPEN_STREAM_TIMEOUT_S
@@ -81,6 +89,20 @@ async def test_a_running_node_acks_at_the_configured_interval(tmp_path):
     async with Node.open(tmp_path / "m") as node:
         topic = await node.create_topic("acks")
         assert topic.replica.config.ordering.ack_interval_ms == DEFAULT_ACK_INTERVAL_MS
+
+
+async def test_a_running_node_holds_its_dummies_to_the_configured_width(tmp_path):
+    """`dummy_max_parents = 20`: a fleet upgrading from builds that refuse wider dummies
+    (docs/deploy.md). Unset, dummies take the format's limit for them."""
+    from node.core.event import MAX_DUMMY_PARENTS
+    from node.runtime import Node
+
+    async with Node.open(tmp_path / "n", config=NodeConfig(dummy_max_parents=20)) as node:
+        topic = await node.create_topic("narrow")
+        assert topic.replica.config.depletion.dummy_parents(topic.replica.params.d_max) == 20
+    async with Node.open(tmp_path / "m") as node:
+        topic = await node.create_topic("wide")
+        assert topic.replica.config.depletion.max_parents == MAX_DUMMY_PARENTS
 
 
 def test_the_cli_does_not_load_the_replica_to_read_its_config():
