@@ -147,11 +147,12 @@ def validate(config: NodeConfig) -> NodeConfig:
     if config.ack_interval_ms is not None:
         positive("ack_interval_ms")
     if config.dummy_max_parents is not None:
-        from node.core.event import MAX_DUMMY_PARENTS  # only when set: the CLI stays light
+        # Only when set: the CLI stays light. (A dummy of one parent merges nothing.)
+        from node.core.parents import MAX_DUMMY_PARENTS, MIN_D_MAX
 
         value = config.dummy_max_parents
-        if type(value) is not int or not 2 <= value <= MAX_DUMMY_PARENTS:
-            raise ConfigError(f"dummy_max_parents must be an integer from 2 to "
+        if type(value) is not int or not MIN_D_MAX < value <= MAX_DUMMY_PARENTS:
+            raise ConfigError(f"dummy_max_parents must be an integer from {MIN_D_MAX + 1} to "
                               f"{MAX_DUMMY_PARENTS}, got {value!r}")
     for name in ("connections_high", "max_connections", "max_connections_per_ip"):
         positive(name, "connections")
