@@ -147,13 +147,17 @@ def validate(config: NodeConfig) -> NodeConfig:
     if config.ack_interval_ms is not None:
         positive("ack_interval_ms")
     if config.dummy_max_parents is not None:
-        # Only when set: the CLI stays light. (A dummy of one parent merges nothing.)
-        from node.core.parents import MAX_DUMMY_PARENTS, MIN_D_MAX
+        # Only when set: the CLI stays light. The policy's own check holds the range.
+        from node.core.parents import MAX_DUMMY_PARENTS, MIN_D_MAX, DepletionPolicy
 
         value = config.dummy_max_parents
-        if type(value) is not int or not MIN_D_MAX < value <= MAX_DUMMY_PARENTS:
+        try:
+            if type(value) is not int:
+                raise ValueError(value)
+            DepletionPolicy(max_parents=value)
+        except ValueError:
             raise ConfigError(f"dummy_max_parents must be an integer from {MIN_D_MAX + 1} to "
-                              f"{MAX_DUMMY_PARENTS}, got {value!r}")
+                              f"{MAX_DUMMY_PARENTS}, got {value!r}") from None
     for name in ("connections_high", "max_connections", "max_connections_per_ip"):
         positive(name, "connections")
     if type(config.connections_low) is not int or config.connections_low < 0:
