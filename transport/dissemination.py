@@ -249,6 +249,10 @@ class Disseminator(Intake, AntiEntropy, JoinHandshake):
     def replica(self, topic: bytes) -> Replica:
         return self._replicas[topic]
 
+    def tree_of(self, topic: bytes) -> TopicTree | None:
+        """The topic's tree (None: not on the tree fast path, or not a topic here)."""
+        return self._trees.get(topic)
+
     @property
     def commits(self) -> bool:
         """Whether the engine commits itself (standalone) or its driver does (module docstring)."""

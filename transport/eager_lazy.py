@@ -576,6 +576,11 @@ class TopicTree:
             news = self._news_at.get(parent)
         return news is None or now_ms - news > self.parent_silence()
 
+    @property
+    def parent(self) -> PeerId | None:
+        """Our parent link (None: none yet, or we are the root)."""
+        return self._parent
+
     def is_parent(self, peer: PeerId) -> bool:
         """Is `peer` our parent link (the root's first copies come by it)?"""
         return peer == self._parent
