@@ -105,6 +105,13 @@ class Lateness:
         ordered = sorted(self._samples)
         self._value_ms = ordered[min(len(ordered) - 1, int(len(ordered) * LATENESS_QUANTILE))]
 
+    def forget_samples(self) -> None:
+        """Start the measure afresh (0 until enough copies come), keeping what is known of
+        the authors' clocks: the copies measured are of a busy spell that is over."""
+        self._samples.clear()
+        self._since_recompute = 0
+        self._value_ms = 0
+
     @property
     def ms(self) -> int:
         """The LATENESS_QUANTILE of the recent copies' lateness (0 before enough copies)."""

@@ -125,6 +125,23 @@ def test_a_late_tree_stretches_every_timer():
         == (GRAFT_TIMEOUT_MS, SYNC_HOLD_MS, PARENT_SILENT_MS)
 
 
+def test_a_tree_that_brings_no_news_for_a_hold_falls_back_to_its_floors():
+    """A busy spell (or the copies a healed partition pushed on, seconds old) stretched
+    the timers; once no push has brought news for SYNC_HOLD_MS, the tree carries nothing
+    towards us and the timers are their fixed values again, until copies come anew."""
+    tree = late_tree(600)
+    tree.news_from("p", NOW)
+    tree.quiet_tick(NOW + SYNC_HOLD_MS - 1)
+    assert tree.carrying(NOW + SYNC_HOLD_MS - 1) and tree.sync_hold() > SYNC_HOLD_MS
+    tree.quiet_tick(NOW + SYNC_HOLD_MS)
+    assert not tree.carrying(NOW + SYNC_HOLD_MS)
+    assert (tree.graft_timeout(), tree.sync_hold(), tree.parent_silence()) \
+        == (GRAFT_TIMEOUT_MS, SYNC_HOLD_MS, PARENT_SILENT_MS)
+    feed(tree.lateness, A, [600] * LATENESS_RECOMPUTE_EVERY)  # late copies again
+    assert tree.graft_timeout() == GRAFT_TIMEOUTS_PER_LATENESS * 600
+    assert not TopicTree().carrying(NOW)  # nothing ever came
+
+
 def test_an_announced_id_is_fetched_after_the_stretched_timeout():
     tree = late_tree(600)
     tree.announced("p", [b"x" * 32], NOW, lambda _: False)
@@ -154,12 +171,14 @@ def test_a_push_s_first_copies_feed_the_measure_and_fast_links_keep_the_floors()
     config = DisseminationConfig(tree=True)
     cluster = Cluster(1, 10, neighbours=4, config=config, depletion=False, latency_ms=(20, 20))
     cluster.write(rounds=40, writers=5, round_ms=25)
-    cluster.run_until(cluster.fault_phase_end() + 2_000)
-    trees = [node.engine._trees[cluster.topic] for node in cluster.members]
+    cluster.run_until(cluster.fault_phase_end() + 200)
+    trees = [node.engine.tree_of(cluster.topic) for node in cluster.members]
     assert all(0 < tree.lateness.ms <= 4 * 20 + 100 for tree in trees), \
         [tree.lateness.ms for tree in trees]  # hops of 20 ms, ticks of 100 ms
     assert all((tree.graft_timeout(), tree.sync_hold(), tree.parent_silence())
                == (GRAFT_TIMEOUT_MS, SYNC_HOLD_MS, PARENT_SILENT_MS) for tree in trees)
+    cluster.run_until(cluster.fault_phase_end() + 2_000)  # quiet since: measured afresh
+    assert all(tree.lateness.ms == 0 for tree in trees)
 
 
 def test_on_slow_links_the_timers_stretch_and_fetch_fewer_late_copies():
@@ -172,14 +191,15 @@ def test_on_slow_links_the_timers_stretch_and_fetch_fewer_late_copies():
         cluster = Cluster(1, 10, neighbours=4, config=config, depletion=False,
                           latency_ms=(100, 900))
         cluster.write(rounds=80, writers=5, round_ms=25)
+        cluster.run_until(cluster.fault_phase_end())
+        if adaptive:  # stretched while the writers write (back to the floors once quiet)
+            trees = [node.engine.tree_of(cluster.topic) for node in cluster.members]
+            assert all(tree.graft_timeout() > GRAFT_TIMEOUT_MS for tree in trees)
         cluster.run_until(cluster.fault_phase_end() + 8_000)
         assert cluster.converged()
         totals = cluster.totals()
         per = len(cluster.created) * 10
         measured[adaptive] = {key: totals.get(key, 0) / per
                               for key in ("duplicates", "tree_fetch_ids_sent")}
-        if adaptive:
-            trees = [node.engine._trees[cluster.topic] for node in cluster.members]
-            assert all(tree.graft_timeout() > GRAFT_TIMEOUT_MS for tree in trees)
     assert measured[True]["tree_fetch_ids_sent"] < measured[False]["tree_fetch_ids_sent"], measured
     assert measured[True]["duplicates"] < measured[False]["duplicates"], measured
