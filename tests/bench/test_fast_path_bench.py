@@ -30,7 +30,8 @@ dissemination bench). The issue's other figures: MEGNODE_BENCH_FP_NODES=5
   event, x event; the tree's counters per node and event), `per_node` (the
   tree's counters of each node: one node holding copies back shows there;
   and its `tree_lateness_ms` at the end of the drain, the measure its tree
-  timers stretch to, transport.tree_lateness),
+  timers stretch to, transport.tree_lateness: absent when the tree had been
+  quiet for SYNC_HOLD_MS by then, since the measure starts afresh),
   `duplicates_by_channel` and `latency_by_channel` (gossip: the fast path,
   grafts included; sync: exchanges and wants). MEGNODE_BENCH_FP_CONFIG adds
   node config lines (`;`-separated) for experiments.
