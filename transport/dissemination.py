@@ -971,7 +971,7 @@ class Disseminator(Intake, AntiEntropy, JoinHandshake):
         if not samples or self.config.sync_hold_ms <= 0:
             return None
         tree = self._trees.get(graph.topic_id)
-        if tree is None or not tree.formed or not tree.carrying(now_ms):
+        if tree is None or not tree.formed:
             return None
         cutoff, delivered = samples[0][1], graph.delivered_count
         if cutoff >= delivered or delivered - cutoff > MAX_YOUNG_EVENTS:

@@ -551,19 +551,16 @@ class TopicTree:
         fixed-writers world with 30 nodes, 10 % loss and a partition
         (`transport.sim.latency_world`), seeds 1 and 2 converged 11.1 and 16.8 s after
         the last write, against 4.3 and 3.4 s with fixed timers and 4.7 and 2.4 by push;
-        5.2 and 5.9 s with this and bulk pushes left out of the measure
-        (transport.dissemination `BULK_PUSH_EVENTS`). The heal's repairs still come in
-        small pushes too, so the measure stays up while they last.
+        3.4 and 5.7 s with this and bulk pushes left out of the measure
+        (transport.dissemination `BULK_PUSH_EVENTS`). (Also holding nothing back from
+        exchanges while quiet, as tried, slowed the issue's 100-node world: seeds 1-4
+        converged in 4.2 / 8.9 / 5.4 / 1.3 s against 2.7 / 2.9 / 1.9 / 2.7.)
         """
         if self.lateness.ms and not self.carrying(now_ms):
             self.lateness.forget_samples()
 
     def carrying(self, now_ms: int) -> bool:
-        """Has a push brought news here within SYNC_HOLD_MS (the hold's floor, not stretched)?
-
-        If not, the tree carries nothing towards us now, and what an exchange would
-        hold back as on its way by the tree (`sync_hold`) is not coming by it.
-        """
+        """Has a push brought news here within SYNC_HOLD_MS (the hold's floor, not stretched)?"""
         last = self._last_news_ms
         return last is not None and now_ms - last < self.sync_hold_floor_ms
 
