@@ -9,7 +9,6 @@ as every world: SEC, order, convergence) and costs a fraction of random push.
 
 from __future__ import annotations
 
-import json
 from dataclasses import replace
 
 import msgpack
@@ -40,6 +39,7 @@ from transport.messages import (TAG_PRUNE, WIRE_VERSION, Graft, IHave, MessageEr
 from transport.sim import Cluster
 from transport.sim.cli import build_parser, scenario_from_args
 from transport.sim.fast_paths import compare
+from transport.sim.latency_world import read_writes
 from transport.sim.scenario import Scenario
 from transport.sim.world import run_scenario
 
@@ -666,16 +666,7 @@ def fixed_writers_world(tmp_path, seed: int, fifo_links: bool = True) -> tuple[l
             cluster._apply(node, node.engine.on_publish(cluster.topic, event, now))
     cluster.run_until(cluster.now_ms + 3_000)
     cluster.close_logs()
-    created: dict[str, tuple[str, int]] = {}
-    delivered: list[tuple[str, str, int, str]] = []
-    for path in tmp_path.glob("*.jsonl"):
-        for line in path.read_text().splitlines():
-            record = json.loads(line)
-            if record["type"] == "created" and record.get("kind") == "message":
-                created[record["event"]] = (record["node"], record["ts_ms"])
-            elif record["type"] == "delivered":
-                delivered.append((record["node"], record["event"], record["ts_ms"],
-                                  record["channel"]))
+    created, delivered = read_writes(tmp_path)
     writes = [(at - created[event][1], channel) for node, event, at, channel in delivered
               if event in created and created[event][0] != node]
     assert len(writes) == len(created) * 9  # every write everywhere

@@ -129,6 +129,23 @@ def _breadth_first_tree(links: dict[int, set[int]], root: int) -> dict[int, set[
     return tree
 
 
+def read_writes(log_dir: Path) -> tuple[dict[str, tuple[str, int]],
+                                         list[tuple[str, str, int, str]]]:
+    """From a world's logs: each write (a message event) -> (its writer, when it was
+    created), and every delivery as (node, event, when, channel)."""
+    created: dict[str, tuple[str, int]] = {}
+    delivered: list[tuple[str, str, int, str]] = []
+    for path in sorted(log_dir.glob("*.jsonl")):
+        for line in path.read_text().splitlines():
+            record = json.loads(line)
+            if record["type"] == "created" and record.get("kind") == "message":
+                created[record["event"]] = (record["node"], record["ts_ms"])
+            elif record["type"] == "delivered":
+                delivered.append((record["node"], record["event"], record["ts_ms"],
+                                  record["channel"]))
+    return created, delivered
+
+
 def measure(world: LatencyWorld) -> dict[str, Any]:
     """Run `world`; its figures (module docstring). Raises AssertionError if a checker fails."""
     with tempfile.TemporaryDirectory() as log_dir:
@@ -162,16 +179,7 @@ def measure(world: LatencyWorld) -> dict[str, Any]:
         hops = paths(cluster, [node.index for node in by_key[-world.writers:]]) \
             if world.path != "push" else None
         cluster.close_logs()
-        created: dict[str, tuple[str, int]] = {}
-        delivered: list[tuple[str, str, int, str]] = []
-        for path in Path(log_dir).glob("*.jsonl"):
-            for line in path.read_text().splitlines():
-                record = json.loads(line)
-                if record["type"] == "created" and record.get("kind") == "message":
-                    created[record["event"]] = (record["node"], record["ts_ms"])
-                elif record["type"] == "delivered":
-                    delivered.append((record["node"], record["event"], record["ts_ms"],
-                                      record["channel"]))
+        created, delivered = read_writes(Path(log_dir))
     late = [(at - created[e][1], channel) for node, e, at, channel in delivered
             if e in created and created[e][0] != node and created[e][1] >= world.from_ms]
     latencies = sorted(latency for latency, _ in late)
