@@ -137,7 +137,7 @@ from transport.messages import (
 from transport.intake import Intake
 
 # A push of this many events or more is a repair passed on along the tree (what an
-# exchange brought, TREE's `_ingest`), not the tree's own flow: its copies do not feed
+# exchange brought, `_ingest`), not the tree's own flow: its copies do not feed
 # the tree's lateness measure (`_tree_received`). The flow comes a few events per push
 # (the 10-node bench: 1.1-1.2 events per push message at 200 events/s).
 BULK_PUSH_EVENTS: Final = 16
