@@ -34,9 +34,19 @@ clock:
   figure comparable across fast paths. libp2p framing (noise, yamux, protobuf)
   is in neither.
 
-Publishing: each publisher is a thread that, every PUBLISH_TICK_S, sends its
-share of the aggregate rate to its daemon's control socket, the same requests
-`megnode publish` sends (`publish_batch` is what `publish - --lines` sends).
+Publishing: each publisher is a thread that sends its share of the aggregate
+rate to its daemon's control socket, the same requests `megnode publish`
+sends (`publish_batch` is what `publish - --lines` sends). One by one
+(`single`), each event is sent when it is due whether or not the earlier
+calls have returned, up to PUBLISH_IN_FLIGHT calls in flight per publisher:
+an open-loop load, as an application publishing readings as they come. (One
+call at a time, as this bench did until 2026-11-28, a publisher waits for
+each commit; on a loaded 2-core machine a call took 25 ms or more, so the
+publishers sent 50-90 % of the rate asked for, and less on the fast path that
+loaded the machine more: the paths were compared at different loads.) Each
+event's due time is kept (`Published.due_ms`), so latency can be read from
+it as well as from the event's creation. In bursts (`batch`), every
+PUBLISH_TICK_S one `publish_batch` carries the tick's share.
 The control client is called in-process instead of spawning `megnode` ten
 times a second: an interpreter start costs ~0.15 s of CPU, which on a
 two-core machine would compete with the daemons being measured. The default
@@ -78,6 +88,7 @@ import os
 import threading
 import time
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -102,6 +113,11 @@ CATCH_UP_NODES = int(os.environ.get("MEGNODE_BENCH_CATCHUP_NODES", "5"))
 
 MAX_PUBLISHERS = 5  # "several publishers": the first min(nodes, 5) nodes publish
 PUBLISH_TICK_S = 0.1
+# Calls in flight per publisher, one by one: enough that a commit's wait does not
+# hold the next reading back (200 events/s over 5 publishers at up to 200 ms a
+# call on a loaded machine), few enough that a daemon that cannot keep up makes
+# the publisher wait, and that shows as lag (`Published.start_lag_s`).
+PUBLISH_IN_FLIGHT = 8
 WARMUP_S = 3.0  # published and delivered like the rest, excluded from the figures
 PAYLOAD_BYTES = 100
 FAST_WINDOW_MS = 2_000  # the gossip-only proxy: delivered this soon after creation
@@ -208,19 +224,61 @@ def wait_all_delivered(tails: list[LogTail], observed: Observed, nodes: list[str
 
 @dataclass
 class Published:
-    """Ids one publisher got back, each with the offset (s) of its request from the start."""
+    """What one publisher sent: each id with the offset (s) of its due time from the start.
+
+    `due_ms`: each id's due time on the wall clock (the logs' clock), for latency
+    as the application sees it; `start_lag_s`: how late each call started after
+    its due time (in flight calls at the limit, `PUBLISH_IN_FLIGHT`)."""
 
     ids: list[tuple[float, str]] = field(default_factory=list)
     errors: int = 0
+    due_ms: dict[str, int] = field(default_factory=dict)
+    start_lag_s: list[float] = field(default_factory=list)
 
 
 def publish_at_rate(socket_path: Path, topic: str, publisher: int, rate_per_s: float,
                     duration_s: float, start: float, out: Published,
                     mode: str | None = None) -> None:
-    """Publish `rate_per_s` events/s for `duration_s` from `start` (monotonic), in ticks.
+    """Publish `rate_per_s` events/s for `duration_s` from `start` (monotonic).
 
-    `mode`: single | batch (default PUBLISH_MODE)."""
+    `mode`: single (one call per event, open loop) | batch (one call per tick);
+    default PUBLISH_MODE."""
     mode = mode or PUBLISH_MODE
+    wall_at_start = time.time() - (time.monotonic() - start)
+    if mode == "batch":
+        _publish_ticks(socket_path, topic, publisher, rate_per_s, duration_s, start,
+                       wall_at_start, out)
+        return
+    lock = threading.Lock()
+    slots = threading.BoundedSemaphore(PUBLISH_IN_FLIGHT)
+
+    def publish_one(due_s: float, payload: str) -> None:
+        try:
+            reply = control_call(socket_path, {"op": "publish", "topic": topic,
+                                               "payload": payload}, CONTROL_TIMEOUT_S)
+            with lock:
+                out.ids.append((due_s, reply["id"]))
+                out.due_ms[reply["id"]] = int((wall_at_start + due_s) * 1000)
+        except ControlError:
+            with lock:
+                out.errors += 1
+        finally:
+            slots.release()
+
+    with ThreadPoolExecutor(PUBLISH_IN_FLIGHT) as pool:
+        for k in range(int(rate_per_s * duration_s)):
+            due_s = k / rate_per_s
+            time.sleep(max(0.0, start + due_s - time.monotonic()))
+            slots.acquire()
+            out.start_lag_s.append(time.monotonic() - start - due_s)
+            payload = f"bench p{publisher} n{k} ".ljust(PAYLOAD_BYTES, "x")
+            pool.submit(publish_one, due_s, payload)
+
+
+def _publish_ticks(socket_path: Path, topic: str, publisher: int, rate_per_s: float,
+                   duration_s: float, start: float, wall_at_start: float,
+                   out: Published) -> None:
+    """Every PUBLISH_TICK_S, the events due by then in one `publish_batch`."""
     sent = 0
     while True:
         elapsed = time.monotonic() - start
@@ -231,15 +289,11 @@ def publish_at_rate(socket_path: Path, topic: str, publisher: int, rate_per_s: f
             payloads = [f"bench p{publisher} n{sent + k} ".ljust(PAYLOAD_BYTES, "x")
                         for k in range(due)]
             try:
-                if mode == "batch":
-                    reply = control_call(socket_path, {"op": "publish_batch", "topic": topic,
-                                                       "payloads": payloads}, CONTROL_TIMEOUT_S)
-                    out.ids += [(elapsed, i) for i in reply["ids"]]
-                else:
-                    for payload in payloads:
-                        reply = control_call(socket_path, {"op": "publish", "topic": topic,
-                                                           "payload": payload}, CONTROL_TIMEOUT_S)
-                        out.ids.append((elapsed, reply["id"]))
+                reply = control_call(socket_path, {"op": "publish_batch", "topic": topic,
+                                                   "payloads": payloads}, CONTROL_TIMEOUT_S)
+                out.ids += [(elapsed, i) for i in reply["ids"]]
+                out.due_ms.update((i, int((wall_at_start + elapsed) * 1000))
+                                  for i in reply["ids"])
             except ControlError:
                 out.errors += 1
             sent += due

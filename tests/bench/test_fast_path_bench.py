@@ -24,6 +24,11 @@ dissemination bench). The issue's other figures: MEGNODE_BENCH_FP_NODES=5
   `event_bytes_sent / events_sent`); the target is <= 1.5;
 * duplicates_per_node_event: the `duplicate` records / events / nodes;
 * latency_ms: created -> delivered at every other node (p50/p90/p99);
+  latency_from_due_ms: from the time the event was due at its publisher
+  (what the application sees: it includes the publish call's wait when the
+  daemon is behind); events_in_run against events_offered, and
+  publish_start_lag_ms, say whether the publishers kept the rate (see
+  tests/bench/test_cluster_bench.py, "Publishing");
 * delivery_ratio: must be 1;
 * where the bytes and duplicates come from (issue 14's tree work):
   `breakdown` (bytes sent by message kind and the framing, per node and
@@ -262,7 +267,8 @@ def measure(base_dir: Path, fast_path: str, mode: str) -> dict[str, Any]:
     events = len(all_ids)
     event_size = (summed_delta(before, after, "event_bytes_sent")
                   / max(1, summed_delta(before, after, "events_sent")))
-    latencies, pairs, delivered = [], 0, 0
+    due_ms = {i: t for r in results for i, t in r.due_ms.items()}
+    latencies, from_due, pairs, delivered = [], [], 0, 0
     by_channel: dict[str, list[float]] = {}
     for event in measured:
         author, created_ms = observed.created[event]
@@ -272,12 +278,16 @@ def measure(base_dir: Path, fast_path: str, mode: str) -> dict[str, Any]:
             if node != author:
                 delivered_ms, channel = observed.delivered[node][event]
                 latencies.append(delivered_ms - created_ms)
+                from_due.append(delivered_ms - due_ms[event])
                 by_channel.setdefault(channel, []).append(delivered_ms - created_ms)
     duplicates = sum(observed.duplicates[e] for e in all_ids)
     per = events * NODES
     return {
         "fast_path": fast_path, "publish_mode": mode, "nodes": NODES, "degrees": degrees,
         "rate_per_s": RATE_PER_S, "seconds": SECONDS, "events_in_run": events,
+        "events_offered": int(RATE_PER_S / publishers * (WARMUP_S + SECONDS)) * publishers,
+        "publish_start_lag_ms": summary_ms([1000 * lag for r in results
+                                            for lag in r.start_lag_s]),
         "publish_errors": sum(r.errors for r in results),
         "delivery_ratio": delivered / max(1, pairs),
         "event_bytes": round(event_size, 1),
@@ -289,6 +299,7 @@ def measure(base_dir: Path, fast_path: str, mode: str) -> dict[str, Any]:
         if event_size else None,
         "duplicates_per_node_event": round(duplicates / per, 3),
         "latency_ms": summary_ms(latencies),
+        "latency_from_due_ms": summary_ms(from_due),
         "grafts": summed_delta(before, after, "grafts_sent"),
         "prunes": summed_delta(before, after, "prunes_sent"),
         "drain_after_window_s": round(drain_s, 1),
@@ -333,13 +344,18 @@ def test_fast_paths_on_the_wire(tmp_path, record_figures):
             these = by.get((mode, path))
             if base and these:
                 p99s = [r["latency_ms"]["p99"] for r in these]
+                due_p99s = [r["latency_from_due_ms"]["p99"] for r in these]
                 ratios[f"{mode}/{path}"] = {
                     "wire_x_event": statistics.median([r["wire_x_event"] for r in these]),
                     "duplicates_per_node_event": statistics.median(
                         [r["duplicates_per_node_event"] for r in these]),
+                    "events_in_run": [r["events_in_run"] for r in these],
                     "p99_ms": p99s,
                     "p99_vs_push": round(statistics.median(p99s) / statistics.median(
                         [r["latency_ms"]["p99"] for r in base]), 2),
+                    "p99_from_due_ms": due_p99s,
+                    "p99_from_due_vs_push": round(statistics.median(due_p99s) / statistics.median(
+                        [r["latency_from_due_ms"]["p99"] for r in base]), 2),
                 }
     # The issue's other figures (5 nodes; 1000 events/s) get their own file.
     name = "fast_paths" + (f"_n{NODES}" if NODES != 10 else "") + (
