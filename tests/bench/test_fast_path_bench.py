@@ -29,6 +29,11 @@ dissemination bench). The issue's other figures: MEGNODE_BENCH_FP_NODES=5
   daemon is behind); events_in_run against events_offered, and
   publish_start_lag_ms, say whether the publishers kept the rate (see
   tests/bench/test_cluster_bench.py, "Publishing");
+* cpu_ms_per_node_event (user, system) and cpu_cores_busy: the daemons' CPU
+  from the first publish to the end of the drain (/proc), per node and event
+  and in cores. Ten daemons on two cores keep a rate only while the cores
+  busy stay below two: past that every path falls behind and its latency is
+  the queue's (docs/anti-entropy.md, "What the bench's machine sustains");
 * delivery_ratio: must be 1;
 * where the bytes and duplicates come from (issue 14's tree work):
   `breakdown` (bytes sent by message kind and the framing, per node and
@@ -214,6 +219,20 @@ def wire_bytes_received(pids: set[int]) -> dict[str, int]:
     return sockets
 
 
+def cpu_seconds(pids: set[int]) -> tuple[float, float]:
+    """(user, system) CPU seconds the processes `pids` have used so far (Linux /proc)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    user = system = 0.0
+    for pid in pids:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # exited: its time is lost (the run reports what it measured)
+        user += int(fields[11]) / tick
+        system += int(fields[12]) / tick
+    return user, system
+
+
 class WireMeter:
     """Samples the daemons' sockets every WIRE_SAMPLE_S while it runs (a thread).
 
@@ -255,6 +274,7 @@ def measure(base_dir: Path, fast_path: str, mode: str) -> dict[str, Any]:
             observed.add(tail.read_new())  # the join's records: not part of the window
         before = stats_of(cluster, indices)
         meter = WireMeter(pids)
+        cpu_before, cpu_since = cpu_seconds(pids), time.monotonic()
         publishers = min(NODES, MAX_PUBLISHERS)
         results = run_publishers(cluster, topic, publishers, WARMUP_S + SECONDS, mode=mode,
                                  rate_per_s=RATE_PER_S)
@@ -262,6 +282,7 @@ def measure(base_dir: Path, fast_path: str, mode: str) -> dict[str, Any]:
         measured = [i for r in results for t, i in r.ids if t >= WARMUP_S]
         drain_s = wait_all_delivered(tails, observed, node_ids, all_ids, DRAIN_TIMEOUT_S)
         wire = meter.stop()
+        cpu_after, cpu_for_s = cpu_seconds(pids), time.monotonic() - cpu_since
         after = stats_of(cluster, indices)
         load = os.getloadavg()[0]
     events = len(all_ids)
@@ -292,6 +313,12 @@ def measure(base_dir: Path, fast_path: str, mode: str) -> dict[str, Any]:
         "delivery_ratio": delivered / max(1, pairs),
         "event_bytes": round(event_size, 1),
         "wire_bytes_per_node_event": round(wire / per, 1),
+        # The daemons' CPU from the first publish to the end of the drain: on a
+        # shared 2-core machine the resource that sets the rate they can keep.
+        "cpu_ms_per_node_event": {
+            "user": round(1000 * (cpu_after[0] - cpu_before[0]) / per, 3),
+            "system": round(1000 * (cpu_after[1] - cpu_before[1]) / per, 3)},
+        "cpu_cores_busy": round((sum(cpu_after) - sum(cpu_before)) / cpu_for_s, 2),
         "wire_x_event": round(wire / per / event_size, 3) if event_size else None,
         "sockets_seen": len(meter.last),
         "engine_bytes_received_x_event": round(
