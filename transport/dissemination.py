@@ -706,9 +706,7 @@ class Disseminator(Intake, AntiEntropy, JoinHandshake):
             fresh_ids = [event_id_of(raw) for raw in fresh]
             tree.received(fresh_ids)
             brought = {event_id_of(raw) for raw in raws}
-            before = tree.needed_fetches
             tree.synced(i for i in fresh_ids if i in brought)
-            self.stats["tree_needed_fetches"] += tree.needed_fetches - before
             if self.config.forward_pushed:
                 self.stats["tree_forwarded_sync"] += len(fresh)
                 out += self._tree_spread(tree, replica.topic_id, fresh, (peer,), now_ms)
@@ -814,10 +812,6 @@ class Disseminator(Intake, AntiEntropy, JoinHandshake):
             stats["tree_duplicates_grafted"] += tree.grafted_lately(known)
         if fresh_ids:
             stats["tree_fresh_grafted"] += tree.grafted_lately(fresh_ids)
-        if len(ids) < BULK_PUSH_EVENTS:  # (a repair passed on judges no fetch: below)
-            before = tree.spurious_fetches
-            tree.pushed(ids)  # a fetch of any of them was spurious (`TopicTree.pushed`)
-            stats["tree_spurious_fetches"] += tree.spurious_fetches - before
         out: list[Effect] = []
         # The root's first copies say which link is our parent (transport.eager_lazy),
         # judged on their own: under load a push often carries several sources' events.
@@ -911,7 +905,6 @@ class Disseminator(Intake, AntiEntropy, JoinHandshake):
                 sent = self._send(peer, Want(topic, asked))
             else:
                 tree.adopt_parent(peer, now_ms)
-                tree.grafting(asked)
                 self.stats["grafts_sent"] += 1
                 self.stats["graft_ids_sent"] += len(asked)
                 sent = self._send(peer, Graft(topic, asked))

@@ -113,7 +113,7 @@ from dataclasses import dataclass, field
 from typing import Final
 
 from transport.effects import PeerId
-from transport.tree_lateness import MAX_LATENESS_MS, Lateness
+from transport.tree_lateness import Lateness
 
 # An announced id not received within this is fetched from its announcer: by a
 # plain want while our parent link is live (late, not lost: nothing about the
@@ -207,18 +207,6 @@ FORMER_PARENT_GRACE_MS: Final = FORMER_PARENT_GRACE_SILENCES * PARENT_SILENT_MS
 GRAFT_TIMEOUTS_PER_LATENESS: Final = 2
 SYNC_HOLDS_PER_LATENESS: Final = 4
 PARENT_SILENCES_PER_LATENESS: Final = 8
-# Past saturation the tree's copies come seconds late, beyond what the timers
-# stretch to (the lateness measure is bounded by MAX_LATENESS_MS), and three fetches
-# in four were spurious: the tree's own copy overtook the fetch's answer, each one
-# more copy for cores that had none to spare (the 10-node bench at 200 events/s in
-# bursts, docs/anti-entropy.md "What the bench's machine sustains"). So while the measure is
-# at its bound, the fetch timeout is multiplied by a factor that grows by one per
-# spurious fetch, up to this, and halves per fetch that brought what no push had
-# (as TCP's retransmission timer backs off, and as Eifel tells a spurious
-# retransmission). Below the bound the factor is 1: in the lossy simulated worlds a
-# fetch is often overtaken by the copy our parent fetched for itself, and backing
-# off there slowed convergence after a partition.
-MAX_FETCH_BACKOFF: Final = 8
 
 
 @dataclass
@@ -275,12 +263,6 @@ class TopicTree:
     # Ids an exchange or a want brought here lately (bounded): the tree's copy of one
     # arriving after is a race with anti-entropy, not a cycle, and prunes nothing.
     _synced: OrderedDict[bytes, None] = field(default_factory=OrderedDict)
-    # Ids fetched from an announcer lately (bounded) -> whether the fetch's answer
-    # brought it first; the tree's copy of one coming after says the fetch was spurious.
-    _fetched: OrderedDict[bytes, bool] = field(default_factory=OrderedDict)
-    _fetch_backoff: int = 1  # the fetch timeout's factor (MAX_FETCH_BACKOFF)
-    spurious_fetches: int = 0  # fetched ids a push brought after all (instrumentation)
-    needed_fetches: int = 0  # fetched ids the fetch's answer brought first (instrumentation)
 
     # ------------------------------------------------------------- timers
 
@@ -304,16 +286,7 @@ class TopicTree:
         hops: the timeout above a hop's delay, the hold above a few hops', the
         silence a few timeouts.
         """
-        return self.fetch_backoff * self._stretched(self.graft_timeout_ms,
-                                                    GRAFT_TIMEOUTS_PER_LATENESS)
-
-    @property
-    def fetch_backoff(self) -> int:
-        """The fetch timeout's factor now: 1, or while the lateness measure is at its
-        bound, one more per spurious fetch (MAX_FETCH_BACKOFF)."""
-        if self.adaptive and self.lateness.ms >= MAX_LATENESS_MS:
-            return self._fetch_backoff
-        return 1
+        return self._stretched(self.graft_timeout_ms, GRAFT_TIMEOUTS_PER_LATENESS)
 
     def sync_hold(self) -> int:
         """How long after it was applied here an exchange holds an event back (SYNC_HOLD_MS,
@@ -738,34 +711,10 @@ class TopicTree:
             for event_id in ids:
                 self._awaited.pop(event_id, None)
 
-    def pushed(self, ids: Iterable[bytes]) -> None:
-        """A push over the tree brought these ids (new here or not): a fetch of any of
-        them was spurious, and the fetch timeout backs off (MAX_FETCH_BACKOFF)."""
-        if not self._fetched:
-            return
-        spurious = [i for i in ids if i in self._fetched]
-        if spurious:
-            undo = any(self._fetched.pop(i) for i in spurious)  # a credit given too soon
-            self._fetch_backoff = min(MAX_FETCH_BACKOFF, self._fetch_backoff + (2 if undo else 1))
-            self.spurious_fetches += len(spurious)
-
-    def grafting(self, ids: Iterable[bytes]) -> None:
-        """These fetches go as a Graft to a new parent, which answers by a push: not
-        judged by `pushed`."""
-        for event_id in ids:
-            self._fetched.pop(event_id, None)
-
     def synced(self, ids: Iterable[bytes]) -> None:
         """These ids arrived by an exchange or a want (not by the tree)."""
-        needed = 0
         for event_id in ids:
             self._synced[event_id] = None
-            if self._fetched.get(event_id) is False:  # a fetch's answer came first
-                self._fetched[event_id] = True
-                needed += 1
-        if needed:
-            self._fetch_backoff = max(1, self._fetch_backoff // 2)
-            self.needed_fetches += needed
         while len(self._synced) > MAX_MISSING_IDS:
             self._synced.popitem(last=False)
 
@@ -809,9 +758,6 @@ class TopicTree:
             self._grafted[event_id] = None
             while len(self._grafted) > MAX_MISSING_IDS:
                 self._grafted.popitem(last=False)
-            self._fetched.setdefault(event_id, False)
-            while len(self._fetched) > MAX_MISSING_IDS:
-                self._fetched.popitem(last=False)
             asks.setdefault(peer, []).append(event_id)
         return asks
 

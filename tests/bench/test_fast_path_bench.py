@@ -109,8 +109,7 @@ TREE_COUNTERS = ("grafts_sent", "graft_ids_sent", "graft_events_served", "prunes
                  "tree_forwarded_sync", "tree_held_back", "tree_peers_forgotten", "received_gossip",
                  "received_sync", "duplicates", "pruned",
                  "grafted", "wants_sent", "tree_duplicate_pushes_lazy", "tree_duplicate_pushes_parent",
-                 "tree_duplicate_pushes_root", "tree_duplicate_pushes_other", "tree_sync_races", "tree_fetches_sent", "tree_fetch_ids_sent",
-                 "tree_spurious_fetches", "tree_needed_fetches")
+                 "tree_duplicate_pushes_root", "tree_duplicate_pushes_other", "tree_sync_races", "tree_fetches_sent", "tree_fetch_ids_sent")
 PER_NODE_COUNTERS = ("duplicates", "tree_held_back", "tree_duplicate_pushes_parent",
                      "tree_duplicate_pushes_root", "tree_duplicate_pushes_lazy",
                      "tree_duplicate_pushes_other", "prunes_sent", "pruned",

@@ -18,7 +18,6 @@ from node.core.parents import DepletionPolicy
 from transport.dissemination_config import DisseminationConfig
 from transport.eager_lazy import (
     GRAFT_TIMEOUT_MS,
-    MAX_FETCH_BACKOFF,
     MAX_IHAVE_IDS,
     MAX_SOURCES,
     FORMER_PARENT_GRACE_MS,
@@ -43,7 +42,6 @@ from transport.sim.fast_paths import compare
 from transport.sim.latency_world import read_writes
 from transport.sim.scenario import Scenario
 from transport.sim.world import run_scenario
-from transport.tree_lateness import LATENESS_RECOMPUTE_EVERY, MAX_LATENESS_MS
 
 TOPIC = b"t" * 32
 NEVER_MS = 10**9
@@ -418,71 +416,6 @@ def test_an_announced_id_not_received_is_grafted_from_each_announcer_in_turn():
     assert tree.due(2 * GRAFT_TIMEOUT_MS, never_held) == {"b": ids("x")}
     assert tree.due(3 * GRAFT_TIMEOUT_MS, never_held) == {}  # all asked: anti-entropy's now
     assert tree.awaited_count == 0
-
-
-def _fetch(tree: TopicTree, name: str, now_ms: int) -> int:
-    """Announce `name` from "a" at `now_ms` and let its fetch fall due; the time after."""
-    tree.announced("a", ids(name), now_ms, never_held)
-    due_ms = now_ms + tree.graft_timeout()
-    assert tree.due(due_ms - 1, never_held) == {}
-    assert tree.due(due_ms, never_held) == {"a": ids(name)}
-    return due_ms
-
-
-def saturated_tree() -> TopicTree:
-    """A tree whose copies come later than its lateness measure's bound (a starved machine)."""
-    tree = TopicTree(settle_ms=0)
-    for _ in range(LATENESS_RECOMPUTE_EVERY):
-        tree.lateness.arrived(b"w" * 32, 3 * MAX_LATENESS_MS)
-    assert tree.lateness.ms == MAX_LATENESS_MS
-    return tree
-
-
-def test_a_fetch_the_tree_s_own_copy_overtakes_backs_the_fetch_timeout_off():
-    tree = saturated_tree()
-    stretched = tree.graft_timeout()
-    now = _fetch(tree, "x", 0)
-    tree.pushed(ids("x", "other"))  # the copy was late, not lost: the fetch was spurious
-    assert tree.fetch_backoff == 2 and tree.graft_timeout() == 2 * stretched
-    for n in range(MAX_FETCH_BACKOFF):
-        now = _fetch(tree, f"y{n}", now)
-        tree.pushed(ids(f"y{n}"))
-    assert tree.fetch_backoff == MAX_FETCH_BACKOFF  # bounded
-    tree.pushed(ids("x"))  # judged once
-    assert tree.fetch_backoff == MAX_FETCH_BACKOFF
-
-
-def test_a_fetch_that_brought_what_no_push_had_brought_halves_the_backoff_again():
-    tree = saturated_tree()
-    now = _fetch(tree, "x", 0)
-    tree.pushed(ids("x"))
-    now = _fetch(tree, "y", now)
-    tree.pushed(ids("y"))
-    now = _fetch(tree, "z", now)
-    tree.pushed(ids("z"))
-    assert tree.fetch_backoff == 4  # one more per spurious fetch
-    now = _fetch(tree, "lost", now)
-    tree.synced(ids("lost"))  # the fetch's answer came, no push had brought it: halved
-    assert tree.fetch_backoff == 2
-    tree.pushed(ids("lost"))  # ... but the tree's copy came after all: the credit is taken back
-    assert tree.fetch_backoff == 4
-
-
-def test_a_graft_s_fetch_is_answered_by_a_push_and_is_not_judged_by_it():
-    tree = saturated_tree()
-    _fetch(tree, "x", 0)
-    tree.grafting(ids("x"))  # sent as a Graft to a new parent: its answer is a push
-    tree.pushed(ids("x"))
-    assert tree.fetch_backoff == 1
-
-
-def test_below_the_lateness_bound_the_fetch_timeout_does_not_back_off():
-    # (A lossy world: the copy overtaking our fetch is often one our parent fetched.)
-    tree = TopicTree(settle_ms=0)
-    now = _fetch(tree, "x", 0)
-    tree.pushed(ids("x"))
-    assert tree.fetch_backoff == 1 and tree.graft_timeout() == GRAFT_TIMEOUT_MS
-    _fetch(tree, "y", now)
 
 
 def test_ids_received_or_held_are_not_grafted():
