@@ -266,13 +266,19 @@ def publish_at_rate(socket_path: Path, topic: str, publisher: int, rate_per_s: f
             slots.release()
 
     with ThreadPoolExecutor(PUBLISH_IN_FLIGHT) as pool:
+        calls = []
         for k in range(int(rate_per_s * duration_s)):
             due_s = k / rate_per_s
             time.sleep(max(0.0, start + due_s - time.monotonic()))
             slots.acquire()
             out.start_lag_s.append(time.monotonic() - start - due_s)
-            payload = f"bench p{publisher} n{k} ".ljust(PAYLOAD_BYTES, "x")
-            pool.submit(publish_one, due_s, payload)
+            calls.append(pool.submit(publish_one, due_s, _payload(publisher, k)))
+    for call in calls:
+        call.result()  # anything but a refusal is a bench fault: raised here, not lost in the pool
+
+
+def _payload(publisher: int, n: int) -> str:
+    return f"bench p{publisher} n{n} ".ljust(PAYLOAD_BYTES, "x")
 
 
 def _publish_ticks(socket_path: Path, topic: str, publisher: int, rate_per_s: float,
@@ -286,8 +292,7 @@ def _publish_ticks(socket_path: Path, topic: str, publisher: int, rate_per_s: fl
             return
         due = int(rate_per_s * elapsed) + 1 - sent
         if due > 0:
-            payloads = [f"bench p{publisher} n{sent + k} ".ljust(PAYLOAD_BYTES, "x")
-                        for k in range(due)]
+            payloads = [_payload(publisher, sent + k) for k in range(due)]
             try:
                 reply = control_call(socket_path, {"op": "publish_batch", "topic": topic,
                                                    "payloads": payloads}, CONTROL_TIMEOUT_S)

@@ -287,6 +287,7 @@ def measure(base_dir: Path, fast_path: str, mode: str) -> dict[str, Any]:
         drain_s = wait_all_delivered(tails, observed, node_ids, all_ids, DRAIN_TIMEOUT_S)
         wire = meter.stop()
         cpu_after, cpu_for_s = cpu_seconds(pids), time.monotonic() - cpu_since
+        cores_busy = (sum(cpu_after) - sum(cpu_before)) / cpu_for_s
         after = stats_of(cluster, indices)
         load = os.getloadavg()[0]
     events = len(all_ids)
@@ -322,9 +323,8 @@ def measure(base_dir: Path, fast_path: str, mode: str) -> dict[str, Any]:
         "cpu_ms_per_node_event": {
             "user": round(1000 * (cpu_after[0] - cpu_before[0]) / per, 3),
             "system": round(1000 * (cpu_after[1] - cpu_before[1]) / per, 3)},
-        "cpu_cores_busy": round((sum(cpu_after) - sum(cpu_before)) / cpu_for_s, 2),
-        "cpu_saturated": (sum(cpu_after) - sum(cpu_before)) / cpu_for_s
-        >= SATURATED_SHARE * (os.cpu_count() or 1),
+        "cpu_cores_busy": round(cores_busy, 2),
+        "cpu_saturated": cores_busy >= SATURATED_SHARE * (os.cpu_count() or 1),
         "wire_x_event": round(wire / per / event_size, 3) if event_size else None,
         "sockets_seen": len(meter.last),
         "engine_bytes_received_x_event": round(
