@@ -778,7 +778,8 @@ class Node:
             "topics": topics,
             "damaged_topics": {t.hex(): why for t, why in self.damaged_topics.items()},
             "stats": dict(self.stats) | {k: v for k, v in self.disseminator.stats.items()}
-            | {f"relay.{k}": v for k, v in self.relay.stats.items()},
+            | {f"relay.{k}": v for k, v in self.relay.stats.items()}
+            | {f"commit.{k}": v for k, v in self.committer.stats.items()},
         }
 
     def peers_report(self) -> dict[str, Any]:

@@ -209,3 +209,18 @@ async def _send_ignoring_hangup(stream: trio.abc.SendStream, data: bytes) -> Non
     except trio.BrokenResourceError:
         pass  # the server answered and hung up before reading it all: that is the point
 
+
+
+async def test_status_counts_the_one_writers_steps(tmp_path):
+    """`commit.*` in `stats`: each publish is applied in a step and committed in one
+    transaction (node.committer), so a user can see how the node batches its writes."""
+    async with Node.open(tmp_path / "n") as node:
+        topic = await node.create_topic("kitchen")
+        before = node.status()["stats"]
+        for n in range(3):
+            await topic.publish(b"reading %d" % n)
+        stats = node.status()["stats"]
+        assert stats["commit.publishes"] - before.get("commit.publishes", 0) == 3
+        assert stats["commit.commits"] - before.get("commit.commits", 0) >= 1
+        assert stats["commit.batches"] >= stats["commit.commits"]
+        json.dumps(stats)
