@@ -375,6 +375,7 @@ class Committer:
             effects: list[Effect] = []
             records: list[Op] = []
             created: list[Replica] = []
+            self._engine.defer_orders()  # each topic feeds its order once per step
             try:
                 for pending in local:
                     effects += self._apply_local(pending, local, now, records, created)
@@ -388,12 +389,14 @@ class Committer:
                 for pending in local:
                     if isinstance(pending.work, Tick):
                         effects += self._tick(pending.work, now, pending.queued_ms)
+                self._engine.flush_orders()
                 self._commit(records, created)
             except Exception as exc:  # a failed commit (or a bug): acknowledge nothing
                 logger.error("group commit of %d frames and %d local items failed: %s",
                              len(frames), len(local), exc)
                 self.stats["failed_batches"] += 1
                 self._discard_all(created)
+                self._engine.flush_orders(feed=False)  # discarded with the step
                 # A StoreError's message is for users already ("disk full: no space
                 # left on X; the last batch was not stored; reads still work").
                 reason = str(exc) if isinstance(exc, StoreError) else f"commit failed: {exc}"

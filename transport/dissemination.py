@@ -341,6 +341,7 @@ class Disseminator(Intake, AntiEntropy, JoinHandshake):
         """
         out: list[Effect | None] = []
         self._deferring = True
+        self.defer_orders()
         try:
             for topic, events in published:
                 out += self.announce(topic, events, now_ms)
@@ -349,6 +350,7 @@ class Disseminator(Intake, AntiEntropy, JoinHandshake):
                                        accountable=frame[2] if len(frame) > 2 else True)
         finally:
             self._deferring = False
+            self.flush_orders()
         for topic in sorted(self._replicas) if self._commits else ():
             replica = self._replicas[topic]
             if replica.graph.pending_ops:
@@ -356,6 +358,19 @@ class Disseminator(Intake, AntiEntropy, JoinHandshake):
                 self.stats["batch_commits"] += 1
         self.stats["batches"] += 1
         return self._clean(out)
+
+    def defer_orders(self) -> None:
+        """Every topic feeds its total order once, at `flush_orders`, instead of once
+        per frame (`Replica.defer_order`): for a driver's step of many frames."""
+        for replica in self._replicas.values():
+            replica.defer_order()
+
+    def flush_orders(self, feed: bool = True) -> None:
+        """Feed each topic's order what its step applied, and stop deferring; before the
+        step's commit (the order writes its records with the events). `feed=False`
+        after a failed step: what waits was discarded with it."""
+        for topic in sorted(self._replicas):
+            self._replicas[topic].flush_order(feed)
 
     def tick(self, now_ms: int, rng: random.Random | None = None,
              due_ms: int | None = None) -> list[Effect]:

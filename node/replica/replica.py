@@ -157,6 +157,9 @@ class Replica(StateOperations, Authoring, ReadAccess, HistoryAccess, Joining):
         self._soft_fails: SoftFails | None = None
         self._authorizing: bool | None = None
         self._order: TopicOrder | None = None
+        # Inside a driver's step (`defer_order`): the events applied and not yet fed
+        # to the order, fed as one batch when the step ends or the order is read.
+        self._order_backlog: list[Event] | None = None
         self._readers_cache: tuple[int, int, int, frozenset[bytes] | None] | None = None
         # (join-rules and power-levels events, member events) applied: node.replica.read_access
         self._access_epochs = (0, 0)
@@ -513,6 +516,8 @@ class Replica(StateOperations, Authoring, ReadAccess, HistoryAccess, Joining):
         None unless this replica is `authorizing` (roles exist only there) and
         `ReplicaConfig.ordering.enabled`.
         """
+        if self._order_backlog:  # read inside a step: what it applied so far counts
+            self._feed_backlog()
         if self._order is None and self.authorizing and self.config.ordering.enabled:
             self._order = TopicOrder(self.graph, self.tracker, self.config.ordering,
                                      where_cache=self._caches.where)
@@ -520,10 +525,47 @@ class Replica(StateOperations, Authoring, ReadAccess, HistoryAccess, Joining):
             self._order.resize_caches(self._caches.where, self._caches.roles)
         return self._order
 
+    def defer_order(self) -> None:
+        """Until `flush_order`, feed the events applied to the order as one batch.
+
+        Every feed of the order costs the unconfirmed tail's length besides its
+        events (copies and comparisons of the tail, at C speed:
+        tests/bench/test_engine_step_bench.py), so a driver that applies many
+        frames in one step (the node's committer, `Disseminator.on_batch`)
+        feeds once per step instead of once per frame. Reading the order
+        (`ordering`, and through it authoring, acks and the views) feeds what
+        waits first, so no reader sees it behind the graph. `Received.order`
+        is None meanwhile.
+        """
+        if self._order_backlog is None:
+            self._order_backlog = []
+
+    def flush_order(self, feed: bool = True) -> OrderUpdate | None:
+        """Feed what waits (`defer_order`) and stop deferring; what changed.
+
+        `feed=False` drops it instead (its writes were discarded). Nothing is
+        lost either way: the order feeds from its own position in the delivery
+        order (`TopicOrder.catch_up`), so what the graph still holds is fed on
+        the next feed.
+        """
+        update = self._feed_backlog() if feed and self._order_backlog else None
+        self._order_backlog = None
+        return update
+
+    def _feed_backlog(self) -> OrderUpdate | None:
+        backlog, self._order_backlog = self._order_backlog, []
+        return self._feed_order(tuple(backlog or ()))
+
     def _order_applied(self, applied: tuple[Event, ...]) -> OrderUpdate | None:
         """Feed newly applied (and judged) events to the order; what changed."""
         if not self.config.ordering.enabled:
             return None
+        if self._order_backlog is not None:
+            self._order_backlog.extend(applied)
+            return None
+        return self._feed_order(applied)
+
+    def _feed_order(self, applied: tuple[Event, ...]) -> OrderUpdate | None:
         if self._order is None:
             # Replay what came before this batch, so the batch itself is reported.
             self._order = TopicOrder(self.graph, self.tracker, self.config.ordering,
@@ -550,6 +592,8 @@ class Replica(StateOperations, Authoring, ReadAccess, HistoryAccess, Joining):
 
     def _forget_order(self) -> None:
         self._order = None  # pending writes were discarded: rebuild from what is durable
+        if self._order_backlog is not None:
+            self._order_backlog = []  # discarded with them
 
     def _require_order(self) -> TopicOrder:
         order = self.ordering

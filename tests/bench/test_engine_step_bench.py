@@ -16,13 +16,14 @@ counts its CPU.
   indexer its own events confirm each other: the tail stays short.
 * `unconfirmed_tail`: a writer that is not an indexer writes TAIL_EVENTS
   events and no indexer acknowledges them (the indexers' devices are away),
-  so the tentative tail grows by one per event; memory store, one frame per
-  step. The CPU per event over the first and the last TAIL_WINDOW events,
-  and the growth per 1,000 unconfirmed events. Each feed of the order
-  copies and compares the whole tail (C-speed tuple work in
-  `Linearizer._settle`, `OrderBans.advance`, `TopicOrder._filtered`), so
-  this grows linearly: measured 0.29 ms at an empty tail against 1.41 ms
-  at 20,000 (stop of 2026-11-28, s19; see docs/anti-entropy.md).
+  so the tentative tail grows by one per event; memory store, at
+  TAIL_FRAMES_PER_STEP frames per step. The CPU per event over each
+  TAIL_WINDOW events, and its growth per 1,000 unconfirmed events. Each
+  feed of the order copies and compares the whole tail (C-speed tuple work
+  in `Linearizer._settle`, `OrderBans.advance`, `TopicOrder._filtered`), so
+  this grows linearly with the tail; a topic feeds its order once per step
+  (`Replica.defer_order`), so the growth per event is divided by the frames
+  per step (docs/anti-entropy.md, s19).
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ STEP_EVENTS = 2_000
 FRAMES_PER_STEP = (1, 4, 16)
 TAIL_EVENTS = 8_000
 TAIL_WINDOW = 1_000
+TAIL_FRAMES_PER_STEP = (1, 16)
 PAYLOAD = b"x" * 100  # the cluster benches' 100-byte readings
 FRAME_GAP_MS = 5  # the clock moves on per frame, so the peer's intake budget refills
 
@@ -96,6 +98,13 @@ def per_step_figures(tmp: Path) -> dict[str, object]:
 
 
 def tail_figures() -> dict[str, object]:
+    topic, frames = unacknowledged_writes()
+    return {f"frames_per_step_{k}": tail_growth(topic, frames, k) for k in TAIL_FRAMES_PER_STEP}
+
+
+def unacknowledged_writes() -> tuple[bytes, list[bytes]]:
+    """A topic whose writer is no indexer: the creation, invite and join, then its
+    TAIL_EVENTS events, which nobody acknowledges (one push frame each)."""
     rng = random.Random(4)
     creator = Replica.create_topic(MemoryStore(), identity("alice"), PAIR_NOW_MS,
                                    authorization=True)
@@ -109,17 +118,20 @@ def tail_figures() -> dict[str, object]:
         writer.publish(PAYLOAD, PAIR_NOW_MS, rng)
     writer.commit()
     events = [e for _, e in writer.graph.deliveries(0, limit=TAIL_EVENTS + 100)]
-    frames = pushes(creator.topic_id, events)
+    return creator.topic_id, pushes(creator.topic_id, events)
+
+
+def tail_growth(topic: bytes, frames: list[bytes], per_step: int) -> dict[str, object]:
     before = len(frames) - TAIL_EVENTS  # the creation, the invite, the join
-    replica = Replica(MemoryStore(), creator.topic_id, identity("relay"), ReplicaConfig())
+    replica = Replica(MemoryStore(), topic, identity("relay"), ReplicaConfig())
     engine = engine_for(replica)
     feed(engine, frames[:before], 1, 0)
     cpu_ms: list[float] = []
     for start in range(before, len(frames), TAIL_WINDOW):
         window = frames[start:start + TAIL_WINDOW]
-        cpu_ms.append(1000 * feed(engine, window, 1, start) / len(window))
+        cpu_ms.append(1000 * feed(engine, window, per_step, start) / len(window))
     status = replica.order_status()
-    assert status is not None and replica.graph.delivered_count == len(events)
+    assert status is not None and replica.graph.delivered_count == len(frames)
     assert status.tentative_length >= TAIL_EVENTS  # nothing of the writer's was confirmed
     windows = len(cpu_ms)
     growth = (cpu_ms[-1] - cpu_ms[0]) / ((windows - 1) * TAIL_WINDOW / 1000)

@@ -1,0 +1,97 @@
+"""A topic's order fed once per driver step (`Replica.defer_order`) equals the order fed
+once per frame, and nobody reads it behind the graph.
+
+Why: each feed of the order costs the unconfirmed tail's length besides its
+events (tests/bench/test_engine_step_bench.py), so the node's committer and
+`Disseminator.on_batch` feed each topic once per step. Deferring must change
+nothing a reader sees: the same confirmed and tentative views, and a read
+inside the step (authoring, acks, status) sees every event applied so far.
+"""
+
+from __future__ import annotations
+
+import random
+
+from node.core.event import Event
+from node.replica.ordering import KIND_ACK
+from node.replica.replica import Replica, ReplicaConfig
+from node.replica.order_views import ORDER_CONFIRMED, ORDER_TENTATIVE
+from storage.memory import MemoryStore
+from tests.helpers import authorized_topic, identity, sync
+
+NOW_MS = 10**12
+WRITES = 40
+
+
+def topic_with_a_writer() -> tuple[Replica, list[Event]]:
+    """An indexer (the creator) and a writer that is not one; the writer writes WRITES
+    events and the indexer acknowledges them twice along the way."""
+    rng = random.Random(7)
+    creator = authorized_topic(now_ms=NOW_MS)
+    writer_id = identity("writer")
+    creator.add_writer(writer_id.public_key, NOW_MS, rng)
+    creator.commit()
+    writer = Replica(MemoryStore(), creator.topic_id, writer_id, ReplicaConfig())
+    sync(creator, writer, NOW_MS)
+    writer.join(NOW_MS, rng)
+    for n in range(WRITES):
+        writer.publish(b"reading %d" % n, NOW_MS, rng)
+        if n in (WRITES // 2, WRITES - 1):
+            writer.commit()
+            sync(writer, creator, NOW_MS)
+            creator.publish(b"", NOW_MS, rng, kind=KIND_ACK)
+            creator.commit()
+            sync(creator, writer, NOW_MS)
+    writer.commit()
+    return creator, [e for _, e in writer.graph.deliveries(0, limit=10 * WRITES)]
+
+
+def views(replica: Replica) -> tuple[list[bytes], list[bytes]]:
+    return ([e.id for _, e in replica.ordered(ORDER_CONFIRMED, limit=10 * WRITES)],
+            [e.id for _, e in replica.ordered(ORDER_TENTATIVE, limit=10 * WRITES)])
+
+
+def test_an_order_fed_once_per_step_equals_one_fed_per_event() -> None:
+    creator, events = topic_with_a_writer()
+    one_by_one = Replica(MemoryStore(), creator.topic_id, identity("a"), ReplicaConfig())
+    stepped = Replica(MemoryStore(), creator.topic_id, identity("b"), ReplicaConfig())
+    for event in events:
+        one_by_one.receive(event.raw, NOW_MS)
+    for start in range(0, len(events), 7):  # steps of 7 frames
+        stepped.defer_order()
+        for event in events[start:start + 7]:
+            assert stepped.receive(event.raw, NOW_MS).order is None  # fed at the step's end
+        stepped.flush_order()
+    confirmed, tentative = views(one_by_one)
+    assert 0 < len(confirmed) < len(tentative)  # something confirmed, something not yet
+    assert views(stepped) == (confirmed, tentative)
+    assert stepped.order_status() == one_by_one.order_status()
+
+
+def test_reading_the_order_inside_a_step_sees_every_event_applied() -> None:
+    creator, events = topic_with_a_writer()
+    replica = Replica(MemoryStore(), creator.topic_id, identity("c"), ReplicaConfig())
+    replica.defer_order()
+    for event in events:
+        replica.receive(event.raw, NOW_MS)
+    status = replica.order_status()  # read inside the step: fed first
+    assert status is not None
+    assert status.confirmed_length + status.tentative_length == replica.graph.delivered_count
+    assert replica.flush_order() is None  # nothing waited any more
+
+
+def test_a_discarded_step_drops_what_waited_and_the_order_follows_the_store() -> None:
+    creator, events = topic_with_a_writer()
+    replica = Replica(MemoryStore(), creator.topic_id, identity("d"), ReplicaConfig())
+    half = len(events) // 2
+    for event in events[:half]:
+        replica.receive(event.raw, NOW_MS)
+    replica.commit()
+    before = views(replica)
+    replica.defer_order()
+    for event in events[half:]:
+        replica.receive(event.raw, NOW_MS)
+    replica.graph.discard_pending()  # a failed commit: the step's writes are gone
+    replica.flush_order(feed=False)
+    assert replica.graph.delivered_count == half
+    assert views(replica) == before
