@@ -147,6 +147,7 @@ class OrderBans:
         # The tail judged last (after the confirmed prefix), its verdicts, and the
         # (key, id) each position sets (None: none), aligned.
         self._tail: tuple[bytes, ...] = ()
+        self.shared_with_last = -1  # ids the last `advance` found shared with the tail before
         self._tail_verdicts: list[Verdict] = []
         self._tail_sets: list[tuple[StateKey, bytes] | None] = []
         # Tail events whose verdict excludes them / restricts the order (both rare).
@@ -160,19 +161,32 @@ class OrderBans:
         self._memo: dict[tuple[object, ...], AuthReason | None] = {}  # non-state verdicts
         self._state_verdicts: dict[tuple[object, ...], AuthReason | None] = {}  # the others
 
+    @property
+    def tail(self) -> tuple[bytes, ...]:
+        """The tail the last `advance` was given."""
+        return self._tail
+
     def advance(self, appended: Sequence[bytes], tail: Sequence[bytes],
-                get: Callable[[bytes], Event]) -> tuple[list[AuthReason | None], tuple[bytes, ...]]:
+                get: Callable[[bytes], Event], *, previous: Sequence[bytes] | None = None,
+                shared: int = -1) -> tuple[list[AuthReason | None], tuple[bytes, ...]]:
         """Judge newly confirmed events (in order), then the new tentative tail.
 
         Returns each confirmed event's reason (None: it stays, and its state took
-        effect) and the tail's surviving ids, in order.
+        effect) and the tail's surviving ids, in order. `previous` and `shared`
+        (`OrderUpdate`'s): if `previous` is the tail this was last given, the
+        new sequence shares `shared` ids with it, and that is not compared
+        again. After the call `shared_with_last` says how many ids were shared.
         """
         if not self._shortcuts:
+            self.shared_with_last = -1
             return self._advance_in_full(appended, tail, get)
-        sequence = (*appended, *tail)
         old = self._tail
+        # A tuple as it comes: a copy costs the tail's length, on every event.
+        sequence = (*appended, *tail) if appended or type(tail) is not tuple else tail
         total, confirmed = len(sequence), len(appended)
-        shared = common_prefix(old, sequence)
+        if previous is None or previous is not old or not 0 <= shared <= min(len(old), total):
+            shared = common_prefix(old, sequence)
+        self.shared_with_last = shared
         # The old tail's end that the new sequence ends with too; `shift` maps its
         # positions in `sequence` to those in `old`.
         end_start = total - _common_suffix(old, sequence, min(len(old), total) - shared)
@@ -185,9 +199,8 @@ class OrderBans:
             restricted = restricted or verdict.restricts
             out.reasons.append(verdict.reason)
         self._restricted = restricted
-        if shared > confirmed:  # the tail's part of the shared prefix: kept whole
-            out.verdicts.extend(self._tail_verdicts[confirmed:shared])
-            out.sets.extend(self._tail_sets[confirmed:shared])
+        # The tail's part of the shared prefix keeps its verdicts: the old lists are
+        # cut to it in place once the walk (which reads them from `shared` on) is done.
         if shared < total:
             state: MutableMapping[StateKey, bytes] = self._state
             # Judged in the walk: at or after `shared` in the new sequence, so never in
@@ -206,7 +219,14 @@ class OrderBans:
         for event_id in appended:
             self._forget(event_id)
         self._tail = tuple(tail)
-        self._tail_verdicts, self._tail_sets = out.verdicts, out.sets
+        if shared > confirmed:  # old[confirmed:shared], then what the walk found
+            verdicts, sets = self._tail_verdicts, self._tail_sets
+            del verdicts[shared:], sets[shared:]
+            del verdicts[:confirmed], sets[:confirmed]
+            verdicts.extend(out.verdicts)
+            sets.extend(out.sets)
+        else:
+            self._tail_verdicts, self._tail_sets = out.verdicts, out.sets
         if len(self._reads) > 2 * len(tail) + READ_KEYS_CACHE_SIZE:  # ids no longer ordered
             for event_id in set(self._reads).difference(tail):
                 self._forget(event_id)

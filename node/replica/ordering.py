@@ -392,8 +392,10 @@ class TopicOrder(OrderDuties):
         self._lin_tail = update.tentative
         base = self._confirmed_count
         appended: list[bytes] = []
+        bans_before = self._bans.tail
         reasons, tentative = self._bans.advance(update.confirmed_appended, update.tentative,
-                                                self._unconfirmed_event)
+                                                self._unconfirmed_event,
+                                                previous=update.previous, shared=update.shared)
         for event_id, reason in zip(update.confirmed_appended, reasons):
             self._unconfirmed.pop(event_id, None)
             if reason is None:
@@ -409,8 +411,15 @@ class TopicOrder(OrderDuties):
         excluded = len(update.tentative) - len(tentative)
         if excluded:
             self.stats["excluded_tentative"] += excluded
-        old, new = self._tentative, confirmed + tentative
-        shared = common_prefix(old, new)  # slice comparisons: a long tail costs little
+        old = self._tentative
+        if (old is bans_before and tentative is update.tentative
+                and len(confirmed) == len(update.confirmed_appended)
+                and self._bans.shared_with_last >= 0):
+            # Nothing left out, before or now: the view is the bans' sequence, whose
+            # shared prefix they found (a comparison costs the tail, on every event).
+            shared = self._bans.shared_with_last
+        else:
+            shared = common_prefix(old, confirmed + tentative)  # slice comparisons, in C
         self._tentative = tentative
         return OrderUpdate(confirmed, tentative, base + shared)
 

@@ -19,11 +19,11 @@ counts its CPU.
   so the tentative tail grows by one per event; memory store, at
   TAIL_FRAMES_PER_STEP frames per step. The CPU per event over each
   TAIL_WINDOW events, and its growth per 1,000 unconfirmed events. Each
-  feed of the order copies and compares the whole tail (C-speed tuple work
-  in `Linearizer._settle`, `OrderBans.advance`, `TopicOrder._filtered`), so
-  this grows linearly with the tail; a topic feeds its order once per step
-  (`Replica.defer_order`), so the growth per event is divided by the frames
-  per step (docs/anti-entropy.md, s19).
+  feed of the order still builds a snapshot of the whole tail
+  (`TopoList.snapshot`, in C), so this grows linearly with the tail; a
+  topic feeds its order once per step (`Replica.defer_order`), so the
+  growth per event is divided by the frames per step (docs/anti-entropy.md,
+  s19).
 """
 
 from __future__ import annotations

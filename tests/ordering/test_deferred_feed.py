@@ -95,3 +95,38 @@ def test_a_discarded_step_drops_what_waited_and_the_order_follows_the_store() ->
     replica.flush_order(feed=False)
     assert replica.graph.delivered_count == half
     assert views(replica) == before
+
+
+def test_each_update_rewinds_exactly_to_the_prefix_the_views_share() -> None:
+    """The shared prefix an update reports, found without comparing the tails where the
+    order's parts could tell it (`OrderUpdate.shared`, `OrderBans.advance(previous=)`),
+    is exactly the one a comparison of the full views finds, through reorderings of
+    the tail and confirmations."""
+    from node.core.order.linearizer import common_prefix
+    from tests.ordering.world import ACK_INTERVAL_MS, Net
+
+    net = Net(11, creator="alice", indexers=["alice", "bob"], writers=["xavier", "yuri"])
+    bob = net.replicas["bob"]
+    full = list(bob.ordering.confirmed + bob.ordering.tentative)
+    rewinds: list[int] = []
+
+    def check(update) -> None:
+        nonlocal full
+        order = bob.ordering
+        new = list(order.confirmed + order.tentative)
+        assert update.rewind_to == common_prefix(full, new)
+        rewinds.append(len(full) - update.rewind_to)
+        full = new
+
+    net.listeners["bob"] = check
+    for n in range(10):
+        for writer in ("xavier", "yuri", "alice"):
+            net.publish(writer, b"%s %d" % (writer.encode(), n))
+        net.exchange("bob", "yuri", share=0.5)
+        net.exchange("bob", "xavier", share=0.5)
+        net.exchange("bob", "alice", share=0.5)
+        net.ack("bob")
+        net.now_ms += ACK_INTERVAL_MS
+        net.sync_all(["alice", "xavier", "yuri"])
+    net.settle()
+    assert len(rewinds) > 20 and any(rewinds)  # the tail reordered, not only grew

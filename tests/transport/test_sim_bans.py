@@ -44,7 +44,7 @@ def test_the_check_fails_a_world_whose_order_ignores_the_ban(monkeypatch):
     # The order without the ban rule and no soft fail (the behaviour before issue
     # 16): the banned writer's post-ban chain is confirmed everywhere.
     monkeypatch.setattr(order_bans.OrderBans, "advance",
-                        lambda self, appended, tail, get: ([None] * len(appended), tuple(tail)))
+                        lambda self, appended, tail, get, **_: ([None] * len(appended), tuple(tail)))
     monkeypatch.setattr(Replica, "_soft_fail", lambda self, received: received)
     cluster = Cluster.from_scenario(replace(BANNED, seed=0))
     with pytest.raises(AssertionError, match="post-ban events in its order"):

@@ -254,7 +254,10 @@ class Linearizer:
             for node_id in appended:
                 del self._children[node_id]
             rewind = common_prefix(before, appended + self.tentative)
-        return OrderUpdate(appended, self.tentative, confirmed_before + rewind)
+        # Without a confirmation `rewind` is exact: the tail before the first
+        # insertion is untouched, and what sits there now is a new node.
+        return OrderUpdate(appended, self.tentative, confirmed_before + rewind,
+                           previous=before, shared=rewind)
 
     def _confirm_next(self, appended: list[bytes]) -> bool:
         chain = self._consensus.next_commit()

@@ -10,7 +10,7 @@ anything.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 class OrderError(ValueError):
@@ -49,11 +49,19 @@ class OrderUpdate:
     full order and the new one share, so a subscriber truncates its view to
     `rewind_to` entries and replays the rest. It never reaches into the
     previously confirmed prefix.
+
+    `previous` (the tentative tail before the call, the very tuple an earlier
+    update gave) and `shared` (how much of `confirmed_appended + tentative`
+    it shares; -1: not known) let a consumer that kept that tuple skip the
+    comparison: each costs the tail's length, on every event of a long
+    unconfirmed tail (`node.replica.order_bans`). Not compared.
     """
 
     confirmed_appended: tuple[bytes, ...]
     tentative: tuple[bytes, ...]
     rewind_to: int
+    previous: tuple[bytes, ...] | None = field(default=None, compare=False, repr=False)
+    shared: int = field(default=-1, compare=False, repr=False)
 
 
 SortKey = tuple[bytes, int, bytes]
