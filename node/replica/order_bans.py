@@ -84,6 +84,7 @@ from dataclasses import dataclass
 
 from node.core.event import Event
 from node.core.order.linearizer import common_prefix
+from node.core.order.topolist import TailView
 from node.state.auth_rules import auth_types_for_event, check_auth
 from node.state.restrictive import restricts
 from node.state.types import (
@@ -146,7 +147,7 @@ class OrderBans:
         self._restricted = not self._shortcuts
         # The tail judged last (after the confirmed prefix), its verdicts, and the
         # (key, id) each position sets (None: none), aligned.
-        self._tail: tuple[bytes, ...] = ()
+        self._tail: Sequence[bytes] = ()  # a tuple, or the linearizer's view
         self.shared_with_last = -1  # ids the last `advance` found shared with the tail before
         self._tail_verdicts: list[Verdict] = []
         self._tail_sets: list[tuple[StateKey, bytes] | None] = []
@@ -162,13 +163,13 @@ class OrderBans:
         self._state_verdicts: dict[tuple[object, ...], AuthReason | None] = {}  # the others
 
     @property
-    def tail(self) -> tuple[bytes, ...]:
+    def tail(self) -> Sequence[bytes]:
         """The tail the last `advance` was given."""
         return self._tail
 
     def advance(self, appended: Sequence[bytes], tail: Sequence[bytes],
                 get: Callable[[bytes], Event], *, previous: Sequence[bytes] | None = None,
-                shared: int = -1) -> tuple[list[AuthReason | None], tuple[bytes, ...]]:
+                shared: int = -1) -> tuple[list[AuthReason | None], Sequence[bytes]]:
         """Judge newly confirmed events (in order), then the new tentative tail.
 
         Returns each confirmed event's reason (None: it stays, and its state took
@@ -181,8 +182,10 @@ class OrderBans:
             self.shared_with_last = -1
             return self._advance_in_full(appended, tail, get)
         old = self._tail
-        # A tuple as it comes: a copy costs the tail's length, on every event.
-        sequence = (*appended, *tail) if appended or type(tail) is not tuple else tail
+        # The tail as it comes (a tuple, or the linearizer's view): a copy costs the
+        # tail's length, on every event.
+        immutable = isinstance(tail, (tuple, TailView))
+        sequence = (*appended, *tail) if appended or not immutable else tail
         total, confirmed = len(sequence), len(appended)
         if previous is None or previous is not old or not 0 <= shared <= min(len(old), total):
             shared = common_prefix(old, sequence)
@@ -218,7 +221,7 @@ class OrderBans:
                             restricted, get, out, judged)
         for event_id in appended:
             self._forget(event_id)
-        self._tail = tuple(tail)
+        self._tail = tail if immutable else tuple(tail)
         if shared > confirmed:  # old[confirmed:shared], then what the walk found
             verdicts, sets = self._tail_verdicts, self._tail_sets
             del verdicts[shared:], sets[shared:]
@@ -237,7 +240,7 @@ class OrderBans:
             return out.reasons, self._tail
         return out.reasons, tuple(i for i in tail if i not in self._excluded)
 
-    def _walk_rest(self, sequence: tuple[bytes, ...], confirmed: int, shared: int,
+    def _walk_rest(self, sequence: Sequence[bytes], confirmed: int, shared: int,
                    end_start: int, shift: int, state: MutableMapping[StateKey, bytes],
                    restricted: bool,
                    get: Callable[[bytes], Event], out: _Out, judged: set[bytes]) -> None:
@@ -434,7 +437,7 @@ class _Positions:
 
     __slots__ = ("_old", "_start", "_index")
 
-    def __init__(self, old: tuple[bytes, ...], start: int) -> None:
+    def __init__(self, old: Sequence[bytes], start: int) -> None:
         self._old, self._start = old, start
         self._index: dict[bytes, int] | None = None
 
@@ -453,7 +456,7 @@ class _Positions:
         return any(self.get(i, -1) >= at for i in wanted)
 
 
-def _find(ids: tuple[bytes, ...], event_id: bytes, start: int, stop: int) -> int:
+def _find(ids: Sequence[bytes], event_id: bytes, start: int, stop: int) -> int:
     """Position of `event_id` in ids[start:stop] (scanned in C), -1 if absent."""
     try:
         return ids.index(event_id, start, stop)
@@ -475,7 +478,7 @@ class _StateAt(MutableMapping[StateKey, bytes]):
                  "_whole")
 
     def __init__(self, base: Mapping[StateKey, bytes], setters: Mapping[StateKey, set[bytes]],
-                 old: tuple[bytes, ...], sets: Sequence[tuple[StateKey, bytes] | None],
+                 old: Sequence[bytes], sets: Sequence[tuple[StateKey, bytes] | None],
                  start: int, stop: int, skip: set[bytes]) -> None:
         self._base, self._setters, self._old, self._sets = base, setters, old, sets
         self._start, self._stop = start, stop

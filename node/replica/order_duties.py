@@ -30,7 +30,7 @@ so a quiet topic falls silent.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Protocol
 
 from node.core.graph import Graph
@@ -84,7 +84,7 @@ class OrderDuties:
         _aside: dict[bytes, OrderNode]
         _acks: set[bytes]
         _latest: dict[bytes, tuple[int, bytes]]
-        _lin_tail: tuple[bytes, ...]  # the linearizer's tail, bans not applied: see _vote_due
+        _lin_tail: Sequence[bytes]  # the linearizer's tail, bans not applied: see _vote_due
         soft_failed: Callable[[bytes], bool]  # soft-failed here: never built on, never voted for
         _last_ack_ms: int | None
 

@@ -177,8 +177,8 @@ class TopicOrder(OrderDuties):
         # The confirmed prefix lives in the table (`c|position`); this is its length.
         self._confirmed_count = 0
         self._persisted = int.from_bytes(self._table.get(_COUNT) or bytes(8), "big")
-        self._tentative: tuple[bytes, ...] = ()  # the tentative view (bans applied)
-        self._lin_tail: tuple[bytes, ...] = ()  # the linearizer's tail (order_duties)
+        self._tentative: Sequence[bytes] = ()  # the tentative view (bans applied)
+        self._lin_tail: Sequence[bytes] = ()  # the linearizer's tail (order_duties)
         # Events this node soft-failed (node.state.soft_fail), set by the replica: the
         # ack duty ignores them, since local events never build on them.
         self.soft_failed: Callable[[bytes], bool] = lambda event_id: False

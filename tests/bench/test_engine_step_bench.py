@@ -18,12 +18,11 @@ counts its CPU.
   events and no indexer acknowledges them (the indexers' devices are away),
   so the tentative tail grows by one per event; memory store, at
   TAIL_FRAMES_PER_STEP frames per step. The CPU per event over each
-  TAIL_WINDOW events, and its growth per 1,000 unconfirmed events. Each
-  feed of the order still builds a snapshot of the whole tail
-  (`TopoList.snapshot`, in C), so this grows linearly with the tail; a
-  topic feeds its order once per step (`Replica.defer_order`), so the
-  growth per event is divided by the frames per step (docs/anti-entropy.md,
-  s19).
+  TAIL_WINDOW events, and its growth per 1,000 unconfirmed events. It
+  grew linearly (each feed copied and compared the whole tail: 1.41 ms per
+  event at 20,000 against 0.29 at none); the order's parts now pass the
+  shared prefix along and share the tail's blocks (`topolist.TailView`),
+  so it stays flat (docs/anti-entropy.md, s19).
 """
 
 from __future__ import annotations

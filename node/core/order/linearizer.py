@@ -96,7 +96,8 @@ class Linearizer:
         return tuple(node_at(*divmod(at, LANE_STRIDE)) for at in self._confirmed)
 
     @property
-    def tentative(self) -> tuple[bytes, ...]:
+    def tentative(self) -> Sequence[bytes]:
+        """The unconfirmed nodes in order: an immutable view (`topolist.TailView`)."""
         return self._tentative.snapshot()
 
     @property
@@ -242,7 +243,7 @@ class Linearizer:
         children[node.id] = []
         return self._tentative.insert(node.id, open_deps)
 
-    def _settle(self, before: tuple[bytes, ...], rewind: int) -> OrderUpdate:
+    def _settle(self, before: Sequence[bytes], rewind: int) -> OrderUpdate:
         """Confirm whatever committed anchors allow; report the change."""
         confirmed_before = len(self._confirmed)
         appended_ids: list[bytes] = []

@@ -47,9 +47,11 @@ randomised tests against the reference, `tests/core/order/test_topolist.py`).
 from __future__ import annotations
 
 import heapq
-from collections.abc import Callable, Collection, Iterable, Iterator, Set
-from itertools import chain, compress, count, islice
+from bisect import bisect_right
+from collections.abc import Callable, Collection, Iterable, Iterator, Sequence, Set
+from itertools import accumulate, chain, compress, count, islice
 from operator import not_
+from typing import Any, overload
 
 from .values import SortKey
 
@@ -86,6 +88,115 @@ def kahn(ids: Collection[bytes], deps_of: DepsOf, key_of: KeyOf) -> list[bytes]:
     return order
 
 
+class TailView(Sequence[bytes]):
+    """An immutable snapshot of a `TopoList`, sharing its blocks (copy on write).
+
+    The linearizer hands out the tentative tail after every feed, and a tuple
+    of it cost the tail's length each time: on every event while the tail
+    grows unconfirmed (tests/bench/test_engine_step_bench.py). A view costs
+    a tuple of block references, and the list copies a block before it
+    changes one a view holds. It answers what a tuple answers (length,
+    iteration, indexing, slices as tuples, `index`, equality with any
+    sequence, `+`); indexing finds the block by bisection.
+    """
+
+    __slots__ = ("_blocks", "_length", "_starts")
+
+    def __init__(self, blocks: tuple[list[bytes], ...], length: int) -> None:
+        self._blocks = blocks
+        self._length = length
+        self._starts: list[int] | None = None  # each block's first position, on first use
+
+    def __len__(self) -> int:
+        return self._length
+
+    def __iter__(self) -> Iterator[bytes]:
+        return chain.from_iterable(self._blocks)
+
+    def _block_at(self, position: int) -> tuple[int, int]:
+        """(block, offset in it) of `position` (0 <= position < len)."""
+        starts = self._starts
+        if starts is None:
+            starts = self._starts = list(accumulate((len(b) for b in self._blocks), initial=0))
+        b = bisect_right(starts, position) - 1
+        while not self._blocks[b]:  # (empty blocks share their start with the next)
+            b += 1
+        return b, position - starts[b]
+
+    @overload
+    def __getitem__(self, index: int) -> bytes: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> tuple[bytes, ...]: ...
+
+    def __getitem__(self, index: int | slice) -> Any:
+        if isinstance(index, slice):
+            start, stop, step = index.indices(self._length)
+            if step != 1:
+                return tuple(self)[index]
+            return tuple(self._range(start, stop))
+        if index < 0:
+            index += self._length
+        if not 0 <= index < self._length:
+            raise IndexError("tail index out of range")
+        b, i = self._block_at(index)
+        return self._blocks[b][i]
+
+    def _range(self, start: int, stop: int) -> Iterator[bytes]:
+        if start >= stop:
+            return iter(())
+        b, i = self._block_at(start)
+        return islice(chain(islice(self._blocks[b], i, None),
+                            chain.from_iterable(self._blocks[b + 1:])), stop - start)
+
+    def index(self, value: Any, start: int = 0, stop: int | None = None) -> int:
+        start, stop, _ = slice(start, stop).indices(self._length)
+        if start < stop:
+            b, i = self._block_at(start)
+            position = start - i
+            for block in self._blocks[b:]:
+                if position >= stop:
+                    break
+                try:
+                    found = position + block.index(value, i, stop - position)
+                except ValueError:
+                    pass
+                else:
+                    return found
+                position += len(block)
+                i = 0
+        raise ValueError("id not in the tail")
+
+    def __contains__(self, value: object) -> bool:
+        return any(value in block for block in self._blocks)
+
+    def __eq__(self, other: object) -> bool:
+        if self is other:
+            return True
+        if isinstance(other, TailView):
+            if len(other) != self._length:
+                return False
+            if len(other._blocks) == len(self._blocks) and all(
+                    a is b for a, b in zip(self._blocks, other._blocks)):
+                return True
+            return tuple(self) == tuple(other)
+        if isinstance(other, (tuple, list)):
+            return len(other) == self._length and tuple(self) == tuple(other)
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash(tuple(self))
+
+    def __add__(self, other: Sequence[bytes]) -> tuple[bytes, ...]:
+        return (*self, *other)
+
+    def __radd__(self, other: Sequence[bytes]) -> tuple[bytes, ...]:
+        return (*other, *self)
+
+    def __repr__(self) -> str:
+        return f"TailView({tuple(self)!r})"
+
+
 class TopoList:
     """The tentative order: a Kahn list kept up to date one insertion at a time.
 
@@ -106,7 +217,9 @@ class TopoList:
         self._block_max: list[SortKey] = []  # the largest key of each block
         self._block_of: dict[bytes, list[bytes]] = {}  # id -> the block holding it
         self._length = 0
-        self._snapshot: tuple[bytes, ...] | None = ()  # None: changed since the last one
+        self._snapshot: Sequence[bytes] | None = ()  # None: changed since the last one
+        # Blocks no snapshot holds, by id: changed in place. Any other is copied first.
+        self._owned: set[int] = set()
 
     def __len__(self) -> int:
         return self._length
@@ -114,12 +227,25 @@ class TopoList:
     def __iter__(self) -> Iterator[bytes]:
         return chain.from_iterable(self._blocks)
 
-    def snapshot(self) -> tuple[bytes, ...]:
-        """The list as a tuple, kept until the next change (the linearizer asks for it
-        before and after each insertion)."""
+    def snapshot(self) -> Sequence[bytes]:
+        """The list as an immutable view (`TailView`), kept until the next change (the
+        linearizer asks for it before and after each insertion)."""
         if self._snapshot is None:
-            self._snapshot = tuple(chain.from_iterable(self._blocks))
+            self._snapshot = TailView(tuple(self._blocks), self._length)
+            self._owned.clear()  # the view holds every block now
         return self._snapshot
+
+    def _own(self, b: int) -> list[bytes]:
+        """Block `b`, copied first if a snapshot holds it."""
+        block = self._blocks[b]
+        if id(block) not in self._owned:
+            block = list(block)
+            self._blocks[b] = block
+            block_of = self._block_of
+            for node in block:
+                block_of[node] = block
+            self._owned.add(id(block))
+        return block
 
     def insert(self, node: bytes, deps: Iterable[bytes]) -> int:
         """Insert a node none of the listed nodes depends on; return its position.
@@ -155,10 +281,11 @@ class TopoList:
                 i = len(blocks[b])
             else:
                 blocks.append([])
+                self._owned.add(id(blocks[-1]))
                 block_keys.append([])
                 block_max.append(key)
         position = sum(map(len, blocks[:b])) + i
-        block, keys = blocks[b], block_keys[b]
+        block, keys = self._own(b), block_keys[b]
         block.insert(i, node)
         keys.insert(i, key)
         if block_max[b] < key:
@@ -170,9 +297,10 @@ class TopoList:
         return position
 
     def _split(self, b: int) -> None:
-        block, keys = self._blocks[b], self._block_keys[b]
+        block, keys = self._own(b), self._block_keys[b]
         half = len(block) // 2
         tail, tail_keys = block[half:], keys[half:]
+        self._owned.add(id(tail))
         del block[half:], keys[half:]
         self._blocks.insert(b + 1, tail)
         self._block_keys.insert(b + 1, tail_keys)
@@ -207,7 +335,8 @@ class TopoList:
         self._block_max = [max(keys) for keys in self._block_keys]
         self._block_of = {node: block for block in self._blocks for node in block}
         self._length = len(order)
-        self._snapshot = tuple(order)
+        self._owned = {id(block) for block in self._blocks}
+        self._snapshot = None
 
 
 def _reordered(old: list[bytes], keys: list[SortKey], gone: Set[bytes], deps_of: DepsOf,

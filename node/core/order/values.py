@@ -10,6 +10,7 @@ anything.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 
@@ -58,9 +59,9 @@ class OrderUpdate:
     """
 
     confirmed_appended: tuple[bytes, ...]
-    tentative: tuple[bytes, ...]
+    tentative: Sequence[bytes]  # a tuple, or the linearizer's immutable view of its list
     rewind_to: int
-    previous: tuple[bytes, ...] | None = field(default=None, compare=False, repr=False)
+    previous: Sequence[bytes] | None = field(default=None, compare=False, repr=False)
     shared: int = field(default=-1, compare=False, repr=False)
 
 

@@ -181,3 +181,51 @@ def test_remove_is_kahn_over_the_rest_on_random_dags(dag, data):
     topo.remove(gone, lambda i: by_id[i].deps, children.__getitem__)
     rest = listed - gone
     assert list(topo) == kahn(rest, lambda i: by_id[i].deps, lambda i: sort_key(by_id[i]))
+
+
+@pytest.mark.parametrize("block", [1, 3, topolist.TOPO_BLOCK])
+def test_snapshots_never_change_and_answer_as_tuples(block, monkeypatch):
+    # A snapshot shares the list's blocks (copy on write: `TailView`): every snapshot
+    # taken must still equal the tuple it was, after insertions, block splits,
+    # removals and rebuilds, and answer indexing, slices, `index`, `in` and `+` as
+    # that tuple does.
+    import random
+
+    monkeypatch.setattr(topolist, "TOPO_BLOCK", block)
+    for seed in range(12):
+        rng = random.Random(seed)
+        by_id: dict[bytes, OrderNode] = {}
+        tips: dict[bytes, bytes] = {}
+        children: dict[bytes, list[bytes]] = {}
+        topo = TopoList(lambda i: sort_key(by_id[i]))
+        taken: list[tuple[topolist.TailView, tuple[bytes, ...]]] = []
+        for step in range(200):
+            listed = set(topo)
+            pool = sorted(listed) if listed and rng.random() < 0.9 else sorted(by_id)
+            deps = set(rng.sample(pool, min(len(pool), rng.randrange(1, 4)))) if pool else set()
+            new = _write(by_id, tips, b"w%02d" % rng.randrange(8), deps, step)
+            open_deps = [d for d in new.deps if d in listed]
+            for dep in open_deps:
+                children[dep].append(new.id)
+            children[new.id] = []
+            topo.insert(new.id, open_deps)
+            if rng.random() < 0.05 and len(topo) > 1:
+                listed = set(topo)
+                gone = _past(by_id, rng.choice(sorted(listed)), listed)
+                topo.remove(gone, lambda i: by_id[i].deps, children.__getitem__)
+            if rng.random() < 0.3:
+                view = topo.snapshot()
+                taken.append((view, tuple(topo)))
+        for view, was in taken:
+            assert view == was and len(view) == len(was) and tuple(view) == was, seed
+            if not was:
+                continue
+            at = rng.randrange(len(was))
+            assert view[at] == was[at] and view[-1] == was[-1]
+            start, stop = sorted(rng.sample(range(len(was) + 1), 2))
+            assert view[start:stop] == was[start:stop] and view[start:] == was[start:]
+            assert view.index(was[at]) == at and was[at] in view
+            assert view.index(was[at], at, len(was)) == at
+            with pytest.raises(ValueError):
+                view.index(was[at], at + 1, len(was))
+            assert view + (b"x",) == was + (b"x",) and (b"x",) + view == (b"x",) + was
