@@ -87,6 +87,9 @@ class OrderDuties:
         _lin_tail: Sequence[bytes]  # the linearizer's tail, bans not applied: see _vote_due
         soft_failed: Callable[[bytes], bool]  # soft-failed here: never built on, never voted for
         _last_ack_ms: int | None
+        # (tail, own latest, answer) of the last `_vote_due`: both change only when the
+        # order is fed, so a quiet tail is not walked again at every tick.
+        _vote_memo: tuple[Sequence[bytes], tuple[int, bytes] | None, bool] | None
 
     def ack_due(self, me: bytes, now_ms: int, role: Callable[[], Role]) -> bool:
         """Should `me` append an acknowledgement now? (See the module docstring.)
@@ -115,19 +118,31 @@ class OrderDuties:
         lin = self._lin
         if me not in lin.indexers:
             return False
+        tail, latest = self._lin_tail, self._latest.get(me)
+        memo = self._vote_memo
+        if memo is not None and memo[0] is tail and memo[1] == latest:
+            return memo[2]
+        due = self._vote_due_now(tail, latest)
+        self._vote_memo = (tail, latest, due)
+        return due
+
+    def _vote_due_now(self, tail: Sequence[bytes], latest: tuple[int, bytes] | None) -> bool:
+        """`_vote_due` for this tail, walked lazily: it may be long while indexers are
+        away, and the checks run every tick until an ack is due."""
+        lin, soft_failed = self._lin, self.soft_failed
         # The linearizer's tail, excluded events included: whether an event is
         # excluded is only final at its confirmed position, so it must get there;
         # except soft-failed ones: local events never reference them, so acks
         # would never catch up with them (an ack every interval for ever).
-        tentative = [t for t in self._lin_tail if not self.soft_failed(t)]
-        if not any(t not in self._acks for t in tentative):
+        acks = self._acks
+        if not any(t not in acks and not soft_failed(t) for t in tail):
             return False
         if len(lin.indexers) == 1:
             return True
-        latest = self._latest.get(me)
         if latest is None or latest[1] not in lin:
             return True
-        return any(not lin.sees(latest[1], t) for t in tentative)
+        # Newest first: what the own latest event has not seen arrived after it.
+        return any(not lin.sees(latest[1], t) for t in reversed(tail) if not soft_failed(t))
 
     def parents_to_keep(self, me: bytes, relayed_self: bool) -> list[bytes]:
         """Extremities a local event of `me` must reference, most important first.

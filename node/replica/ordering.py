@@ -174,6 +174,7 @@ class TopicOrder(OrderDuties):
         self._role_cache_size = ROLE_CACHE_SIZE  # a node's cache budget may shrink it
         self._indexers_group = _NO_GROUP
         self._last_ack_ms: int | None = None
+        self._vote_memo: tuple[Sequence[bytes], tuple[int, bytes] | None, bool] | None = None
         # The confirmed prefix lives in the table (`c|position`); this is its length.
         self._confirmed_count = 0
         self._persisted = int.from_bytes(self._table.get(_COUNT) or bytes(8), "big")

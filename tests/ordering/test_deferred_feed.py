@@ -130,3 +130,59 @@ def test_each_update_rewinds_exactly_to_the_prefix_the_views_share() -> None:
         net.sync_all(["alice", "xavier", "yuri"])
     net.settle()
     assert len(rewinds) > 20 and any(rewinds)  # the tail reordered, not only grew
+
+
+def test_an_indexer_checks_its_vote_without_walking_a_quiet_tail_again() -> None:
+    """While another indexer is away nothing confirms and the tail grows; the online
+    indexer's ack check (every tick until an ack is due) gives the answer a fresh
+    walk gives, and walks a tail it already judged no more (`_vote_memo`)."""
+    from node.state.roles import Role
+
+    rng = random.Random(3)
+    alice = authorized_topic(now_ms=NOW_MS)
+    bob = identity("bob")
+    alice.add_writer(bob.public_key, NOW_MS, rng)
+    alice.set_role(bob.public_key, Role.INDEXER, NOW_MS, rng)
+    alice.commit()
+    bob_replica = Replica(MemoryStore(), alice.topic_id, bob, ReplicaConfig())
+    sync(alice, bob_replica, NOW_MS)
+    bob_replica.join(NOW_MS, rng)
+    bob_replica.commit()
+    sync(bob_replica, alice, NOW_MS)  # bob is an indexer now, and goes away
+    writer_id = identity("writer")
+    alice.add_writer(writer_id.public_key, NOW_MS, rng)
+    alice.commit()
+    writer = Replica(MemoryStore(), alice.topic_id, writer_id, ReplicaConfig())
+    sync(alice, writer, NOW_MS)
+    writer.join(NOW_MS, rng)
+    me = alice.identity.public_key
+    order = alice.ordering
+    assert len(order.indexers) == 2
+
+    def due() -> bool:
+        order._last_ack_ms = None  # the rate limit is not what is tested here
+        answer = order.ack_due(me, NOW_MS, lambda: Role.INDEXER)
+        memo, order._vote_memo = order._vote_memo, None
+        assert order.ack_due(me, NOW_MS, lambda: Role.INDEXER) == answer  # a fresh walk
+        order._vote_memo = memo
+        return answer
+
+    for _ in range(6):
+        for n in range(30):
+            writer.publish(b"reading %d" % n, NOW_MS, rng)
+        writer.commit()
+        sync(writer, alice, NOW_MS)
+        alice.commit()
+        assert due()  # unseen events: vote
+        assert alice.maybe_ack(NOW_MS, rng) is not None
+        alice.commit()
+        assert not due()  # the ack saw everything: nothing to vote on
+        walks: list[int] = []
+        walk = order._vote_due_now
+        order._vote_due_now = lambda *a: walks.append(1) or walk(*a)
+        order._last_ack_ms = None
+        for tick in range(5):  # the ticks until the next write: the same tail
+            assert not order.ack_due(me, NOW_MS + tick, lambda: Role.INDEXER)
+        del order._vote_due_now
+        assert walks == []
+    assert alice.order_status().tentative_length > 180  # nothing confirmed meanwhile

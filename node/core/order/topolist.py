@@ -113,6 +113,9 @@ class TailView(Sequence[bytes]):
     def __iter__(self) -> Iterator[bytes]:
         return chain.from_iterable(self._blocks)
 
+    def __reversed__(self) -> Iterator[bytes]:
+        return chain.from_iterable(map(reversed, reversed(self._blocks)))
+
     def _block_at(self, position: int) -> tuple[int, int]:
         """(block, offset in it) of `position` (0 <= position < len)."""
         starts = self._starts

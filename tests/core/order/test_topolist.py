@@ -229,3 +229,4 @@ def test_snapshots_never_change_and_answer_as_tuples(block, monkeypatch):
             with pytest.raises(ValueError):
                 view.index(was[at], at + 1, len(was))
             assert view + (b"x",) == was + (b"x",) and (b"x",) + view == (b"x",) + was
+            assert tuple(reversed(view)) == tuple(reversed(was))
