@@ -22,7 +22,8 @@ from node.core.event import (
     payload_digest,
 )
 from node.core.identity import Identity, sign_event
-from node.replica.replica import Replica
+from node.replica.replica import Replica, ReplicaConfig
+from node.state.roles import Role
 from storage.memory import MemoryStore
 
 
@@ -102,6 +103,25 @@ def sync(source: Replica, target: Replica, now_ms: int = 10**12) -> int:
         assert event is not None
         target.receive(event.raw, now_ms)
     return len(missing)
+
+
+def joined_writer(creator: Replica, name: str, rng: random.Random, now_ms: int = 10**12,
+                  role: Role | None = None) -> Replica:
+    """`name`'s replica of `creator`'s topic (memory store), joined as a writer: the
+    creator invites it and gives it the writing level (and `role`, if given), it
+    syncs and joins; its join is committed and synced back to the creator."""
+    who = identity(name)
+    creator.add_writer(who.public_key, now_ms, rng)
+    if role is not None:
+        creator.set_role(who.public_key, role, now_ms, rng)
+    creator.commit()
+    replica = Replica(MemoryStore(), creator.topic_id, who, ReplicaConfig())
+    sync(creator, replica, now_ms)
+    replica.join(now_ms, rng)
+    replica.commit()
+    sync(replica, creator, now_ms)
+    creator.commit()
+    return replica
 
 
 @contextmanager

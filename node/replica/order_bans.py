@@ -187,7 +187,7 @@ class OrderBans:
         immutable = isinstance(tail, (tuple, TailView))
         sequence = (*appended, *tail) if appended or not immutable else tail
         total, confirmed = len(sequence), len(appended)
-        if previous is None or previous is not old or not 0 <= shared <= min(len(old), total):
+        if previous is not old or not 0 <= shared <= min(len(old), total):
             shared = common_prefix(old, sequence)
         self.shared_with_last = shared
         # The old tail's end that the new sequence ends with too; `shift` maps its

@@ -35,7 +35,7 @@ from node.core.event import Event
 from node.replica.replica import Replica, ReplicaConfig
 from storage.lmdb_store import LmdbStore
 from storage.memory import MemoryStore
-from tests.helpers import sync
+from tests.helpers import joined_writer
 from tests.transport.pair import PAIR_NOW_MS, identity
 from transport.dissemination import Disseminator
 from transport.dissemination_config import DisseminationConfig
@@ -107,12 +107,7 @@ def unacknowledged_writes() -> tuple[bytes, list[bytes]]:
     rng = random.Random(4)
     creator = Replica.create_topic(MemoryStore(), identity("alice"), PAIR_NOW_MS,
                                    authorization=True)
-    writer_id = identity("writer")
-    creator.add_writer(writer_id.public_key, PAIR_NOW_MS, rng)
-    creator.commit()
-    writer = Replica(MemoryStore(), creator.topic_id, writer_id, ReplicaConfig())
-    sync(creator, writer, PAIR_NOW_MS)
-    writer.join(PAIR_NOW_MS, rng)
+    writer = joined_writer(creator, "writer", rng, PAIR_NOW_MS)
     for _ in range(TAIL_EVENTS):
         writer.publish(PAYLOAD, PAIR_NOW_MS, rng)
     writer.commit()

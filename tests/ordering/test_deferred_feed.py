@@ -17,7 +17,7 @@ from node.replica.ordering import KIND_ACK
 from node.replica.replica import Replica, ReplicaConfig
 from node.replica.order_views import ORDER_CONFIRMED, ORDER_TENTATIVE
 from storage.memory import MemoryStore
-from tests.helpers import authorized_topic, identity, sync
+from tests.helpers import authorized_topic, identity, joined_writer, sync
 
 NOW_MS = 10**12
 WRITES = 40
@@ -28,12 +28,7 @@ def topic_with_a_writer() -> tuple[Replica, list[Event]]:
     events and the indexer acknowledges them twice along the way."""
     rng = random.Random(7)
     creator = authorized_topic(now_ms=NOW_MS)
-    writer_id = identity("writer")
-    creator.add_writer(writer_id.public_key, NOW_MS, rng)
-    creator.commit()
-    writer = Replica(MemoryStore(), creator.topic_id, writer_id, ReplicaConfig())
-    sync(creator, writer, NOW_MS)
-    writer.join(NOW_MS, rng)
+    writer = joined_writer(creator, "writer", rng, NOW_MS)
     for n in range(WRITES):
         writer.publish(b"reading %d" % n, NOW_MS, rng)
         if n in (WRITES // 2, WRITES - 1):
@@ -140,21 +135,8 @@ def test_an_indexer_checks_its_vote_without_walking_a_quiet_tail_again() -> None
 
     rng = random.Random(3)
     alice = authorized_topic(now_ms=NOW_MS)
-    bob = identity("bob")
-    alice.add_writer(bob.public_key, NOW_MS, rng)
-    alice.set_role(bob.public_key, Role.INDEXER, NOW_MS, rng)
-    alice.commit()
-    bob_replica = Replica(MemoryStore(), alice.topic_id, bob, ReplicaConfig())
-    sync(alice, bob_replica, NOW_MS)
-    bob_replica.join(NOW_MS, rng)
-    bob_replica.commit()
-    sync(bob_replica, alice, NOW_MS)  # bob is an indexer now, and goes away
-    writer_id = identity("writer")
-    alice.add_writer(writer_id.public_key, NOW_MS, rng)
-    alice.commit()
-    writer = Replica(MemoryStore(), alice.topic_id, writer_id, ReplicaConfig())
-    sync(alice, writer, NOW_MS)
-    writer.join(NOW_MS, rng)
+    joined_writer(alice, "bob", rng, NOW_MS, role=Role.INDEXER)  # an indexer, then away
+    writer = joined_writer(alice, "writer", rng, NOW_MS)
     me = alice.identity.public_key
     order = alice.ordering
     assert len(order.indexers) == 2
