@@ -40,7 +40,7 @@ its own; it owns the state `_init_anti_entropy` makes and uses the engine's
 from __future__ import annotations
 
 import random
-from collections import Counter, OrderedDict
+from collections import Counter, OrderedDict, deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Final
@@ -50,7 +50,8 @@ from node.core.graph import Graph
 from node.logschema import SYNC
 from node.replica.replica import Replica
 from node.state.types import Membership
-from transport.dissemination_config import (MAX_PEER_STATES, MAX_WANT_SOURCES, PAGES_AHEAD,
+from transport.dissemination_config import (MAX_PEER_STATES, MAX_WANT_SOURCES,
+                                            MAX_WITNESSED_IDS, MAX_WITNESSED_STATES, PAGES_AHEAD,
                                             DisseminationConfig)
 from transport.effects import Effect, PeerId, Send
 from transport.misbehaviour import Fault
@@ -73,7 +74,8 @@ from transport.messages import (
     decode,
     encode,
 )
-from transport.reconcile import filter_capacity, judge_offer, offer_floor, recent_events
+from transport.reconcile import (MAX_SINCE_VISITS, filter_capacity, judge_offer, offer_floor,
+                                 recent_events, topmost)
 
 # A pause of the node itself (SIGSTOP, suspension; no tick for this long) that
 # ends the exchanges open before it rather than waiting on: half the peers'
@@ -154,6 +156,8 @@ class AntiEntropy:
     def _init_anti_entropy(self) -> None:
         self._sessions: dict[tuple[PeerId, bytes], _Session] = {}
         self._since: OrderedDict[tuple[PeerId, bytes], tuple[bytes, ...]] = OrderedDict()
+        # (peer, topic) -> ids the peer last pushed, announced or offered (`_witness`).
+        self._witnessed: OrderedDict[tuple[PeerId, bytes], deque[bytes]] = OrderedDict()
         self._want_source: OrderedDict[tuple[bytes, bytes], PeerId] = OrderedDict()
         self._next_xid = 1
         self._offered: list[_Session] = []  # offers of the current step (`offers_sent_at`)
@@ -178,6 +182,8 @@ class AntiEntropy:
             del self._sessions[key]
         for key in [k for k in self._since if k[1] == topic]:
             del self._since[key]
+        for key in [k for k in self._witnessed if k[1] == topic]:
+            del self._witnessed[key]
         for key in [k for k in self._want_source if k[0] == topic]:
             del self._want_source[key]
         self._expecting.pop(topic, None)
@@ -467,6 +473,7 @@ class AntiEntropy:
             self.stats["offers_impossible"] += 1
             return list(self._blame(peer, now_ms, replica.topic_id, Fault.IMPOSSIBLE_OFFER,
                                     fault=Fault.IMPOSSIBLE_OFFER))
+        self._witness(peer, replica.topic_id, offer.heads)  # the offerer holds its heads
         known_since = [s for s in offer.since if graph.has(s)]
         limit = self.config.reply_max_events
         holds_all = all(graph.has(h) for h in offer.heads)
@@ -777,9 +784,49 @@ class AntiEntropy:
         while len(self._since) > MAX_PEER_STATES:
             self._since.popitem(last=False)
 
+    def _witness(self, peer: PeerId, topic: bytes, ids: Sequence[bytes]) -> None:
+        """`peer` holds `ids`: it pushed, announced or offered them.
+
+        So it holds everything below them too, and the next offer to it names
+        those we hold in `since` (`_offer_since`). Without this an offer's
+        filter covered every event since the last exchange with that peer,
+        although the fast path had shown the peer holding nearly all of them:
+        at 200 events/s a filter of about 1,300 ids, built and judged about
+        every 2 s per peer (docs/anti-entropy.md, "An offer covers what the
+        fast path has not shown"). A peer that names ids it does not hold gains
+        nothing: `since` only narrows our filter (the responder judges its own
+        events against it, and sends us those below a `since` id it lacks),
+        and what the peer lacks is sent from its reply's heads (`_send_missing`).
+        """
+        if not ids or not self.config.since_from_fast_path:
+            return
+        key = (peer, topic)
+        seen = self._witnessed.get(key)
+        if seen is None:
+            seen = self._witnessed[key] = deque(maxlen=MAX_WITNESSED_IDS)
+            while len(self._witnessed) > MAX_WITNESSED_STATES:
+                self._witnessed.popitem(last=False)
+        else:
+            self._witnessed.move_to_end(key)
+        seen.extend(ids[-MAX_WITNESSED_IDS:])
+
+    def _offer_since(self, graph: Graph, peer: PeerId, topic: bytes) -> tuple[bytes, ...]:
+        """The common heads of the last exchange, with the ids we hold that `peer` was
+        seen holding since (`_witness`) first, deepest first."""
+        since = self._since.get((peer, topic), ())
+        seen = self._witnessed.get((peer, topic))
+        if not seen:
+            return since
+        known = set(since)
+        held = {i for i in seen if i not in known and graph.has(i)}
+        if not held:
+            return since
+        ordered = sorted(held, key=lambda i: (-(graph.depth(i) or 0), i)) + list(since)
+        return tuple(topmost(graph, ordered, MAX_SINCE_VISITS)[:MAX_HEADS])
+
     def _offer(self, session: _Session, now_ms: int) -> Send | None:
         graph = self._replicas[session.topic].graph
-        since = self._since.get((session.peer, session.topic), ())
+        since = self._offer_since(graph, session.peer, session.topic)
         floor = offer_floor(graph, since, session.window)
         cap = filter_capacity(self.config.max_bloom_items, self.config.bloom_bits_per_item)
         ids, covered = recent_events(graph, since, floor, cap)

@@ -106,7 +106,7 @@ from transport.anti_entropy import AntiEntropy
 from transport.depletion import DepletionMode, DepletionTimer
 from transport.eager_lazy import (MAX_YOUNG_EVENTS, ORDER_EVENT_EXTRA_LINKS, TREE_WANT_AFTER_MS,
                                   TopicTree)
-from transport.dissemination_config import DisseminationConfig
+from transport.dissemination_config import MAX_WITNESSED_IDS, DisseminationConfig
 from transport.effects import Announce, Effect, Log, PeerId, Send
 from transport.join_handshake import JoinHandshake
 from transport.misbehaviour import Fault, Scores
@@ -446,6 +446,10 @@ class Disseminator(Intake, AntiEntropy, JoinHandshake):
         # push. Not "absent from fresh": an event only buffered is new, yet not passed on.
         ids = [] if tree is None else [event_id_of(raw) for raw in message.events]
         known = {event_id for event_id in ids if graph.knows(event_id)}
+        # The sender holds what it pushes (`_witness`); off the tree, where the ids
+        # are not needed otherwise, the newest one is enough.
+        self._witness(peer, replica.topic_id, ids[-MAX_WITNESSED_IDS:] if tree is not None
+                      else [event_id_of(raw) for raw in message.events[-1:]])
         fresh = self._ingest(peer, replica, message.events, GOSSIP, now_ms, out)
         if tree is not None:
             out += self._tree_received(tree, peer, replica, ids, fresh, known,
@@ -1038,6 +1042,7 @@ class Disseminator(Intake, AntiEntropy, JoinHandshake):
         if tree is None:  # not on the tree path here: anti-entropy brings what we lack
             return []
         graph = replica.graph
+        self._witness(peer, replica.topic_id, message.ids)
         tree.announced(peer, message.ids, now_ms,
                        lambda i: graph.has(i) or graph.is_buffered(i)
                        or graph.rejected_reason(i) is not None)

@@ -71,6 +71,11 @@ DEFAULT_WIDTH_SAMPLE_MS: Final = 1_000
 REPLY_MAX_BYTES: Final = MAX_FRAME_BYTES - FRAME_HEADROOM_BYTES  # event bytes in one answer
 MAX_WANT_SOURCES: Final = 65_536  # remembered "who sent the child of this missing parent"
 MAX_PEER_STATES: Final = 65_536  # remembered (peer, topic) -> last common heads
+# Ids a peer was last seen holding, per (peer, topic): it pushed, announced or
+# offered them. The next offer to it names them in `since` (its filter then covers
+# only what the peer has not shown it holds); deepest first, the newest of them.
+MAX_WITNESSED_IDS: Final = 16
+MAX_WITNESSED_STATES: Final = 4_096  # (peer, topic) pairs with witnessed ids
 # Catch-up pages received and not yet applied for which the next page is already
 # asked for (`AntiEntropy.prefetch`): 2 pages of up to 1,024 events are a few
 # hundred ms of verifying and storing, more than a round trip on any link the
@@ -110,6 +115,9 @@ class DisseminationConfig:
     initial_window_depth: int = INITIAL_WINDOW_DEPTH
     window_growth: int = WINDOW_GROWTH
     use_peer_state: bool = True  # KH Algorithm 2's per-peer common heads
+    # An offer's `since` also names ids the peer pushed, announced or offered
+    # (`AntiEntropy._witness`): its filter covers what the fast path has not shown.
+    since_from_fast_path: bool = True
     pipeline: bool = True  # ask for a catch-up's next page when one arrives (`prefetch`)
     bloom_bits_per_item: int = BLOOM_BITS_PER_ITEM
     bloom_hashes: int = BLOOM_HASHES

@@ -43,6 +43,7 @@ BLOOM_BITS_PER_ITEM: Final = 10  # with 7 hashes: ~0.8% false positives (KH use 
 BLOOM_HASHES: Final = 7
 MAX_BLOOM_ITEMS: Final = MAX_BLOOM_BYTES * 8 // BLOOM_BITS_PER_ITEM
 MAX_JUDGE_VISITS: Final = 200_000  # events a responder walks to judge one offer
+MAX_SINCE_VISITS: Final = 1_024  # events an offerer walks to leave redundant ids out of `since`
 
 
 def offer_floor(graph: Graph, since: Sequence[bytes], window: int) -> int:
@@ -71,6 +72,28 @@ def recent_events(graph: Graph, since: Iterable[bytes], floor: int, cap: int) ->
     to match; returns `(ids, floor actually covered)`.
     """
     return graph.recent(since, floor, cap)
+
+
+def topmost(graph: Graph, ids: Sequence[bytes], max_visits: int) -> list[bytes]:
+    """The ids of `ids` (all held here) that lie below none of the others, in their order.
+
+    What an offer's `since` needs: an id below another one of it says nothing
+    more. Walks down from every id to the shallowest one's depth, at most
+    `max_visits` events; an id the budget did not reach is kept (one id too
+    many in `since` costs 32 bytes, never a wrong answer).
+    """
+    if len(ids) < 2:
+        return list(ids)
+    floor = min(graph.depth(i) or 0 for i in ids)
+    stack = list(ids)
+    below: set[bytes] = set()
+    while stack and len(below) < max_visits:
+        for parent in graph.parents_of(stack.pop()) or ():
+            if parent not in below:
+                below.add(parent)
+                if (graph.depth(parent) or 0) > floor:
+                    stack.append(parent)
+    return [i for i in ids if i not in below]
 
 
 _NONE, _LIKELY, _CERTAIN = 0, 1, 2

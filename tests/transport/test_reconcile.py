@@ -8,7 +8,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from tests.transport.pair import NodePair, closure, load, random_fork, random_universe
-from transport.reconcile import judge_offer, recent_events
+from transport.reconcile import judge_offer, recent_events, topmost
 from transport.messages import BloomFilter
 
 SALT = b"\x07" * 16
@@ -190,3 +190,32 @@ def test_a_false_positive_does_not_hide_the_missing_events_below_it():
     send, truncated = judged(pair, bloom_ids=ids + [liar])
     assert not truncated
     assert set(send) == {e.id for e in b_only}  # the liar too: it descends from a negative
+
+
+# ------------------------------------------------------------------ topmost (an offer's since)
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.integers(0, 10**6), st.integers(1, 12))
+def test_topmost_keeps_exactly_the_ids_below_none_of_the_others(seed, count):
+    pair = NodePair(seed)
+    universe = random_universe(seed, pair.replicas["a"], 120, writers=5, lag=3)
+    load(pair.replicas["a"], universe)
+    a = pair.replicas["a"]
+    ids = random.Random(seed).sample([e.id for e in universe], count)
+    expected = [i for i in ids
+                if not any(i in set(a.graph.ancestors([j])) for j in ids if j != i)]
+    assert topmost(a.graph, ids, max_visits=100_000) == expected
+
+
+@settings(max_examples=20, deadline=None)
+@given(st.integers(0, 10**6), st.integers(0, 40))
+def test_topmost_out_of_budget_keeps_more_never_fewer(seed, budget):
+    pair = NodePair(seed)
+    universe = random_universe(seed, pair.replicas["a"], 120, writers=5, lag=3)
+    load(pair.replicas["a"], universe)
+    a = pair.replicas["a"]
+    ids = random.Random(seed).sample([e.id for e in universe], 8)
+    kept = topmost(a.graph, ids, max_visits=budget)
+    assert set(kept) >= set(topmost(a.graph, ids, max_visits=100_000))
+    assert kept == [i for i in ids if i in set(kept)]  # in their order

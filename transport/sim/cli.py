@@ -63,6 +63,9 @@ def build_parser(prog: str = PROGRAM) -> argparse.ArgumentParser:
                         "(transport.eager_lazy), or none (anti-entropy only; as --no-push)")
     p.add_argument("--no-peer-state", action="store_true",
                    help="no per-peer state in anti-entropy")
+    p.add_argument("--no-witnessed-since", action="store_true",
+                   help="offers name only the last exchange's common heads in `since`, not the "
+                        "ids the peer pushed, announced or offered since (the old filter)")
     p.add_argument("--no-depletion", action="store_true", help="no depletion dummies")
     p.add_argument("--depletion-mode", choices=[m.value for m in DepletionMode],
                    default=d.depletion_mode,
@@ -120,7 +123,8 @@ def scenario_from_args(ns: argparse.Namespace) -> Scenario:
         push=not ns.no_push and ns.fast_path != "none", tree=ns.fast_path == "tree",
         fanout=ns.fanout,
         forward_fanout=ns.forward_fanout,
-        sync_interval_ms=ns.sync_interval, peer_state=not ns.no_peer_state, d_max=ns.d_max,
+        sync_interval_ms=ns.sync_interval, peer_state=not ns.no_peer_state,
+        witnessed_since=not ns.no_witnessed_since, d_max=ns.d_max,
         depletion=not ns.no_depletion, depletion_mode=ns.depletion_mode,
         lossy_liveness=not ns.clean_liveness,
         liveness_bound_ms=ns.liveness_bound, authorization=not ns.no_authorization,

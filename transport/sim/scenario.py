@@ -51,6 +51,7 @@ class Scenario:
     forward_fanout: int = DEFAULT_FORWARD_FANOUT
     sync_interval_ms: int = DEFAULT_SYNC_INTERVAL_MS
     peer_state: bool = True
+    witnessed_since: bool = True  # DisseminationConfig.since_from_fast_path
     d_max: int = DEFAULT_D_MAX
     depletion: bool = True
     depletion_mode: str = DepletionMode.COORDINATED.value  # who writes dummies
@@ -117,6 +118,7 @@ class Scenario:
         if self.partition_at_ms is not None and self.heal_at_ms is not None:
             args += ["--partition-at", str(self.partition_at_ms), "--heal-at", str(self.heal_at_ms)]
         for flag, on in (("--no-push", not self.push), ("--no-peer-state", not self.peer_state),
+                         ("--no-witnessed-since", not self.witnessed_since),
                          ("--no-depletion", not self.depletion),
                          ("--clean-liveness", not self.lossy_liveness),
                          ("--no-authorization", not self.authorization),
@@ -135,6 +137,8 @@ class Scenario:
                                    forward_fanout=self.forward_fanout,
                                    sync_interval_ms=self.sync_interval_ms,
                                    sync_jitter_ms=self.sync_interval_ms // 4,
-                                   use_peer_state=self.peer_state, depletion=self.depletion,
+                                   use_peer_state=self.peer_state,
+                                   since_from_fast_path=self.witnessed_since,
+                                   depletion=self.depletion,
                                    depletion_mode=DepletionMode(self.depletion_mode),
                                    log=log)
