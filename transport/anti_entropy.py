@@ -812,7 +812,14 @@ class AntiEntropy:
 
     def _offer_since(self, graph: Graph, peer: PeerId, topic: bytes) -> tuple[bytes, ...]:
         """The common heads of the last exchange, with the ids we hold that `peer` was
-        seen holding since (`_witness`) first, deepest first."""
+        seen holding since (`_witness`) first, deepest first.
+
+        Ids below another one are left out (`reconcile.topmost`), but only among
+        those at least as deep as the shallowest witnessed id: a common head
+        from long ago stays as it is, since proving it redundant would walk
+        every event between it and the witnessed ids (measured: 10-20 % more
+        CPU in the simulator's 100-node world) to save 32 bytes.
+        """
         since = self._since.get((peer, topic), ())
         seen = self._witnessed.get((peer, topic))
         if not seen:
@@ -821,8 +828,11 @@ class AntiEntropy:
         held = {i for i in seen if i not in known and graph.has(i)}
         if not held:
             return since
-        ordered = sorted(held, key=lambda i: (-(graph.depth(i) or 0), i)) + list(since)
-        return tuple(topmost(graph, ordered, MAX_SINCE_VISITS)[:MAX_HEADS])
+        ordered = sorted(held, key=lambda i: (-(graph.depth(i) or 0), i))
+        low = graph.depth(ordered[-1]) or 0
+        near = [s for s in since if (graph.depth(s) or 0) >= low]
+        far = [s for s in since if (graph.depth(s) or 0) < low]
+        return tuple((topmost(graph, ordered + near, MAX_SINCE_VISITS) + far)[:MAX_HEADS])
 
     def _offer(self, session: _Session, now_ms: int) -> Send | None:
         graph = self._replicas[session.topic].graph

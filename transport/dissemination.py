@@ -446,10 +446,11 @@ class Disseminator(Intake, AntiEntropy, JoinHandshake):
         # push. Not "absent from fresh": an event only buffered is new, yet not passed on.
         ids = [] if tree is None else [event_id_of(raw) for raw in message.events]
         known = {event_id for event_id in ids if graph.knows(event_id)}
-        # The sender holds what it pushes (`_witness`); off the tree, where the ids
-        # are not needed otherwise, the newest one is enough.
-        self._witness(peer, replica.topic_id, ids[-MAX_WITNESSED_IDS:] if tree is not None
-                      else [event_id_of(raw) for raw in message.events[-1:]])
+        if self.config.since_from_fast_path:
+            # The sender holds what it pushes (`_witness`); off the tree, where the ids
+            # are not needed otherwise, the newest one is enough.
+            self._witness(peer, replica.topic_id, ids[-MAX_WITNESSED_IDS:] if tree is not None
+                          else [event_id_of(raw) for raw in message.events[-1:]])
         fresh = self._ingest(peer, replica, message.events, GOSSIP, now_ms, out)
         if tree is not None:
             out += self._tree_received(tree, peer, replica, ids, fresh, known,
