@@ -830,8 +830,10 @@ class AntiEntropy:
             return since
         ordered = sorted(held, key=lambda i: (-(graph.depth(i) or 0), i))
         low = graph.depth(ordered[-1]) or 0
-        near = [s for s in since if (graph.depth(s) or 0) >= low]
-        far = [s for s in since if (graph.depth(s) or 0) < low]
+        near: list[bytes] = []
+        far: list[bytes] = []
+        for head in since:
+            (near if (graph.depth(head) or 0) >= low else far).append(head)
         return tuple((topmost(graph, ordered + near, MAX_SINCE_VISITS) + far)[:MAX_HEADS])
 
     def _offer(self, session: _Session, now_ms: int) -> Send | None:

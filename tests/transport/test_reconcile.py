@@ -195,27 +195,27 @@ def test_a_false_positive_does_not_hide_the_missing_events_below_it():
 # ------------------------------------------------------------------ topmost (an offer's since)
 
 
-@settings(max_examples=30, deadline=None)
-@given(st.integers(0, 10**6), st.integers(1, 12))
-def test_topmost_keeps_exactly_the_ids_below_none_of_the_others(seed, count):
+def sampled(seed: int, count: int):
+    """A replica holding a random 120-event universe, and `count` of its ids at random."""
     pair = NodePair(seed)
     universe = random_universe(seed, pair.replicas["a"], 120, writers=5, lag=3)
     load(pair.replicas["a"], universe)
-    a = pair.replicas["a"]
     ids = random.Random(seed).sample([e.id for e in universe], count)
-    expected = [i for i in ids
-                if not any(i in set(a.graph.ancestors([j])) for j in ids if j != i)]
+    return pair.replicas["a"], ids
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.integers(0, 10**6), st.integers(1, 12))
+def test_topmost_keeps_exactly_the_ids_below_none_of_the_others(seed, count):
+    a, ids = sampled(seed, count)
+    expected = [i for i in ids if not any(i in below(a, [j]) for j in ids if j != i)]
     assert topmost(a.graph, ids, max_visits=100_000) == expected
 
 
 @settings(max_examples=20, deadline=None)
 @given(st.integers(0, 10**6), st.integers(0, 40))
 def test_topmost_out_of_budget_keeps_more_never_fewer(seed, budget):
-    pair = NodePair(seed)
-    universe = random_universe(seed, pair.replicas["a"], 120, writers=5, lag=3)
-    load(pair.replicas["a"], universe)
-    a = pair.replicas["a"]
-    ids = random.Random(seed).sample([e.id for e in universe], 8)
+    a, ids = sampled(seed, 8)
     kept = topmost(a.graph, ids, max_visits=budget)
     assert set(kept) >= set(topmost(a.graph, ids, max_visits=100_000))
     assert kept == [i for i in ids if i in set(kept)]  # in their order
