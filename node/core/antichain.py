@@ -51,12 +51,13 @@ def check(parents: tuple[bytes, ...], node_of: NodeOf) -> Verdict:
     parent_set = set(parents)
     depths = {p: node_of(p)[0] for p in parents}  # type: ignore[index]
     floor = min(depths.values())
-    stack = [p for p in parents if depths[p] > floor]
+    # The stack holds each ancestor's node (its depth and parents), looked up once.
+    stack = [node_of(p) for p in parents if depths[p] > floor]
     seen: set[bytes] = set()
     budget = ANTICHAIN_SEARCH_VISITS  # read per call: tests scale it down
     while stack:
         current = stack.pop()
-        for ancestor in node_of(current)[1]:  # type: ignore[index]
+        for ancestor in current[1]:  # type: ignore[index]
             if ancestor in seen:
                 continue
             if ancestor in parent_set:
@@ -64,7 +65,7 @@ def check(parents: tuple[bytes, ...], node_of: NodeOf) -> Verdict:
             seen.add(ancestor)
             if len(seen) > budget:
                 return Verdict.SEARCH_EXHAUSTED
-            depth = node_of(ancestor)[0]  # type: ignore[index]
-            if depth > floor:
-                stack.append(ancestor)
+            node = node_of(ancestor)
+            if node[0] > floor:  # type: ignore[index]
+                stack.append(node)
     return Verdict.ANTICHAIN

@@ -35,6 +35,7 @@ whose `state_key` is not None; their `kind` is the Matrix event type
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from dataclasses import dataclass
 from typing import Any
@@ -166,6 +167,14 @@ def payload_digest(payload: bytes) -> bytes:
 _blake2b = hashlib.blake2b
 
 
+# Ids of the last few raw events named, by their bytes. A pushed event is named
+# five times within its frame's handling (the push, the intake, the tree's
+# receipt, its spread and its holders); each naming parsed and hashed it again,
+# about 2 % of a loaded daemon's time. A few dozen cover one frame's events;
+# the memo holds at most this many raws alive (MAX_EVENT_BYTES each).
+EVENT_ID_MEMO_SIZE = 64
+
+
 def event_id_of(raw: bytes) -> bytes:
     """The id of the event encoded (fully or withheld) by `raw`.
 
@@ -174,6 +183,12 @@ def event_id_of(raw: bytes) -> bytes:
     them anyway. Parses the bytes to find the payload; the decoder and the
     store compute ids from fields they already hold (`full_event_id`).
     """
+    if type(raw) is bytes:  # (hashable; a bytes object keeps its hash once computed)
+        return _memo_event_id(raw)
+    return _event_id(raw)
+
+
+def _event_id(raw: bytes) -> bytes:
     try:
         payload = _unpackb(raw)[9]
     except Exception:  # not an event at all: a name for the bytes, which decoding refuses
@@ -187,6 +202,7 @@ def event_id_of(raw: bytes) -> bytes:
     return _blake2b(raw, digest_size=ID_BYTES).digest()
 
 
+_memo_event_id = functools.lru_cache(maxsize=EVENT_ID_MEMO_SIZE)(_event_id)
 _unpackb = msgpack.unpackb
 
 

@@ -1,4 +1,4 @@
-"""The engine's CPU per received event: against the frames per step, and the unconfirmed tail.
+"""The engine's CPU per received event: against the frames per step, the unconfirmed tail, and merges.
 
 Not part of `make test` (`make bench`). Figures go to bench-results/engine_steps.json.
 
@@ -23,6 +23,11 @@ counts its CPU.
   event at 20,000 against 0.29 at none); the order's parts now pass the
   shared prefix along and share the tail's blocks (`topolist.TailView`),
   so it stays flat (docs/anti-entropy.md, s19).
+* `concurrent_writers`: CONCURRENT_WRITERS writers (the cluster bench's ten
+  nodes) each publish on its own head and merge every MERGE_EVERY rounds, so
+  most events have several parents and the antichain check runs, as in the
+  cluster; memory store, at each FRAMES_PER_STEP. The single writer above
+  never merges.
 """
 
 from __future__ import annotations
@@ -35,7 +40,7 @@ from node.core.event import Event
 from node.replica.replica import Replica, ReplicaConfig
 from storage.lmdb_store import LmdbStore
 from storage.memory import MemoryStore
-from tests.helpers import joined_writer
+from tests.helpers import joined_writer, sync
 from tests.transport.pair import PAIR_NOW_MS, identity
 from transport.dissemination import Disseminator
 from transport.dissemination_config import DisseminationConfig
@@ -46,6 +51,9 @@ FRAMES_PER_STEP = (1, 4, 16)
 TAIL_EVENTS = 8_000
 TAIL_WINDOW = 1_000
 TAIL_FRAMES_PER_STEP = (1, 16)
+CONCURRENT_WRITERS = 10  # the cluster bench's nodes, all writing
+CONCURRENT_EVENTS = 3_000
+MERGE_EVERY = 3  # rounds each writer publishes on its own head before the heads merge
 PAYLOAD = b"x" * 100  # the cluster benches' 100-byte readings
 FRAME_GAP_MS = 5  # the clock moves on per frame, so the peer's intake budget refills
 
@@ -96,6 +104,50 @@ def per_step_figures(tmp: Path) -> dict[str, object]:
     return out
 
 
+def concurrent_writes() -> tuple[bytes, list[bytes]]:
+    """CONCURRENT_WRITERS writers each publishing on its own head, merged every
+    MERGE_EVERY rounds (each then names every writer's head): one push frame per
+    event, in the order the hub that collects them applied them."""
+    rng = random.Random(4)
+    creator = Replica.create_topic(MemoryStore(), identity("alice"), PAIR_NOW_MS,
+                                   authorization=True)
+    writers = [joined_writer(creator, f"w{i}", rng, PAIR_NOW_MS)
+               for i in range(CONCURRENT_WRITERS)]
+    for writer in writers:
+        sync(creator, writer, PAIR_NOW_MS)
+    for round_ in range(CONCURRENT_EVENTS // CONCURRENT_WRITERS):
+        for writer in writers:
+            writer.publish(PAYLOAD, PAIR_NOW_MS, rng)
+        if round_ % MERGE_EVERY == MERGE_EVERY - 1:
+            for writer in writers:
+                writer.commit()
+                sync(writer, creator, PAIR_NOW_MS)
+            creator.commit()
+            for writer in writers:
+                sync(creator, writer, PAIR_NOW_MS)
+    for writer in writers:
+        writer.commit()
+        sync(writer, creator, PAIR_NOW_MS)
+    creator.commit()
+    events = [e for _, e in creator.graph.deliveries(0, limit=10 * CONCURRENT_EVENTS)]
+    return creator.topic_id, pushes(creator.topic_id, events)
+
+
+def concurrent_figures() -> dict[str, object]:
+    topic, frames = concurrent_writes()
+    out: dict[str, object] = {"writers": CONCURRENT_WRITERS, "merge_every": MERGE_EVERY,
+                              "events": len(frames)}
+    for per_step in FRAMES_PER_STEP:
+        replica = Replica(MemoryStore(), topic, identity("relay"), ReplicaConfig())
+        engine = engine_for(replica)
+        cpu = feed(engine, frames, per_step, 0)
+        assert replica.graph.delivered_count == len(frames)
+        out[f"frames_per_step_{per_step}"] = {
+            "cpu_ms_per_event": round(1000 * cpu / len(frames), 3),
+            "antichain_walks_exhausted": replica.graph.antichain_searches_exhausted}
+    return out
+
+
 def tail_figures() -> dict[str, object]:
     topic, frames = unacknowledged_writes()
     return {f"frames_per_step_{k}": tail_growth(topic, frames, k) for k in TAIL_FRAMES_PER_STEP}
@@ -137,5 +189,6 @@ def tail_growth(topic: bytes, frames: list[bytes], per_step: int) -> dict[str, o
 
 
 def test_engine_cpu_per_event(tmp_path, record_figures) -> None:
-    figures = {"per_step": per_step_figures(tmp_path), "unconfirmed_tail": tail_figures()}
+    figures = {"per_step": per_step_figures(tmp_path), "unconfirmed_tail": tail_figures(),
+               "concurrent_writers": concurrent_figures()}
     record_figures("engine_steps", figures)

@@ -260,12 +260,58 @@ def test_an_exhausted_antichain_search_accepts_on_every_replica(monkeypatch):
     for name in ("x", "y"):
         replica = copy_of(origin, name)
         verdicts.append([replica.receive(raw, NOW_MS).reason for raw in (honest, deep, near)])
-        assert replica.graph.antichain_searches_exhausted == 2  # honest and deep
+        # deep only: honest's parents are both extremities, an antichain without a walk.
+        assert replica.graph.antichain_searches_exhausted == 1
     # The same verdicts everywhere: the budget is a protocol constant.
     assert verdicts == [[None, None, RejectReason.PARENTS_NOT_ANTICHAIN]] * 2
     # Within the budget, the deep violation is found.
     monkeypatch.setattr(antichain_module, "ANTICHAIN_SEARCH_VISITS", 1_000)
     assert copy_of(origin, "z").receive(deep, NOW_MS).reason is RejectReason.PARENTS_NOT_ANTICHAIN
+
+
+@pytest.mark.parametrize("budget", [ANTICHAIN_TEST_BUDGET, antichain_module.ANTICHAIN_SEARCH_VISITS])
+def test_parents_that_are_extremities_skip_the_walk_and_every_verdict_is_the_walk_s(
+        monkeypatch, budget):
+    # The graph skips the antichain walk when every parent is an extremity here. The
+    # walk's verdict depends on the ancestry alone, so it is checked before each add:
+    # an event is refused exactly when the walk finds a parent below another, whether
+    # its parents are extremities (never refused) or any earlier events.
+    monkeypatch.setattr(antichain_module, "ANTICHAIN_SEARCH_VISITS", budget)
+    rng = random.Random(7)
+    replica = new_topic()
+    graph = replica.graph
+    writers = [identity(name) for name in ("bob", "carol", "dave")]
+    seqs = {w.public_key: 0 for w in writers}
+    applied = [replica.topic_id]
+    shortcuts = refused = exhausted = 0
+    for i in range(400):
+        extremities = graph.extremities()
+        draw = rng.random()
+        if draw < 0.3:  # a fork off any earlier event: the graph widens
+            parents = [rng.choice(applied)]
+        elif draw < 0.65 and len(extremities) > 1:
+            parents = rng.sample(extremities, rng.randint(2, min(4, len(extremities))))
+        else:
+            parents = rng.sample(applied, min(len(applied), rng.randint(2, 3)))
+        verdict = antichain_module.check(tuple(sorted(parents)), graph._node)
+        if set(parents) <= set(extremities):
+            shortcuts += 1
+            assert verdict is not antichain_module.Verdict.NOT_ANTICHAIN
+        writer = rng.choice(writers)
+        seqs[writer.public_key] += 1
+        event = child(writer, replica.topic_id, sorted(parents), seq=seqs[writer.public_key],
+                      ts=2_000 + i)
+        outcome = replica.receive(event.raw, NOW_MS)
+        if verdict is antichain_module.Verdict.NOT_ANTICHAIN:
+            refused += 1
+            assert outcome.reason is RejectReason.PARENTS_NOT_ANTICHAIN
+            seqs[writer.public_key] -= 1  # the seq stays free for the writer's next event
+        else:
+            exhausted += verdict is antichain_module.Verdict.SEARCH_EXHAUSTED
+            assert outcome.status is AddStatus.APPLIED
+            applied.append(event.id)
+    assert shortcuts > 50 and refused > 20
+    assert (exhausted > 0) == (budget == ANTICHAIN_TEST_BUDGET)
 
 
 def test_an_old_head_merged_with_a_deep_one_never_blocks_publishing(monkeypatch):
