@@ -366,6 +366,28 @@ def test_nothing_is_declared_until_the_root_settles():
                                                                          ("a", False)]
 
 
+def test_peers_that_declined_us_before_we_placed_ourselves_may_still_be_our_parent():
+    """A Prune says "I am not your child", nothing about being our parent. A node whose
+    root settled after its neighbours' had been told Prune by all of them, and took
+    none as its parent: it never declared, so they all kept pushing to it, and it
+    took every event from each (no-loss world, seed 3, announcements flushed every
+    200 ms: 1.17 duplicates per node and event, 7 of 20 nodes without a parent)."""
+    tree = TopicTree(settle_ms=0)
+    tree.saw(S, NOW)
+    for peer in ("p", "a"):
+        tree.child_left(peer)  # both declared first: we are not their parent
+    tree.first_copies("p", [S])
+    tree.first_copy_from("p", [S], NOW)
+    assert tree.is_parent("p")
+    assert tree.declarations(["p", "a"], NOW) == [("p", True), ("a", False)]
+    # Placed by the first link too (`_place`), when the first copy's hint came alone.
+    late = TopicTree(settle_ms=0)
+    late.saw(S, NOW)
+    late.child_left("p")
+    late.first_copies("p", [S])
+    assert late.declarations(["p"], NOW) == [("p", True)] and late.is_parent("p")
+
+
 def test_a_peer_still_pushing_over_a_lazy_link_is_told_again():
     """Our Prune was lost: after as many useless pushes, and once PRUNE_RETELL_MS passed
     since we told it (pushes sent before it arrived are expected), it is sent another.
