@@ -233,7 +233,8 @@ class Disseminator(Intake, AntiEntropy, JoinHandshake):
             self._trees[replica.topic_id] = TopicTree(
                 self.config.graft_timeout_ms, self.config.prune_after, self._own_key(),
                 sync_hold_floor_ms=self.config.sync_hold_ms,
-                adaptive=self.config.adaptive_timers)
+                adaptive=self.config.adaptive_timers,
+                flush_every_ms=self.config.announce_every_ms)
 
     def _own_key(self) -> bytes | None:
         """This node's author key (its id is the key in hex), if the id is one."""
@@ -902,7 +903,7 @@ class Disseminator(Intake, AntiEntropy, JoinHandshake):
         """Flush the announcements, and graft for the announced ids overdue here."""
         topic = replica.topic_id
         tree.quiet_tick(now_ms)
-        out = self._ihaves(topic, tree.flush())
+        out = self._ihaves(topic, tree.flush(now_ms))
         # A gauge, not a counter: the measure the timers stretch to (of the topic ticked last).
         self.stats["tree_lateness_ms"] = tree.lateness.ms
         graph = replica.graph

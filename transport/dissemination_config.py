@@ -22,7 +22,12 @@ from transport.defaults import (
     MISBEHAVIOUR_THRESHOLD,
 )
 from transport.depletion import DEFAULT_DEPLETION_BACKOFF_MS, DepletionMode
-from transport.eager_lazy import GRAFT_TIMEOUT_MS, PRUNE_AFTER_DUPLICATES, SYNC_HOLD_MS
+from transport.eager_lazy import (
+    GRAFT_TIMEOUT_MS,
+    IHAVE_FLUSH_MS,
+    PRUNE_AFTER_DUPLICATES,
+    SYNC_HOLD_MS,
+)
 from transport.intake_budget import (PEER_BYTES_BURST, PEER_BYTES_PER_S, PEER_EVENTS_BURST,
                                      PEER_EVENTS_PER_S, WANTS_IN_FLIGHT_PER_PEER)
 from transport.misbehaviour import STRAY_ALLOWANCE_BURST, STRAY_ALLOWANCE_PER_S
@@ -97,6 +102,7 @@ class DisseminationConfig:
     graft_timeout_ms: int = GRAFT_TIMEOUT_MS  # an announced id not received by then is fetched
     prune_after: int = PRUNE_AFTER_DUPLICATES  # pushes over a lazy link before the prune is repeated
     lazy_fanout: int = DEFAULT_LAZY_FANOUT  # lazy links each new event's id is announced on
+    announce_every_ms: int = IHAVE_FLUSH_MS  # (tree) pending announcements are sent this often
     sync_hold_ms: int = SYNC_HOLD_MS  # exchanges hold back events applied within this (tree)
     # The tree's timers (graft timeout, sync hold, parent silence) stretch to the measured
     # lateness of its copies when that is more (transport.tree_lateness).

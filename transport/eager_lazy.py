@@ -147,6 +147,12 @@ PRUNE_RETELL_MS: Final = 1_000
 SYNC_HOLD_MS: Final = 1_000
 MAX_YOUNG_EVENTS: Final = 4_096  # more young events than this: none held back (a catch-up)
 MAX_IHAVE_IDS: Final = 256  # ids in one IHave; a fuller batch is flushed before the tick
+# Announcements wait this long for more ids to share one IHave per lazy link. At
+# low rates the tick's flush (every 50 ms in a daemon) sent about one IHave per
+# event and lazy link, and a message costs a daemon more CPU than its ids: at 10
+# events/s a flush every 200 ms saved 10 % of the CPU (docs/anti-entropy.md, s18).
+# A lost push is fetched up to this much later.
+IHAVE_FLUSH_MS: Final = 100
 MAX_MISSING_IDS: Final = 16_384  # announced ids awaited per topic (the oldest are forgotten)
 MAX_ANNOUNCERS: Final = 4  # announcers remembered per awaited id (each asked in turn)
 MAX_HEARD_IDS: Final = 4_096  # ids a peer announced to us since our last flush to it
@@ -229,6 +235,8 @@ class TopicTree:
     sync_hold_floor_ms: int = SYNC_HOLD_MS
     adaptive: bool = True  # the timers stretch to the measured lateness (`graft_timeout`)
     lateness: Lateness = field(default_factory=Lateness)
+    flush_every_ms: int = IHAVE_FLUSH_MS  # announcements are sent this often (`flush`)
+    _next_flush_ms: int = 0
     _children: set[PeerId] = field(default_factory=set)  # peers that named us their parent
     _declined: set[PeerId] = field(default_factory=set)  # peers that said they are not our child
     _told: dict[PeerId, bool] = field(default_factory=dict)  # what we last told each: child or not
@@ -673,8 +681,12 @@ class TopicTree:
                     flushed = flushed[MAX_IHAVE_IDS:]
         return full
 
-    def flush(self) -> list[tuple[PeerId, list[bytes]]]:
-        """Every pending batch (the tick's flush), in peer order."""
+    def flush(self, now_ms: int) -> list[tuple[PeerId, list[bytes]]]:
+        """Every pending batch, in peer order, once `flush_every_ms` passed since the last
+        flush (the tick asks at each; a full batch went out when it filled)."""
+        if now_ms < self._next_flush_ms:
+            return []
+        self._next_flush_ms = now_ms + self.flush_every_ms
         out = []
         for peer in sorted(self._pending):
             ids = self._take(peer)

@@ -18,6 +18,7 @@ from node.core.parents import DepletionPolicy
 from transport.dissemination_config import DisseminationConfig
 from transport.eager_lazy import (
     GRAFT_TIMEOUT_MS,
+    IHAVE_FLUSH_MS,
     MAX_IHAVE_IDS,
     MAX_SOURCES,
     FORMER_PARENT_GRACE_MS,
@@ -413,19 +414,23 @@ def test_ids_an_exchange_brought_are_remembered_as_races():
 def test_announcements_wait_for_the_flush_unless_a_batch_is_full():
     tree = TopicTree(settle_ms=0)
     assert tree.announce(["a", "b"], ids("x", "y")) == []
-    assert tree.flush() == [("a", ids("x", "y")), ("b", ids("x", "y"))]
-    assert tree.flush() == []
+    assert tree.flush(NOW) == [("a", ids("x", "y")), ("b", ids("x", "y"))]
+    assert tree.flush(NOW) == []
     many = [i.to_bytes(32, "big") for i in range(MAX_IHAVE_IDS + 3)]
     full = tree.announce(["a"], many)
     assert full == [("a", many[:MAX_IHAVE_IDS]), ("a", many[MAX_IHAVE_IDS:])]
-    assert tree.flush() == []
+    assert tree.flush(NOW) == []
+    # The next flush waits IHAVE_FLUSH_MS: the ticks between gather more ids per IHave.
+    tree.announce(["a"], ids("z"))
+    assert tree.flush(NOW + IHAVE_FLUSH_MS - 1) == []
+    assert tree.flush(NOW + IHAVE_FLUSH_MS) == [("a", ids("z"))]
 
 
 def test_an_id_the_peer_announced_is_not_announced_back_to_it():
     tree = TopicTree(settle_ms=0)
     tree.announce(["a", "b"], ids("x", "y"))
     tree.announced("a", ids("x"), 0, held=lambda _: True)
-    assert tree.flush() == [("a", ids("y")), ("b", ids("x", "y"))]
+    assert tree.flush(NOW) == [("a", ids("y")), ("b", ids("x", "y"))]
 
 
 def test_an_announced_id_not_received_is_grafted_from_each_announcer_in_turn():
@@ -456,7 +461,7 @@ def test_a_closed_link_forgets_its_state_and_reopens_eager():
     tree.announced("a", ids("y"), 0, never_held)
     tree.forget_peer("a")
     assert tree.eager_of(["a"]) == ["a"] and not tree.is_parent("a")
-    assert tree.flush() == []
+    assert tree.flush(NOW) == []
     assert tree.due(GRAFT_TIMEOUT_MS, never_held) == {}
 
 
