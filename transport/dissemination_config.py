@@ -165,6 +165,9 @@ class DisseminationConfig:
             raise ValueError("sync_jitter_ms must be in [0, sync_interval_ms)")
         if self.graft_timeout_ms < 1 or self.prune_after < 1:
             raise ValueError("graft_timeout_ms and prune_after must be >= 1")
+        if not 0 <= self.announce_every_ms < self.graft_timeout_ms:
+            raise ValueError("announce_every_ms must be in [0, graft_timeout_ms): "
+                             "an announcement must leave before a lost copy is fetched")
         if self.depletion_backoff_ms < 1:
             raise ValueError("depletion_backoff_ms must be >= 1")
         if self.amplification_factor < 0 or self.answer_allowance_bytes < 0:

@@ -493,6 +493,8 @@ def test_the_config_rejects_a_zero_timeout_and_a_negative_lazy_fanout():
         DisseminationConfig(graft_timeout_ms=0)
     with pytest.raises(ValueError):
         DisseminationConfig(lazy_fanout=-1)
+    with pytest.raises(ValueError, match="announce_every_ms"):
+        DisseminationConfig(announce_every_ms=GRAFT_TIMEOUT_MS)
 
 
 # ------------------------------------------------------------------ seeded worlds
