@@ -149,9 +149,10 @@ MAX_YOUNG_EVENTS: Final = 4_096  # more young events than this: none held back (
 MAX_IHAVE_IDS: Final = 256  # ids in one IHave; a fuller batch is flushed before the tick
 # Announcements wait this long for more ids to share one IHave per lazy link. At
 # low rates the tick's flush (every 50 ms in a daemon) sent about one IHave per
-# event and lazy link, and a message costs a daemon more CPU than its ids: at 10
-# events/s a flush every 200 ms saved 10 % of the CPU (docs/anti-entropy.md, s18).
-# A lost push is fetched up to this much later.
+# event and lazy link, and a message costs a daemon more than its ids (10 nodes
+# at 10 events/s: 1.5 IHaves per node and event, 1.15 at 100 ms). The simulator's
+# tick, so its worlds are unchanged; 200 ms slowed the repair of its lossy world
+# (a lost push is fetched up to this much later: docs/anti-entropy.md, s21).
 IHAVE_FLUSH_MS: Final = 100
 MAX_MISSING_IDS: Final = 16_384  # announced ids awaited per topic (the oldest are forgotten)
 MAX_ANNOUNCERS: Final = 4  # announcers remembered per awaited id (each asked in turn)
@@ -446,10 +447,10 @@ class TopicTree:
     def _place(self, now_ms: int) -> None:
         """Without a parent, take the link the root's latest first copy came by, unless it
         is our child. A peer that told us it is not our child (a Prune) may still be our
-        parent: required to be eager here, a node whose neighbours had all declared
-        before its root settled took none, never declared, and every neighbour kept
-        pushing to it (no-loss world, seed 3, announcements every 200 ms: 7 of 20
-        nodes without a parent, 1.17 duplicates per node and event)."""
+        parent. (When the link had to be eager here, a node whose neighbours had all
+        declared before its root settled took none of them, never declared, and every
+        neighbour kept pushing to it: no-loss world, seed 3, announcements every
+        200 ms, 7 of 20 nodes without a parent, 1.17 duplicates per node and event.)"""
         root = self.root(now_ms)
         if root is None or root == self.me:
             return
