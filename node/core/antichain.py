@@ -49,10 +49,10 @@ def check(parents: tuple[bytes, ...], node_of: NodeOf) -> Verdict:
     if len(parents) < 2:
         return Verdict.ANTICHAIN
     parent_set = set(parents)
-    depths = {p: node_of(p)[0] for p in parents}  # type: ignore[index]
-    floor = min(depths.values())
-    # The stack holds each ancestor's node (its depth and parents), looked up once.
-    stack = [node_of(p) for p in parents if depths[p] > floor]
+    # Nodes (depth, parents, ...) rather than ids: each is looked up once.
+    nodes = [node_of(p) for p in parents]
+    floor = min(node[0] for node in nodes)  # type: ignore[index]
+    stack = [node for node in nodes if node[0] > floor]  # type: ignore[index]
     seen: set[bytes] = set()
     budget = ANTICHAIN_SEARCH_VISITS  # read per call: tests scale it down
     while stack:

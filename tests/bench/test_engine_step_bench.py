@@ -113,22 +113,22 @@ def concurrent_writes() -> tuple[bytes, list[bytes]]:
                                    authorization=True)
     writers = [joined_writer(creator, f"w{i}", rng, PAIR_NOW_MS)
                for i in range(CONCURRENT_WRITERS)]
-    for writer in writers:
-        sync(creator, writer, PAIR_NOW_MS)
-    for round_ in range(CONCURRENT_EVENTS // CONCURRENT_WRITERS):
+
+    def merge() -> None:  # the hub gathers every writer's events, then hands them round
+        for writer in writers:
+            writer.commit()
+            sync(writer, creator, PAIR_NOW_MS)
+        creator.commit()
+        for writer in writers:
+            sync(creator, writer, PAIR_NOW_MS)
+
+    merge()  # every writer holds every join
+    rounds = CONCURRENT_EVENTS // CONCURRENT_WRITERS
+    for round_ in range(rounds):
         for writer in writers:
             writer.publish(PAYLOAD, PAIR_NOW_MS, rng)
-        if round_ % MERGE_EVERY == MERGE_EVERY - 1:
-            for writer in writers:
-                writer.commit()
-                sync(writer, creator, PAIR_NOW_MS)
-            creator.commit()
-            for writer in writers:
-                sync(creator, writer, PAIR_NOW_MS)
-    for writer in writers:
-        writer.commit()
-        sync(writer, creator, PAIR_NOW_MS)
-    creator.commit()
+        if round_ % MERGE_EVERY == MERGE_EVERY - 1 or round_ == rounds - 1:
+            merge()
     events = [e for _, e in creator.graph.deliveries(0, limit=10 * CONCURRENT_EVENTS)]
     return creator.topic_id, pushes(creator.topic_id, events)
 
