@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from node.control_client import CONTROL_SOCKET, ControlError, control_call
+from node.config import FAST_PATHS
 
 START_TIMEOUT_S = 30.0  # one daemon from exec to its "started" line
 CONNECT_TIMEOUT_S = 30.0  # all nodes seeing each other
@@ -101,7 +102,7 @@ def megnode_command(*args: str) -> list[str]:
 
 
 class LocalCluster:
-    def __init__(self, base_dir: Path, nodes: int, *, fast_path: str = "push",
+    def __init__(self, base_dir: Path, nodes: int, *, fast_path: str | None = None,
                  extra_args: tuple[str, ...] = (), env: dict[str, str] | None = None) -> None:
         if not 1 <= nodes <= MAX_NODES:
             raise ValueError(f"nodes must be in [1, {MAX_NODES}]")
@@ -168,7 +169,7 @@ class LocalCluster:
             bootstrap = [n.address for n in self.nodes if n.info and n.index != index
                          and n.process is not None and n.process.poll() is None]
         args = ["run", "--data-dir", str(node.data_dir), "--listen", self.listen_address(index),
-                "--fast-path", self.fast_path, *self.extra_args]
+                *(("--fast-path", self.fast_path) if self.fast_path else ()), *self.extra_args]
         for address in bootstrap:
             args += ["--bootstrap", address]
         stderr = open(node.data_dir / "stderr.log", "ab")  # noqa: SIM115 - owned by the child
@@ -374,8 +375,8 @@ def add_cluster_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--nodes", type=int, default=3, help="daemons to run (default: 3)")
     parser.add_argument("--dir", help="where the nodes' data dirs go (default: a new "
                         f"{DIR_PREFIX}* directory under the temp dir; never the current one)")
-    parser.add_argument("--fast-path", default="push", choices=("push", "gossipsub", "none"),
-                        help="how new events spread (default: push)")
+    parser.add_argument("--fast-path", default=None, choices=FAST_PATHS,
+                        help="how new events spread (default: the node's, tree)")
 
 
 def cluster_dir(requested: str | None) -> Path:

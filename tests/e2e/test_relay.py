@@ -55,7 +55,7 @@ def wait_confirmed(cluster: LocalCluster, index: int, topic: str, ids: list[str]
         time.sleep(POLL_S)
 
 
-@pytest.mark.parametrize("fast_path", ["push", "gossipsub"])
+@pytest.mark.parametrize("fast_path", ["tree", "push", "gossipsub"])
 def test_device_publishes_via_relay_into_the_confirmed_order(tmp_path, fast_path):
     with LocalCluster(tmp_path / "cluster", 2, fast_path=fast_path) as cluster:
         topic = cluster.cli(0, "topic", "create", "sensors", "--access", "invite")["topic"]
