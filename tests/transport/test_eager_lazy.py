@@ -590,6 +590,22 @@ def test_before_a_node_declares_its_place_its_exchanges_hold_nothing_back():
     assert sum(n.engine.stats["sync_held_back"] for n in unformed) == 0
 
 
+def test_before_the_tree_forms_what_an_exchange_brought_goes_no_further_than_push():
+    """Regression: while no root had settled, every event an exchange brought went on
+    `forward_fanout` undeclared links besides the tree's own, a second flood of the
+    join storm that push never sends (push forwards only what came by push). In this
+    40-member storm (seed 0, the first 600 ms) the tree pushed 1.29x push's bytes;
+    those events now go on the tree's links alone while it forms: 0.90x."""
+    def storm_push_bytes(tree: bool) -> int:
+        cluster = Cluster.from_scenario(replace(TREE_WORLD, nodes=40, partition_at_ms=None,
+                                                heal_at_ms=None, tree=tree))
+        cluster.run_until(600)  # the joins' storm: no root has settled yet
+        assert tree == (cluster.totals().get("tree_forwarded_sync", 0) > 0)
+        return cluster.totals()["bytes_sent_push"]
+
+    assert storm_push_bytes(tree=True) <= 1.05 * storm_push_bytes(tree=False)
+
+
 def test_an_author_sends_its_acks_off_the_tree_too():
     """Acks gate the convergence after a heal (one confirmed order everywhere): their
     authors also push them on ORDER_EVENT_EXTRA_LINKS random links off the tree; the
