@@ -606,6 +606,21 @@ def test_before_the_tree_forms_what_an_exchange_brought_goes_no_further_than_pus
     assert storm_push_bytes(tree=True) <= 1.05 * storm_push_bytes(tree=False)
 
 
+def test_a_fleet_half_on_the_tree_and_half_on_push_converges():
+    """A fleet upgraded node by node runs both paths at once (the tree became a node's
+    default, docs/deploy.md): push nodes ignore announcements and answer grafts, tree
+    nodes take push copies; anti-entropy carries the rest. Every checker, loss and a
+    partition included."""
+    cluster = Cluster.from_scenario(replace(TREE_WORLD, nodes=30, seed=2))
+    for node in cluster.members[1::2]:  # every other member back on push
+        node.engine.config = replace(node.engine.config, tree=False)
+        node.engine._trees.clear()
+    end, converged_at = cluster.run_scenario_phases()
+    cluster.check(converged_at is not None)  # raises, naming the replay, unless right
+    totals = cluster.totals()
+    assert totals["grafts_sent"] > 0 and totals["messages_sent_ihave"] > 0  # both paths ran
+
+
 def test_an_author_sends_its_acks_off_the_tree_too():
     """Acks gate the convergence after a heal (one confirmed order everywhere): their
     authors also push them on ORDER_EVENT_EXTRA_LINKS random links off the tree; the
