@@ -498,7 +498,7 @@ class AntiEntropy:
             ids, truncated = judgement.send, judgement.truncated
             self.stats["offers_judged"] += 1
             self.stats["offers_truncated"] += truncated
-        ids = self._held_back(graph, ids, now_ms)
+        ids = self._held_back(graph, ids, now_ms, peer)
         events, more = self._take(graph, ids[:limit])
         heads = self._reply_heads(graph, now_ms)
         more = more or len(ids) > limit
@@ -864,7 +864,7 @@ class AntiEntropy:
                       xid: int, now_ms: int) -> list[Effect | None]:
         graph = replica.graph
         limit = self.config.reply_max_events
-        ids = self._held_back(graph, graph.not_below(heads, limit=limit + 1), now_ms)
+        ids = self._held_back(graph, graph.not_below(heads, limit=limit + 1), now_ms, peer)
         if not ids:
             return []
         events, more = self._take(graph, ids[:limit])
@@ -877,8 +877,10 @@ class AntiEntropy:
             graph.topic_id, xid, more or cut or len(ids) > limit, tuple(fitting))), now_ms)]
 
     # Hooks of the fast path (transport.dissemination): what an exchange holds back.
-    def _held_back(self, graph: Graph, ids: list[bytes], now_ms: int) -> list[bytes]:
-        """The ids of `ids` an exchange sends now (all of them, unless the fast path says)."""
+    def _held_back(self, graph: Graph, ids: list[bytes], now_ms: int,
+                   peer: PeerId) -> list[bytes]:
+        """The ids of `ids` an exchange with `peer` sends now (all of them, unless the fast
+        path says)."""
         return ids
 
     def _reply_heads(self, graph: Graph, now_ms: int) -> tuple[bytes, ...]:

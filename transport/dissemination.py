@@ -104,8 +104,8 @@ from node.replica.replica import Replica
 from node.state.types import TYPE_MEMBER, Membership, content_of, user_id
 from transport.anti_entropy import AntiEntropy
 from transport.depletion import DepletionMode, DepletionTimer
-from transport.eager_lazy import (MAX_YOUNG_EVENTS, ORDER_EVENT_EXTRA_LINKS, TREE_WANT_AFTER_MS,
-                                  TopicTree)
+from transport.eager_lazy import (FRESH_LINK_MS, MAX_YOUNG_EVENTS, ORDER_EVENT_EXTRA_LINKS,
+                                  TREE_WANT_AFTER_MS, TopicTree)
 from transport.dissemination_config import MAX_WITNESSED_IDS, DisseminationConfig
 from transport.effects import Announce, Effect, Log, PeerId, Send
 from transport.join_handshake import JoinHandshake
@@ -199,6 +199,7 @@ class Disseminator(Intake, AntiEntropy, JoinHandshake):
         self._rng = rng
         self._peer_key = peer_key
         self._keys: dict[PeerId, bytes | None] = {}  # peer_key of each connected peer
+        self._connected_at: dict[PeerId, int] = {}  # when each connected peer's link opened
         self._replicas: dict[bytes, Replica] = {}
         self._timers: dict[bytes, _TopicTimers] = {}
         self._trees: dict[bytes, TopicTree] = {}  # the tree fast path's links (config.tree)
@@ -280,6 +281,7 @@ class Disseminator(Intake, AntiEntropy, JoinHandshake):
         self._peers.append(peer)
         self._peers.sort()
         self._keys[peer] = self._peer_key(peer)
+        self._connected_at[peer] = now_ms
         out: list[Effect] = [self._log("peer_up", now_ms, None, peer=peer)]
         if self.config.sync_on_connect:
             for topic in sorted(self._replicas):
@@ -291,6 +293,7 @@ class Disseminator(Intake, AntiEntropy, JoinHandshake):
             return []
         self._peers.remove(peer)
         self._keys.pop(peer, None)
+        self._connected_at.pop(peer, None)
         for tree in self._trees.values():
             tree.forget_peer(peer)
             self.stats["tree_peers_forgotten"] += 1
@@ -1006,9 +1009,16 @@ class Disseminator(Intake, AntiEntropy, JoinHandshake):
             return None
         return cutoff
 
-    def _held_back(self, graph: Graph, ids: list[bytes], now_ms: int) -> list[bytes]:
-        cutoff = self._young_cutoff(graph, now_ms)
+    def _held_back(self, graph: Graph, ids: list[bytes], now_ms: int,
+                   peer: PeerId) -> list[bytes]:
+        """`_young_cutoff`, except with a peer whose link opened within FRESH_LINK_MS:
+        no tree of ours carries anything to it yet (the other side of a partition that
+        a new connection healed, or a newcomer), so what we held back would wait for
+        the next exchange."""
         self._held = set()
+        if now_ms - self._connected_at.get(peer, now_ms - FRESH_LINK_MS) < FRESH_LINK_MS:
+            return ids
+        cutoff = self._young_cutoff(graph, now_ms)
         if cutoff is None:
             return ids
         kept = [i for i in ids if (graph.position(i) or 0) < cutoff]

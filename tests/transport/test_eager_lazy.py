@@ -17,6 +17,7 @@ import pytest
 from node.core.parents import DepletionPolicy
 from transport.dissemination_config import DisseminationConfig
 from transport.eager_lazy import (
+    FRESH_LINK_MS,
     GRAFT_TIMEOUT_MS,
     IHAVE_FLUSH_MS,
     MAX_IHAVE_IDS,
@@ -619,6 +620,29 @@ def test_a_fleet_half_on_the_tree_and_half_on_push_converges():
     cluster.check(converged_at is not None)  # raises, naming the replay, unless right
     totals = cluster.totals()
     assert totals["grafts_sent"] > 0 and totals["messages_sent_ihave"] > 0  # both paths ran
+
+
+def test_an_exchange_over_a_link_just_opened_holds_nothing_back():
+    """Young events are held back from exchanges because the tree carries them, but
+    not over a link opened within FRESH_LINK_MS: the peer may be across a partition
+    that this connection heals. (The demo's heal, node 3 dialling node 0: node 0's
+    reply held back its side's last second of events, which reached the other side
+    1.0 s later, at the next exchange; 0.03 s since. Push: 0.0 s.)"""
+    cluster = Cluster.from_scenario(replace(TREE_WORLD, loss=0.0, partition_at_ms=None,
+                                            heal_at_ms=None))
+    cluster.run_until(3_000)  # formed
+    cluster.write(rounds=2, writers=3, round_ms=100)
+    cluster.run_until(cluster.now_ms + 300)  # the writes are young everywhere
+    now = cluster.now_ms
+    node = next(n for n in cluster.members if n.engine._trees[cluster.topic].formed)
+    graph = node.replica.graph
+    ids = [e.id for _, e in graph.deliveries(0, graph.delivered_count)]
+    peer = node.engine._peers[0]
+    assert len(node.engine._held_back(graph, ids, now, peer)) < len(ids)  # young held
+    node.engine.on_peer_down(peer, now)
+    node.engine.on_peer_up(peer, now)  # the link opens again
+    assert node.engine._held_back(graph, ids, now, peer) == ids
+    assert node.engine._held_back(graph, ids, now + FRESH_LINK_MS - 1, peer) == ids
 
 
 def test_an_author_sends_its_acks_off_the_tree_too():
