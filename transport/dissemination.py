@@ -1016,7 +1016,8 @@ class Disseminator(Intake, AntiEntropy, JoinHandshake):
         a new connection healed, or a newcomer), so what we held back would wait for
         the next exchange."""
         self._held = set()
-        if now_ms - self._connected_at.get(peer, now_ms - FRESH_LINK_MS) < FRESH_LINK_MS:
+        opened_ms = self._connected_at.get(peer)
+        if opened_ms is not None and now_ms - opened_ms < FRESH_LINK_MS:
             return ids
         cutoff = self._young_cutoff(graph, now_ms)
         if cutoff is None:
