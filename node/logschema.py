@@ -24,12 +24,14 @@ Schema version 1 (field `v` = 1)::
     depth     integer>=0  long        -                       event depth in the node's graph
     channel   string      string      received/delivered/     gossip | sync | relay
                                       duplicate
-    reason    text<=256   string      rejected                why the event was rejected
+    reason    text<=256   string      rejected,               why the event was rejected;
+                                      exchange_timeout        which exchange timed out
     width     integer>=0  long        width                   forward extremities (width samples);
                                                               on dummy: the width that triggered it
     buffered  integer>=0  long        width                   events waiting for missing parents
-    peer      hex         string      peer_up / peer_down     the remote node (rejected: the
-                                      (rejected: or topic)    sender of what was refused)
+    peer      hex         string      peer_up / peer_down,    the remote node (rejected: the
+                                      exchange_timeout        sender of what was refused)
+                                      (rejected: or topic)
 
 Record types: `created` (the local author made the event; it counts as the
 author's own delivery), `received` (bytes arrived), `buffered` (parents
@@ -39,7 +41,11 @@ subscribers), `rejected` (needs `reason` and at least one of `topic` and
 that sent it — a peer-level rejection), `duplicate` (received again after delivery),
 `width` (periodic sample), `dummy` (an extremity-depletion dummy event was
 issued; always accompanied by a `created` record of kind `dummy` for the same
-event, so dissemination sees dummies like any event), `peer_up`, `peer_down`.
+event, so dissemination sees dummies like any event), `peer_up`, `peer_down`,
+`exchange_timeout` (an anti-entropy exchange this node opened with `peer`
+got no answer in time; `reason` says which: `opening` or `streaming` (a
+catch-up's page), with `:heard` when other frames of the peer came after
+the offer).
 
 Rules a reader applies (and the reasons it counts lines under, checked in this
 order, first failure wins): a line longer than MAX_LINE_CHARS is `too_long`;
@@ -61,7 +67,8 @@ guessing. Relaxing a requirement also keeps `v` = 1 when no field changes
 meaning: `topic` became optional on `rejected` records that carry `peer`
 (every earlier v1 record is still valid and means the same; an older reader
 counts the new peer-level rejections as `missing_field`, which loses them but
-misreads nothing).
+misreads nothing). Adding a record type keeps `v` = 1 for the same reason
+(`exchange_timeout`: an older reader counts it as `unknown_type`).
 
 Ids are lowercase hex because the jobs join records from different nodes on
 them as strings: one canonical spelling per id keeps those joins exact.
@@ -103,6 +110,7 @@ WIDTH: Final = "width"
 DUMMY: Final = "dummy"
 PEER_UP: Final = "peer_up"
 PEER_DOWN: Final = "peer_down"
+EXCHANGE_TIMEOUT: Final = "exchange_timeout"
 
 # Channels an event can arrive through.
 GOSSIP: Final = "gossip"
@@ -167,6 +175,7 @@ REQUIRED_BY_TYPE: Final[dict[str, tuple[str, ...]]] = {
     DUMMY: ("topic", "event"),
     PEER_UP: ("peer",),  # connections are not per topic
     PEER_DOWN: ("peer",),
+    EXCHANGE_TIMEOUT: ("topic", "peer", "reason"),
 }
 RECORD_TYPES: Final = tuple(REQUIRED_BY_TYPE)
 REQUIRED_ONE_OF_BY_TYPE: Final[dict[str, tuple[tuple[str, ...], ...]]] = {

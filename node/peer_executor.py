@@ -78,6 +78,10 @@ class PeerExecutor:
                 continue
             # Connection churn, refreshed on every peer event (status reads the stats).
             self._stats["connections_aborted"] = self._host.connections_aborted
+            if event.link_lost:
+                if node_id not in self._relay_clients:
+                    self._carry_out(self._disseminator.on_link_lost(node_id, now_ms()))
+                continue
             if event.up:
                 if self.admit is not None and not self.admit(event.peer_id):
                     continue  # over a connection limit: being closed (node.fleet)

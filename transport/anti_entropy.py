@@ -43,11 +43,11 @@ import random
 from collections import Counter, OrderedDict, deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from node.core.event import Event, EventFormatError, decode_event, event_id_of
 from node.core.graph import Graph
-from node.logschema import SYNC
+from node.logschema import EXCHANGE_TIMEOUT, SYNC
 from node.replica.replica import Replica
 from node.state.types import Membership
 from transport.dissemination_config import (MAX_PEER_STATES, MAX_WANT_SOURCES,
@@ -152,6 +152,9 @@ class AntiEntropy:
         def _key(self, peer: PeerId) -> bytes | None: ...
         def _blame(self, peer: PeerId, now_ms: int, topic: bytes | None, reason: str,
                    log: bool = True, fault: Fault = Fault.HARD) -> list[Effect]: ...
+        def _log(self, record_type: str, now_ms: int, topic: bytes | None, *,
+                 event: Event | None = None, event_id: bytes | None = None,
+                 **fields: Any) -> Effect | None: ...
 
     def _init_anti_entropy(self) -> None:
         self._sessions: dict[tuple[PeerId, bytes], _Session] = {}
@@ -163,6 +166,7 @@ class AntiEntropy:
         self._offered: list[_Session] = []  # offers of the current step (`offers_sent_at`)
         self._last_due_ms: int | None = None  # the driver's last tick (`_discount_absence`)
         self._resumed_ms: int | None = None  # when the last absence ended (`_expecting`)
+        self._resumed_long = False  # it lasted LONG_ABSENCE_MS or more
         # When a frame of each peer last reached the driver (`prefetch` sees them
         # all): tells a timed-out exchange's lost answer from a silent peer.
         self._heard_ms: dict[PeerId, int] = {}
@@ -200,7 +204,27 @@ class AntiEntropy:
         for ahead in self._ahead.values():
             ahead.pop(peer, None)
 
-    def _expire_sessions(self, now_ms: int) -> None:
+    def _relink(self, peer: PeerId, now_ms: int) -> list[Effect]:
+        """A connection to `peer` closed while another remains: offer again now what waits.
+
+        Our offer (or the peer's answer) may have gone with the closed
+        connection; waiting for it would only time the exchange out. The
+        exchange starts over over the connection that remains: a streaming
+        one stays the topic's stream (`sync_with(streaming=...)`).
+        """
+        out: list[Effect] = []
+        for (other, topic), session in list(self._sessions.items()):
+            if other != peer or not session.waiting:
+                continue
+            del self._sessions[(other, topic)]
+            self.stats["sessions_relinked"] += 1
+            out += self.sync_with(peer, topic, now_ms, streaming=session.streaming)
+            again = self._sessions.get((peer, topic))
+            if again is not None:
+                again.queued = session.queued  # pages received, not applied yet: still ours
+        return out
+
+    def _expire_sessions(self, now_ms: int) -> list[Effect | None]:
         """Drop the exchanges whose peer has been silent for `session_timeout_ms` at `now_ms`.
 
         The timeout is about the peer's silence, not about our own backlog: a
@@ -209,8 +233,10 @@ class AntiEntropy:
         before then but still waits in our queue does not count as lost.
         Counted by kind: `sessions_timed_out:opening|streaming`, with
         `:heard` when other frames of the peer reached us after our offer
-        (its answer was lost, or is queued behind them at the peer).
+        (its answer was lost, or is queued behind them at the peer), and
+        logged (`exchange_timeout`, that kind as its reason).
         """
+        out: list[Effect | None] = []
         for key in [k for k, s in self._sessions.items() if not self._alive(s, now_ms)]:
             session = self._sessions.pop(key)
             if not session.waiting:
@@ -219,7 +245,11 @@ class AntiEntropy:
             # Which exchange waited (diagnosis: the catch-up bench reports these).
             kind = "streaming" if session.streaming else "opening"
             heard = self._heard_ms.get(session.peer, -1) > session.active_ms
-            self.stats[f"sessions_timed_out:{kind}{':heard' if heard else ''}"] += 1
+            reason = f"{kind}{':heard' if heard else ''}"
+            self.stats[f"sessions_timed_out:{reason}"] += 1
+            out.append(self._log(EXCHANGE_TIMEOUT, now_ms, session.topic, peer=session.peer,
+                                 reason=reason))
+        return out
 
     def _alive(self, session: _Session, now_ms: int) -> bool:
         """Is `session`'s peer still answering, as of `now_ms`? (`_expire_sessions`)"""
@@ -278,6 +308,7 @@ class AntiEntropy:
         away = due_ms - last
         if away > self.config.session_timeout_ms // 2:
             self._resumed_ms = due_ms
+            self._resumed_long = away >= LONG_ABSENCE_MS
         if away >= LONG_ABSENCE_MS:
             self.stats["absences"] += 1
             self.stats["sessions_interrupted"] += len(self._sessions)
@@ -509,7 +540,7 @@ class AntiEntropy:
         reply = Reply(replica.topic_id, offer.xid, heads, truncated, more or cut, tuple(events))
         if events:
             self._note_news(replica.topic_id, peer)  # the offerer lacked something
-        if not holds_all and self._resumed_ms is not None \
+        if not holds_all and self._resumed_ms is not None and not self._resumed_long \
                 and now_ms - self._resumed_ms <= self.config.session_timeout_ms:
             # Just back from an absence, answering the offers that waited in our
             # sockets: each offerer holds what we missed and, once it has our
@@ -517,7 +548,10 @@ class AntiEntropy:
             # the first one's come no other peer is asked for them. (Not in
             # steady state: there offers naming a few heads we lack are the norm
             # and the answers overlap little; deferring them slowed convergence
-            # of a lossy 50-node anti-entropy world 3x.)
+            # of a lossy 50-node anti-entropy world 3x. Nor after a long absence:
+            # those offerers' exchanges have timed out, so our reply is stale to
+            # them and brings nothing, while the expectation held our own
+            # exchanges back for `session_timeout_ms` (a 50k catch-up idled 2.3 s).)
             self._expecting[replica.topic_id] = (peer, now_ms)
             self._note_ahead(replica.topic_id, peer, now_ms)
         return [self._spent(peer, self._send(peer, reply), now_ms)]
@@ -724,9 +758,16 @@ class AntiEntropy:
         session = self._sessions.get((peer, topic))
         return session is None or not self._alive(session, now_ms)
 
-    def _wants(self, topic: bytes, replica: Replica,
+    def _wants(self, topic: bytes, replica: Replica, now_ms: int,
                rng: random.Random) -> list[Effect | None]:
         if not self._peers or not replica.graph.buffered_count:
+            return []
+        if self._streaming(topic, now_ms):
+            # A catch-up streams the events not below our heads, parents first: the
+            # buffered events' parents come with it. Asked by id they come newest
+            # first, each answer buffered on parents of its own (measured: a 50k
+            # catch-up buffered 11,000 events so, evicting and fetching again).
+            self.stats["wants_while_streaming"] += 1
             return []
         sources = self._serving(replica, self._peers)  # a want names ids: readers only
         if not sources:

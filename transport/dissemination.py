@@ -288,6 +288,21 @@ class Disseminator(Intake, AntiEntropy, JoinHandshake):
                 out += self.sync_with(peer, topic, now_ms)
         return self._clean(out)
 
+    def on_link_lost(self, peer: PeerId, now_ms: int) -> list[Effect]:
+        """One of `peer`'s connections closed and another remains: frames in flight on the
+        closed one may be lost (the peer aborted it while we were stopped, and redialled).
+
+        An exchange waiting on the peer is offered again at once rather than timing
+        out (`AntiEntropy._relink`), and the link counts as fresh (`FRESH_LINK_MS`):
+        what we hold back would cross by no tree of ours until the peer's tree is
+        repaired. What the fast path lost on it is repaired as any loss is.
+        """
+        if peer not in self._peers:
+            return []
+        self._connected_at[peer] = now_ms
+        self.stats["links_lost"] += 1
+        return self._clean(self._relink(peer, now_ms))
+
     def on_peer_down(self, peer: PeerId, now_ms: int) -> list[Effect]:
         if peer not in self._peers:
             return []
@@ -388,7 +403,7 @@ class Disseminator(Intake, AntiEntropy, JoinHandshake):
         out: list[Effect] = []
         if due_ms is not None:
             self._discount_absence(due_ms)
-        self._expire_sessions(now_ms if due_ms is None else min(now_ms, due_ms))
+        out += self._expire_sessions(now_ms if due_ms is None else min(now_ms, due_ms))
         for topic in sorted(self._replicas):
             out += self._tick_topic(topic, now_ms, rng)
         return self._clean(out)
@@ -595,7 +610,7 @@ class Disseminator(Intake, AntiEntropy, JoinHandshake):
             out += self._sync_random(topic, now_ms, rng, exclude=news_from)
         if now_ms >= timers.next_want_ms:
             timers.next_want_ms = now_ms + self.config.want_retry_ms
-            out += self._wants(topic, replica, rng)
+            out += self._wants(topic, replica, now_ms, rng)
         tree = self._trees.get(topic)
         if tree is not None:
             self._sample_delivered(topic, tree, replica, now_ms)
@@ -917,6 +932,13 @@ class Disseminator(Intake, AntiEntropy, JoinHandshake):
         # A gauge, not a counter: the measure the timers stretch to (of the topic ticked last).
         self.stats["tree_lateness_ms"] = tree.lateness.ms
         graph = replica.graph
+        if self._streaming(topic, now_ms):
+            # A catch-up streams what we lack, parents first. The ids our peers
+            # announced meanwhile are its newest events: fetched by id they come
+            # ahead of their parents and wait in the buffer (a 50k catch-up
+            # buffered 11,000 so); awaited on, they arrive with the stream.
+            self.stats["tree_fetches_deferred"] += 1
+            return out + self._tell(tree, replica, now_ms)
         asks = tree.due(now_ms, lambda i: graph.has(i) or graph.is_buffered(i)
                         or graph.rejected_reason(i) is not None)
         # Late, not lost, while the parent link is live (`TopicTree.broken`): fetched,

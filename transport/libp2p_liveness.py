@@ -5,7 +5,8 @@ The node needs two things py-libp2p does not give it directly:
 * Clean up/down edges per peer. py-libp2p reports every connection opened
   and closed; `PeerTracker` counts them per peer and turns the counts into
   one `PeerEvent(up=True)` for the first connection and one
-  `PeerEvent(up=False)` for the last, through a synchronous callback. A
+  `PeerEvent(up=False)` for the last (and a `link_lost` one when any other
+  closes: frames in flight on it may be lost), through a synchronous callback. A
   callback, not a channel: it cannot fill up and block py-libp2p's
   connection path, and it cannot lose a "down". It runs inside the
   library's notifee task, so it must only record the event (e.g.
@@ -69,6 +70,11 @@ CONNECTION_GONE_POLL_S = 0.05
 class PeerEvent:
     peer_id: str
     up: bool  # True: first connection opened; False: last connection closed
+    # With up=True: one of the peer's connections closed and another remains (the
+    # peer is still up). What was in flight on the closed one may be lost: a peer
+    # that aborted a connection to us while we were stopped redials on our return,
+    # and our first frames went out on the old connection.
+    link_lost: bool = False
 
 
 PeerCallback = Callable[[PeerEvent], None]
@@ -113,6 +119,7 @@ class PeerTracker(INotifee):
             return  # a connection we never counted (closed during setup)
         if count > 1:
             self.connections[peer_id] = count - 1
+            self._emit(PeerEvent(peer_id, up=True, link_lost=True))
             return
         del self.connections[peer_id]
         self.on_down(peer_id)

@@ -82,7 +82,7 @@ STATS = ("sessions", "offers_sent", "wants_sent", "messages_sent", "received_syn
          "answers_throttled", "sessions_abandoned", "offers_ahead", "continuations_deferred",
          "offers_exact", "offers_judged", "absences", "wants_served", "offers_deferred",
          "outbox_dropped", "send_failed", "pages_asked_of_others", "syncs_deferred",
-         "sessions_interrupted")
+         "sessions_interrupted", "tree_fetches_deferred", "wants_while_streaming")
 # Stats whose name starts with one of these are reported by their full name (causes).
 STAT_PREFIXES = ("sessions_timed_out:", "duplicates:")
 # What the serving peers did with the resumed node's offers (which side a timeout is on).
@@ -175,6 +175,10 @@ def measure_catch_up(cluster: LocalCluster, topic: str, stopped: int, missed: in
     records = [r for r in tail.read_new() if r["ts_ms"] >= resumed_ms]
     delivered = [r["ts_ms"] for r in records if r["type"] == "delivered"]
     duplicates = Counter(r.get("channel", "?") for r in records if r["type"] == "duplicate")
+    index_of = {node.node_id: node.index for node in cluster.nodes}
+    timeouts = [{"ms_after_resume": r["ts_ms"] - resumed_ms, "reason": r["reason"],
+                 "peer": index_of.get(r["peer"], r["peer"])}
+                for r in records if r["type"] == "exchange_timeout"]
     span_ms = max(1, max(delivered) - resumed_ms) if delivered else None
     keys = set(STATS) | {k for k in after if k.startswith(STAT_PREFIXES)}
     delta = {key: after.get(key, 0) - before.get(key, 0) for key in sorted(keys)}
@@ -203,6 +207,7 @@ def measure_catch_up(cluster: LocalCluster, topic: str, stopped: int, missed: in
         "offers_answered_by_peer": answered,
         "stats_delta": delta,
         "serving_peers_stats_delta": peers_delta,
+        "exchange_timeouts": timeouts,  # the resumed node's, from its log
     }
 
 

@@ -22,11 +22,13 @@ from dataclasses import replace
 from storage.memory import MemoryStore
 from tests.transport.pair import NodePair, identity, lagging
 from node.replica.replica import Replica
-from transport.anti_entropy import MAX_SESSION_TIMEOUT_MS, RESUME_PATIENCE_MS
+from transport.anti_entropy import LONG_ABSENCE_MS, MAX_SESSION_TIMEOUT_MS, RESUME_PATIENCE_MS
 from transport.dissemination import Disseminator
 from transport.dissemination_config import DisseminationConfig
 from transport.effects import Send
-from transport.messages import MAX_EVENTS_PER_MESSAGE, Events, Offer, Push, Reply, decode, encode
+from transport.eager_lazy import GRAFT_TIMEOUT_MS
+from transport.messages import (MAX_EVENTS_PER_MESSAGE, Events, Graft, IHave, Offer, Push, Reply,
+                                Want, decode, encode)
 
 MISSED = 3_500  # four pages of 1,024
 BASE_CONFIG = DisseminationConfig(push=False, log=False, depletion=False)
@@ -327,7 +329,7 @@ def test_a_resumed_node_takes_the_pages_of_one_of_the_offers_waiting_for_it():
     pair = with_third(lagging(MISSED, config=BASE_CONFIG))
     a, b, c = (pair.engines[n] for n in "abc")
     a.tick(pair.now_ms, due_ms=pair.now_ms)
-    pair.now_ms += 60_000  # SIGSTOPped for a minute
+    pair.now_ms += LONG_ABSENCE_MS - 1_000  # stopped briefly: b's and c's exchanges wait on
     a.note_due(pair.now_ms)  # the committer: a tick is queued with the waiting frames
     (offer_b,) = b.sync_with("a", pair.topic, pair.now_ms)
     (offer_c,) = c.sync_with("a", pair.topic, pair.now_ms)
@@ -341,6 +343,44 @@ def test_a_resumed_node_takes_the_pages_of_one_of_the_offers_waiting_for_it():
     assert pair.replicas["a"].graph.delivered_count == pair.replicas["b"].graph.delivered_count
     assert figures["events_to_a"] == MISSED  # every missed event crossed once
     assert a.stats["duplicates"] == 0
+
+
+def test_after_a_long_absence_the_offers_that_waited_do_not_hold_our_own_exchange_back():
+    # Stopped a minute: b's and c's offers waited in a's sockets, their exchanges long
+    # timed out at b and c, so a's replies to them bring nothing. Expecting pages from
+    # them held a's own exchanges back for a session timeout (a 50k catch-up idled 2.3 s).
+    pair = with_third(lagging(MISSED, config=BASE_CONFIG))
+    a, b, c = (pair.engines[n] for n in "abc")
+    a.tick(pair.now_ms, due_ms=pair.now_ms)
+    (offer_b,) = b.sync_with("a", pair.topic, pair.now_ms)
+    (offer_c,) = c.sync_with("a", pair.topic, pair.now_ms)
+    pair.now_ms += 60_000
+    b.tick(pair.now_ms)
+    c.tick(pair.now_ms)
+    assert b.stats["sessions_timed_out"] == c.stats["sessions_timed_out"] == 1
+    a.note_due(pair.now_ms)
+    replies = [("a", e) for e in a.on_message("b", offer_b.data, pair.now_ms)]
+    replies += [("a", e) for e in a.on_message("c", offer_c.data, pair.now_ms)]
+    assert a.stats["offers_deferred"] == 0
+    own = [("a", e) for e in a.sync_with("b", pair.topic, pair.now_ms)]
+    assert own and a.stats["syncs_deferred"] == 0
+    figures = run_flights(pair, replies + own)
+    assert pair.replicas["a"].graph.delivered_count == pair.replicas["b"].graph.delivered_count
+    assert figures["events_to_a"] == MISSED  # the stale replies drew nothing
+    assert a.stats["sessions_timed_out"] == 0
+
+
+def test_an_exchange_whose_link_was_lost_is_offered_again_at_once():
+    # b aborted its connection to a while a was stopped and redialled; a's offer went
+    # out on the old connection. Once that one closes (the new one remains), a offers
+    # again at once instead of waiting out the timeout.
+    pair, a, start = opened_exchange()
+    again = a.on_link_lost("b", start + 10)
+    assert a.stats["sessions_relinked"] == 1 and a.stats["links_lost"] == 1
+    assert [type(decode(e.data)) for e in again] == [Offer]
+    run_flights(pair, [("a", e) for e in again])
+    assert pair.same() and a.stats["sessions_timed_out"] == 0
+    assert a.on_link_lost("z", start + 20) == []  # not a peer of ours: nothing
 
 
 def test_pages_that_two_peers_start_at_once_cross_once():
@@ -396,10 +436,11 @@ def test_a_silent_peer_still_times_out():
     assert a.stats["sessions_timed_out:opening"] == 1
 
 
-def trusted_trio(missed: int, base: int = 20) -> NodePair:
+def trusted_trio(missed: int, base: int = 20,
+                 config: DisseminationConfig = BASE_CONFIG) -> NodePair:
     """b and c hold `missed` events a lacks; a took their shared past from both by push,
     so it trusts both (a catch-up asks pages only of trusted peers)."""
-    pair = NodePair(config=BASE_CONFIG)
+    pair = NodePair(config=config)
     past = pair.write("b", base)
     with_third(pair)
     a = pair.engines["a"]
@@ -412,9 +453,10 @@ def trusted_trio(missed: int, base: int = 20) -> NodePair:
     return pair
 
 
-def streaming_from_b_with_c_ahead(missed: int) -> tuple[NodePair, list[tuple[str, Send]]]:
+def streaming_from_b_with_c_ahead(missed: int, config: DisseminationConfig = BASE_CONFIG
+                                  ) -> tuple[NodePair, list[tuple[str, Send]]]:
     """a streams a catch-up from b; c, as far ahead, offered meanwhile (deferred)."""
-    pair = trusted_trio(missed)
+    pair = trusted_trio(missed, config=config)
     a, b, c = (pair.engines[n] for n in "abc")
     (offer,) = a.sync_with("b", pair.topic, pair.now_ms)
     (page,) = b.on_message("a", offer.data, pair.now_ms)
@@ -458,6 +500,31 @@ def test_a_catch_up_finishes_when_one_of_its_peers_is_lost_mid_stream():
     assert a.stats["pages_asked_of_others"] >= 1  # the page lost with c was c's to send
     assert figures.get("pages_from_c", 0) == 0
     assert a.stats["sessions_timed_out"] == 0
+
+
+def test_while_a_catch_up_streams_nothing_is_fetched_by_id():
+    """The ids c announces and the parents of what c pushes are the stream's newest
+    events: fetched by id they would come ahead of their parents and wait in the
+    buffer (a 50k catch-up buffered 11,000 so, evicting and fetching again). They
+    come with the stream, parents first."""
+    tree = replace(BASE_CONFIG, push=True, tree=True)
+    pair, pending = streaming_from_b_with_c_ahead(3 * MISSED, config=tree)
+    a, topic = pair.engines["a"], pair.topic
+    graph_b = pair.replicas["b"].graph
+    (_, newest), = graph_b.deliveries(graph_b.delivered_count - 1, graph_b.delivered_count)
+    a.on_message("c", encode(IHave(topic, (newest.id,))), pair.now_ms)
+    a.on_message("c", encode(Push(topic, (newest.raw,))), pair.now_ms)  # buffered
+    assert pair.replicas["a"].graph.buffered_count == 1
+    asked: list[object] = []
+    for _ in range(3):  # past the graft timeout and a want round, within the exchange's
+        pair.now_ms += GRAFT_TIMEOUT_MS
+        asked += [decode(e.data) for e in a.tick(pair.now_ms) if isinstance(e, Send)]
+    # (A Graft naming no ids only declares our place in the tree.)
+    assert not [m for m in asked if isinstance(m, (Want, Graft)) and m.ids]
+    assert a.stats["tree_fetches_deferred"] >= 1 and a.stats["wants_while_streaming"] >= 1
+    run_flights(pair, pending)
+    assert pair.replicas["a"].graph.delivered_count == graph_b.delivered_count
+    assert a.stats["wants_sent"] == 0 and a.stats["tree_fetch_ids_sent"] == 0
 
 
 def test_in_steady_state_offers_naming_heads_we_lack_are_all_answered():

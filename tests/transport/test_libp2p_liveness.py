@@ -43,10 +43,12 @@ async def test_one_up_per_first_connection_one_down_per_last() -> None:
     await tracker.connected(None, first)  # type: ignore[arg-type]
     await tracker.connected(None, second)  # type: ignore[arg-type]
     assert log == [PeerEvent("a", up=True)] and tracker.connections == {"a": 2}
+    # One of two closes: the peer stays up, and the owner hears that a link was lost.
     await tracker.disconnected(None, first)  # type: ignore[arg-type]
-    assert log == [PeerEvent("a", up=True)] and tracker.connections == {"a": 1}
+    lost = PeerEvent("a", up=True, link_lost=True)
+    assert log == [PeerEvent("a", up=True), lost] and tracker.connections == {"a": 1}
     await tracker.disconnected(None, second)  # type: ignore[arg-type]
-    assert log == [PeerEvent("a", up=True), ("down", "a"), PeerEvent("a", up=False)]
+    assert log == [PeerEvent("a", up=True), lost, ("down", "a"), PeerEvent("a", up=False)]
     assert tracker.connections == {}
 
 
