@@ -26,7 +26,9 @@ the node caught up, that none of its sessions timed out and that pages were
 asked of more than one peer; the rates only with MEGNODE_CATCHUP_STRICT=1
 (a quiet machine: the load moves them by 3x between runs).
 
-Run: `nice -n 10 .venv/bin/python -m pytest -q -s tests/bench/test_catch_up_bench.py`.
+Run: `nice -n 10 .venv/bin/python -m pytest -q -s tests/bench/test_catch_up_bench.py`
+(MEGNODE_BENCH_CATCHUP_FAST_PATH=push|gossipsub|tree|none: the cluster's fast path,
+else the node's default).
 Not part of `make test` (tests/bench is not collected by CI).
 """
 
@@ -82,7 +84,8 @@ STATS = ("sessions", "offers_sent", "wants_sent", "messages_sent", "received_syn
          "answers_throttled", "sessions_abandoned", "offers_ahead", "continuations_deferred",
          "offers_exact", "offers_judged", "absences", "wants_served", "offers_deferred",
          "outbox_dropped", "send_failed", "pages_asked_of_others", "syncs_deferred",
-         "sessions_interrupted", "tree_fetches_deferred", "wants_while_streaming")
+         "sessions_interrupted", "tree_fetches_deferred", "wants_while_streaming",
+         "links_lost", "sessions_relinked")
 # Stats whose name starts with one of these are reported by their full name (causes).
 STAT_PREFIXES = ("sessions_timed_out:", "duplicates:")
 # What the serving peers did with the resumed node's offers (which side a timeout is on).
@@ -214,7 +217,8 @@ def measure_catch_up(cluster: LocalCluster, topic: str, stopped: int, missed: in
 def test_catch_up_at_ingest_speed(tmp_path: Path, record_figures) -> None:
     started = time.monotonic()
     ingest = trio.run(ingest_big_frames, tmp_path)
-    with LocalCluster(tmp_path / "catch-up", CATCH_UP_NODES) as cluster:
+    fast_path = os.environ.get("MEGNODE_BENCH_CATCHUP_FAST_PATH")  # else the node's default
+    with LocalCluster(tmp_path / "catch-up", CATCH_UP_NODES, fast_path=fast_path) as cluster:
         topic = open_topic(cluster, "bench-catch-up")
         stopped = CATCH_UP_NODES - 1
         runs = [measure_catch_up(cluster, topic, stopped, missed) for missed in CATCH_UP_EVENTS]
@@ -224,6 +228,7 @@ def test_catch_up_at_ingest_speed(tmp_path: Path, record_figures) -> None:
     figures = {
         "cpus": os.cpu_count(),
         "nodes": CATCH_UP_NODES,
+        "fast_path": fast_path or "default",
         "ingest_big_frames": ingest,
         "runs": runs,
         "target_ratio": TARGET_RATIO,
