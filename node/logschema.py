@@ -30,8 +30,8 @@ Schema version 1 (field `v` = 1)::
                                                               on dummy: the width that triggered it
     buffered  integer>=0  long        width                   events waiting for missing parents
     peer      hex         string      peer_up / peer_down,    the remote node (rejected: the
-                                      exchange_timeout        sender of what was refused)
-                                      (rejected: or topic)
+                                      exchange_timeout        sender of what was refused;
+                                      (rejected: or topic)    duplicate: of the copy)
 
 Record types: `created` (the local author made the event; it counts as the
 author's own delivery), `received` (bytes arrived), `buffered` (parents

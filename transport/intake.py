@@ -231,7 +231,7 @@ class Intake:
                 self.stats["duplicates"] += 1
                 if logging:
                     out.append(self._log("duplicate", now_ms, topic, event_id=event_id,
-                                         channel=channel))
+                                         channel=channel, peer=peer))
                 continue
             if graph.rejected_count and graph.rejected_reason(event_id) is not None:
                 self.stats["rejected_again"] += 1  # refused before: no signature check again
