@@ -508,11 +508,19 @@ class AntiEntropy:
         known_since = [s for s in offer.since if graph.has(s)]
         limit = self.config.reply_max_events
         holds_all = all(graph.has(h) for h in offer.heads)
-        if not holds_all and self._streaming(replica.topic_id, now_ms, exclude=peer):
+        just_back = self._resumed_ms is not None \
+            and now_ms - self._resumed_ms <= self.config.session_timeout_ms
+        if not holds_all and (just_back and self._resumed_long
+                              or self._streaming(replica.topic_id, now_ms, exclude=peer)):
             # We lag the offerer and a catch-up already streams to us from another
             # peer: our reply would make the offerer send us the very pages that
             # stream brings (measured: 1.4-1.8 duplicates per caught-up event). It
             # offers again later, to us or another peer; a peer behind us is served.
+            # So too for the offers that waited in our sockets through a long
+            # absence: most of their exchanges have timed out at the offerers (our
+            # reply brings nothing), the rest would each send us the first pages
+            # (5 of them in one 50k catch-up), and our own exchange, opened at the
+            # first tick, asks for those pages once.
             self.stats["offers_deferred"] += 1
             self._note_ahead(replica.topic_id, peer, now_ms)  # it may serve the stream's pages
             return []
@@ -540,8 +548,7 @@ class AntiEntropy:
         reply = Reply(replica.topic_id, offer.xid, heads, truncated, more or cut, tuple(events))
         if events:
             self._note_news(replica.topic_id, peer)  # the offerer lacked something
-        if not holds_all and self._resumed_ms is not None and not self._resumed_long \
-                and now_ms - self._resumed_ms <= self.config.session_timeout_ms:
+        if not holds_all and just_back:  # (and the absence was short: above)
             # Just back from an absence, answering the offers that waited in our
             # sockets: each offerer holds what we missed and, once it has our
             # heads, sends it (`_send_missing`), the same pages from each. Until

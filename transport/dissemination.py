@@ -1085,9 +1085,13 @@ class Disseminator(Intake, AntiEntropy, JoinHandshake):
             return []
         graph = replica.graph
         self._witness(peer, replica.topic_id, message.ids)
-        tree.announced(peer, message.ids, now_ms,
-                       lambda i: graph.has(i) or graph.is_buffered(i)
-                       or graph.rejected_reason(i) is not None)
+        if tree.announced(peer, message.ids, now_ms,
+                          lambda i: graph.has(i) or graph.is_buffered(i)
+                          or graph.rejected_reason(i) is not None):
+            # It holds events we lack: a catch-up may ask it for pages (`_page_peer`).
+            # On the tree a resumed node hears this from its lazy links, which offer
+            # to it no more often than any peer (a 50k catch-up asked one peer only).
+            self._note_ahead(replica.topic_id, peer, now_ms)
         return []
 
     def _on_graft(self, peer: PeerId, replica: Replica, message: Graft,

@@ -712,14 +712,17 @@ class TopicTree:
     # ------------------------------------------------------------- awaiting
 
     def announced(self, peer: PeerId, ids: Sequence[bytes], now_ms: int,
-                  held: Callable[[bytes], bool]) -> None:
-        """`peer` announced `ids`: await those not `held` here, and never announce them back."""
+                  held: Callable[[bytes], bool]) -> bool:
+        """`peer` announced `ids`: await those not `held` here, and never announce them back.
+        True if any was not held (the peer holds events we lack)."""
         heard = self._heard.setdefault(peer, set())
+        lacking = False
         for event_id in ids:
             if len(heard) < MAX_HEARD_IDS:
                 heard.add(event_id)
             if held(event_id):
                 continue
+            lacking = True
             awaited = self._awaited.get(event_id)
             if awaited is None:
                 self._awaited[event_id] = _Awaited(now_ms + self.graft_timeout(), [peer])
@@ -727,6 +730,7 @@ class TopicTree:
                     self._awaited.popitem(last=False)
             elif peer not in awaited.announcers and len(awaited.announcers) < MAX_ANNOUNCERS:
                 awaited.announcers.append(peer)
+        return lacking
 
     def received(self, ids: Iterable[bytes]) -> None:
         """These ids arrived (by any path): stop awaiting them."""
