@@ -348,8 +348,11 @@ class AntiEntropy:
             return False
         session = self._sessions.get((peer, message.topic))
         xid = message.xid  # type: ignore[attr-defined]
-        return (session is not None and (session.xid == xid or xid in session.queued)
-                and self._answers.is_trusted(peer))
+        if session is None or not (session.xid == xid or xid in session.queued):
+            return False
+        replica = self._replicas.get(message.topic)
+        return self._answers.is_trusted(peer) or (
+            replica is not None and self._is_member(peer, replica))
 
     def prefetch(self, peer: PeerId, data: bytes, now_ms: int) -> list[Effect]:
         """Ask for the next page of a catch-up as soon as a page *arrives* (pipelining).
@@ -437,16 +440,20 @@ class AntiEntropy:
     def _page_peer(self, replica: Replica, streamer: PeerId, now_ms: int) -> PeerId:
         """Who to ask for a catch-up's next page: the peers seen ahead of us, in turn.
 
-        Only trusted peers we may serve (what we send is an offer), seen ahead
-        within `AHEAD_FRESH_MS`, with no exchange of their own waiting for an
-        answer (their turn would wait behind it); `streamer` (who sent the
-        page that just arrived) is always one.
+        Only trusted peers (they handed us an event new here, or are joined
+        members) we may serve (what we send is an offer), seen ahead within
+        `AHEAD_FRESH_MS`, with no exchange of their own waiting for an answer
+        (their turn would wait behind it); `streamer` (who sent the page that
+        just arrived) is always one. (Trusted by a new event only, a member
+        whose copies all came second stayed out: one 50k catch-up in ten asked
+        every page of its streamer.)
         """
         topic = replica.topic_id
         candidates = [streamer]
         for peer, seen_ms in self._ahead.get(topic, {}).items():
             if peer == streamer or now_ms - seen_ms > AHEAD_FRESH_MS or peer not in self._peers \
-                    or not self._answers.is_trusted(peer) or not self._may_serve(peer, replica):
+                    or not self._may_serve(peer, replica) \
+                    or not (self._answers.is_trusted(peer) or self._is_member(peer, replica)):
                 continue
             current = self._sessions.get((peer, topic))
             if current is not None and current.waiting and self._alive(current, now_ms):

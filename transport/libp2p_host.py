@@ -176,7 +176,8 @@ class P2PHost:
         self._misbehaviour_counts: dict[str, int] = {}
         self.stale_aborts = 0  # connections we aborted because they looked dead
         # The connection gate (`refuse(peer_id)`: True closes a new connection at once).
-        self._tracker = PeerTracker(on_peer, self._peer_went_down, refuse)
+        self._tracker = PeerTracker(on_peer, self._peer_went_down, refuse,
+                                    on_link_lost=self._link_lost)
         self._host: IHost | None = None
         self._requests: RequestProtocols | None = None
         self._messages: MessageStreams | None = None
@@ -395,6 +396,11 @@ class P2PHost:
         self.stale_aborts += 1
         logger.warning("connection to %s looks dead (%s); aborting it", peer_id, why)
         self._nursery.start_soon(self.abort, peer_id)
+
+    def _link_lost(self, peer_id: str, connection: object) -> None:
+        """One of `peer_id`'s connections closed, another remains: its streams go with it."""
+        if self._messages is not None:
+            self._messages.close_on(peer_id, connection)
 
     def _peer_went_down(self, peer_id: str) -> None:
         if self._messages is not None:

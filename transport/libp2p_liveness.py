@@ -91,6 +91,9 @@ class PeerTracker(INotifee):
     on_peer: PeerCallback | None
     on_down: Callable[[str], None]
     refuse: Callable[[str], bool] | None = None  # True: close this new connection now
+    # Told first when one of several connections to a peer closes (`link_lost`), with
+    # its muxed connection: the host stops the message streams that ran on it.
+    on_link_lost: Callable[[str, object], None] | None = None
     connections: dict[str, int] = field(default_factory=dict)
     refused: int = 0  # connections closed by the gate
     # Refused connections whose "disconnected" is still to come (weak: one py-libp2p
@@ -119,6 +122,11 @@ class PeerTracker(INotifee):
             return  # a connection we never counted (closed during setup)
         if count > 1:
             self.connections[peer_id] = count - 1
+            if self.on_link_lost is not None:
+                try:
+                    self.on_link_lost(peer_id, conn.muxed_conn)
+                except Exception:
+                    logger.exception("link-lost callback failed for %s", peer_id)
             self._emit(PeerEvent(peer_id, up=True, link_lost=True))
             return
         del self.connections[peer_id]

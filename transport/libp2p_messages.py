@@ -73,6 +73,7 @@ class _Outbound:
 
     send: trio.MemorySendChannel[bytes]
     cancel_scope: trio.CancelScope
+    connection: object | None = None  # the muxed connection its stream runs on, once open
 
 
 class MessageStreams:
@@ -101,6 +102,7 @@ class MessageStreams:
         self._failures: dict[str, int] = {}
         self.dropped = 0  # `send_nowait` calls refused by a full queue
         self.timed_out_streams = 0  # outbound streams whose open or a write timed out
+        self.closed_with_connection = 0  # outbound streams stopped by `close_on`
 
     # -- inbound ----------------------------------------------------------------
 
@@ -234,6 +236,7 @@ class MessageStreams:
             with outbound.cancel_scope, queue:
                 with trio.fail_after(self.limits.open_stream_timeout_s):
                     stream = await self._host.new_stream(parse_peer_id(peer_id), [TProtocol(protocol_id)])
+                outbound.connection = getattr(stream, "muxed_conn", None)
                 while True:
                     try:
                         first = await queue.receive()
@@ -284,6 +287,25 @@ class MessageStreams:
         for key, outbound in list(self._outbound.items()):
             if key[0] == peer_id:
                 outbound.cancel_scope.cancel()
+
+    def close_on(self, peer_id: str, connection: object) -> int:
+        """Stop the outbound streams to `peer_id` that run on `connection`, which closed
+        while the peer has another; returns how many.
+
+        They are forgotten at once, not when their writer task ends: the next
+        message to the peer opens a stream on a connection that is up, instead
+        of being queued on one whose frames go nowhere (a resumed node's first
+        offer went out so, and its exchange waited out its timeout).
+        """
+        closed = 0
+        for key, outbound in list(self._outbound.items()):
+            if key[0] == peer_id and outbound.connection is connection:
+                del self._outbound[key]
+                outbound.cancel_scope.cancel()
+                outbound.send.close()
+                closed += 1
+        self.closed_with_connection += closed
+        return closed
 
     def outbound_streams(self) -> frozenset[tuple[str, str]]:
         return frozenset(self._outbound)

@@ -11,7 +11,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import pytest
+import trio
+
 from transport.libp2p_liveness import PeerEvent, PeerTracker
+from transport.libp2p_messages import MessageStreams, _Outbound
+from transport.libp2p_streams import StreamLimits
 
 
 @dataclass
@@ -50,6 +55,38 @@ async def test_one_up_per_first_connection_one_down_per_last() -> None:
     await tracker.disconnected(None, second)  # type: ignore[arg-type]
     assert log == [PeerEvent("a", up=True), lost, ("down", "a"), PeerEvent("a", up=False)]
     assert tracker.connections == {}
+
+
+async def test_a_lost_link_is_told_with_its_connection_before_the_event() -> None:
+    log: list[object] = []
+    tracker = PeerTracker(log.append, lambda peer: log.append(("down", peer)),
+                          on_link_lost=lambda peer, muxed: log.append(("lost", peer, muxed)))
+    old, new = conn("a"), conn("a")
+    await tracker.connected(None, old)  # type: ignore[arg-type]
+    await tracker.connected(None, new)  # type: ignore[arg-type]
+    await tracker.disconnected(None, old)  # type: ignore[arg-type]
+    assert log == [PeerEvent("a", up=True), ("lost", "a", old.muxed_conn),
+                   PeerEvent("a", up=True, link_lost=True)]
+
+
+async def test_the_message_streams_on_a_lost_connection_are_forgotten_at_once() -> None:
+    """`MessageStreams.close_on`: the streams to the peer that ran on the closed
+    connection stop and are forgotten, so the next message opens one on a live
+    connection; a stream on another connection, or to another peer, stays."""
+    old, new = conn("a").muxed_conn, conn("a").muxed_conn
+    async with trio.open_nursery() as nursery:
+        streams = MessageStreams(None, nursery, StreamLimits(), lambda report: None)  # type: ignore[arg-type]
+        outbound = {}
+        for key, connection in ((("a", "/p/1"), old), (("a", "/p/2"), new), (("b", "/p/1"), old)):
+            send, _ = trio.open_memory_channel[bytes](1)
+            outbound[key] = _Outbound(send, trio.CancelScope(), connection)
+            streams._outbound[key] = outbound[key]
+        assert streams.close_on("a", old) == 1
+        assert set(streams._outbound) == {("a", "/p/2"), ("b", "/p/1")}
+        assert outbound[("a", "/p/1")].cancel_scope.cancel_called
+        with pytest.raises(trio.ClosedResourceError):
+            outbound[("a", "/p/1")].send.send_nowait(b"x")
+        assert streams.closed_with_connection == 1
 
 
 async def test_a_close_never_counted_is_ignored() -> None:
