@@ -45,7 +45,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
 
-from node.core.event import Event, EventFormatError, decode_event, event_id_of
+from node.core.event import Event, claimed_parents, event_id_of
 from node.core.graph import Graph
 from node.logschema import EXCHANGE_TIMEOUT, SYNC
 from node.replica.replica import Replica
@@ -969,19 +969,20 @@ def _may_be_reply(data: bytes) -> bool:
 
 
 def _advance(heads: Sequence[bytes], raws: Sequence[bytes]) -> tuple[bytes, ...] | None:
-    """The heads of `heads` plus a page of events, parents first; None if one does not decode.
+    """The heads of `heads` plus a page of events, parents first; None if one is no event.
 
     A page answers `not_below(heads)`: closed under parents over what lies
     below `heads`, so the new heads are the old ones and the page's events,
-    minus every id a page event names as a parent.
+    minus every id a page event names as a parent. Nothing is checked here
+    (`claimed_parents`): the heads only shape our next offer, and the step
+    verifies the page.
     """
     cited: set[bytes] = set()
     ids: list[bytes] = []
     for raw in raws:
-        try:
-            event = decode_event(raw)
-        except (EventFormatError, ValueError):
+        parents = claimed_parents(raw)
+        if parents is None:
             return None
-        cited.update(event.parents)
-        ids.append(event.id)  # decode_event checked it is the raw's id
+        cited.update(parents)
+        ids.append(event_id_of(raw))  # memoised: the step's intake asks for it again
     return tuple(h for h in dict.fromkeys([*heads, *ids]) if h not in cited)

@@ -188,6 +188,23 @@ def event_id_of(raw: bytes) -> bytes:
     return _event_id(raw)
 
 
+def claimed_parents(raw: bytes) -> list[bytes] | None:
+    """The parent ids an encoding names, not validated; None if it is no event's shape.
+
+    For planning only (a catch-up's next offer, `transport.anti_entropy`):
+    nothing is trusted from it. A full decode of each event of a page there
+    cost 4% of a catch-up's CPU, and the intake decodes the page again anyway.
+    """
+    try:
+        fields = _unpackb(raw)
+    except Exception:  # msgpack raises many types for malformed input
+        return None
+    if type(fields) is not list or len(fields) != FIELD_COUNT or type(fields[4]) is not list:
+        return None
+    parents = fields[4]
+    return parents if all(type(p) is bytes for p in parents) else None
+
+
 def _event_id(raw: bytes) -> bytes:
     try:
         payload = _unpackb(raw)[9]

@@ -471,7 +471,15 @@ class TopicOrder(OrderDuties):
         relayed nodes kept aside are walked (iteratively, memoised) down to it.
         """
         lin = self._lin
-        if start in lin:
+        aside = self._aside
+
+        def ordered(node_id: bytes) -> bool:
+            # A node of this batch or kept aside is not in the order yet: asked of
+            # the linearizer, each such id cost a store lookup that finds nothing
+            # (a 50k catch-up, one writer's chain: 4% of the node's CPU).
+            return node_id not in batch and node_id not in aside and node_id in lin
+
+        if ordered(start):
             return lin.latest_seen(start, writer)
         stack = [start]
         while stack:
@@ -484,12 +492,13 @@ class TopicOrder(OrderDuties):
                 memo[(current, writer)] = node.seq
                 stack.pop()
                 continue
-            todo = [d for d in node.deps if d not in lin and (d, writer) not in memo]
+            todo = [d for d in node.deps if (d, writer) not in memo and not ordered(d)]
             if todo:
                 stack += todo
                 continue
             memo[(current, writer)] = max(
-                (lin.latest_seen(d, writer) if d in lin else memo[(d, writer)] for d in node.deps),
+                (memo[(d, writer)] if (d, writer) in memo else lin.latest_seen(d, writer)
+                 for d in node.deps),
                 default=-1)
             stack.pop()
         return memo[(start, writer)]
