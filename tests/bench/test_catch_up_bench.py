@@ -67,6 +67,7 @@ from tests.bench.test_cluster_bench import (
     publish_lines,
     wait_catch_up,
 )
+from tests.bench.test_fast_path_bench import cpu_seconds
 from tests.bench.test_ingest_bench import LOOPBACK, authored_topic, ignore
 from transport.libp2p_gossip import GossipConfig
 from transport.libp2p_host import P2PHost
@@ -144,6 +145,14 @@ def start_profiler(cluster: LocalCluster, stopped: int, missed: int) -> subproce
                             stderr=subprocess.DEVNULL)
 
 
+def daemon_cpu_s(cluster: LocalCluster, index: int) -> float:
+    """CPU seconds (user + system) node `index`'s daemon has used so far."""
+    process = cluster.nodes[index].process
+    if process is None:
+        return 0.0
+    return sum(cpu_seconds({process.pid}))
+
+
 def warm_up(cluster: LocalCluster, topic: str) -> None:
     """WARM_UP_EVENTS published by node 0 and delivered by every node."""
     if not WARM_UP_EVENTS:
@@ -184,6 +193,7 @@ def measure_catch_up(cluster: LocalCluster, topic: str, stopped: int, missed: in
                                indices=[i for i in range(len(cluster.nodes)) if i != stopped])
     finally:
         resumed_ms = now_ms()
+        cpu_before = daemon_cpu_s(cluster, stopped)
         cluster.signal(stopped, signal.SIGCONT)
     stopped_s = time.monotonic() - stopped_at
     profiler = start_profiler(cluster, stopped, missed)
@@ -193,6 +203,8 @@ def measure_catch_up(cluster: LocalCluster, topic: str, stopped: int, missed: in
         if profiler is not None:
             profiler.send_signal(signal.SIGINT)  # py-spy writes its flame graph on SIGINT
             profiler.wait(timeout=PROFILER_EXIT_S)
+    # (Up to one status poll, LOG_POLL_S, of work after the last event counts too.)
+    cpu_s = daemon_cpu_s(cluster, stopped) - cpu_before
     after = cluster.status(stopped)["stats"]
     peers_after = {i: cluster.status(i)["stats"] for i in peers}
     records = [r for r in tail.read_new() if r["ts_ms"] >= resumed_ms]
@@ -221,6 +233,8 @@ def measure_catch_up(cluster: LocalCluster, topic: str, stopped: int, missed: in
         "catch_up_s_from_log": round(span_ms / MS_PER_S, 2) if span_ms else None,
         "first_delivery_after_resume_ms": min(delivered) - resumed_ms if delivered else None,
         "catch_up_s_polled": round(polled_s, 1),
+        "cpu_s": round(cpu_s, 2),  # the resumed daemon's, SIGCONT to caught up (polled)
+        "cpu_us_per_event": round(cpu_s * 1e6 / missed),
         "events_per_s": round(len(delivered) / (span_ms / MS_PER_S)) if span_ms else None,
         "duplicates_by_channel": dict(duplicates),
         # push: copies the fast path brought (its own redundancy, queued at the peers
