@@ -209,7 +209,7 @@ class AntiEntropy:
 
         Our offer (or the peer's answer) may have gone with the closed
         connection; waiting for it would only time the exchange out. The
-        exchange starts over over the connection that remains: a streaming
+        exchange starts again on the connection that remains: a streaming
         one stays the topic's stream (`sync_with(streaming=...)`).
         """
         out: list[Effect] = []
@@ -351,8 +351,7 @@ class AntiEntropy:
         if session is None or not (session.xid == xid or xid in session.queued):
             return False
         replica = self._replicas.get(message.topic)
-        return self._answers.is_trusted(peer) or (
-            replica is not None and self._is_member(peer, replica))
+        return replica is not None and self._trusted(peer, replica)
 
     def prefetch(self, peer: PeerId, data: bytes, now_ms: int) -> list[Effect]:
         """Ask for the next page of a catch-up as soon as a page *arrives* (pipelining).
@@ -452,8 +451,7 @@ class AntiEntropy:
         candidates = [streamer]
         for peer, seen_ms in self._ahead.get(topic, {}).items():
             if peer == streamer or now_ms - seen_ms > AHEAD_FRESH_MS or peer not in self._peers \
-                    or not self._may_serve(peer, replica) \
-                    or not (self._answers.is_trusted(peer) or self._is_member(peer, replica)):
+                    or not self._may_serve(peer, replica) or not self._trusted(peer, replica):
                 continue
             current = self._sessions.get((peer, topic))
             if current is not None and current.waiting and self._alive(current, now_ms):
@@ -618,12 +616,18 @@ class AntiEntropy:
         self.stats["answers_cut"] += 1
         return fitting, True
 
+    def _trusted(self, peer: PeerId, replica: Replica) -> bool:
+        """Did `peer` hand us an event new here, or is it a joined member of the topic?
+        (The membership, a state lookup on an open topic, only if the first says no.)"""
+        return self._answers.is_trusted(peer) or self._is_member(peer, replica)
+
     def _is_member(self, peer: PeerId, replica: Replica) -> bool:
         """Is `peer` a joined member of the topic in our state? (then it is trusted here)
 
         A private topic's readers are its joined members (a cached set); an
         open topic's membership costs a state lookup, so it is asked only
-        when a budget would otherwise cut an answer.
+        when trust by a new event (`_trusted`) or a budget (`_within_budget`)
+        would otherwise turn the peer down.
         """
         key = self._key(peer)
         if key is None:

@@ -938,9 +938,10 @@ class Disseminator(Intake, AntiEntropy, JoinHandshake):
             # ahead of their parents and wait in the buffer (a 50k catch-up
             # buffered 11,000 so); awaited on, they arrive with the stream.
             self.stats["tree_fetches_deferred"] += 1
-            return out + self._tell(tree, replica, now_ms)
-        asks = tree.due(now_ms, lambda i: graph.has(i) or graph.is_buffered(i)
-                        or graph.rejected_reason(i) is not None)
+            asks: dict[PeerId, list[bytes]] = {}
+        else:
+            asks = tree.due(now_ms, lambda i: graph.has(i) or graph.is_buffered(i)
+                            or graph.rejected_reason(i) is not None)
         # Late, not lost, while the parent link is live (`TopicTree.broken`): fetched,
         # no link changes. Broken above us: the announcer with the most of them is our
         # parent from now on (a graft tells it), the others are asked by a want.
