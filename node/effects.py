@@ -85,6 +85,7 @@ class EffectRunner:
     def run(self, effects: Sequence[object]) -> None:
         """Carry out the core's effects, then wake subscribers of topics that moved."""
         announced: dict[bytes, list[bytes]] = {}
+        logged = False
         for effect in effects:
             if isinstance(effect, Announce):
                 announced.setdefault(effect.topic, []).extend(effect.raws)
@@ -92,10 +93,13 @@ class EffectRunner:
                 self._send_now(effect.peer, effect.data)
             elif isinstance(effect, Log):
                 self._write_log(effect.record)
+                logged = True
                 if self.log_observer is not None:
                     self.log_observer(effect.record)
             elif isinstance(effect, Disconnect):
                 self._on_misbehaving(effect.peer, effect.reason)
+        if logged:
+            self._flush_log()
         if announced and self._host.gossip_enabled:
             for topic_id, raws in announced.items():
                 self._nursery.start_soon(self._gossip_publish, topic_id, raws)
@@ -118,10 +122,19 @@ class EffectRunner:
         if self._log_writer is None:
             return
         try:
-            self._log_writer.write(record)
+            self._log_writer.write(record, flush=False)  # one flush per step: `_flush_log`
         except (OSError, ValueError) as exc:
             self._stats["log_failed"] += 1
             logger.debug("log record dropped: %s", exc)
+
+    def _flush_log(self) -> None:
+        if self._log_writer is None:
+            return
+        try:
+            self._log_writer.flush()
+        except OSError as exc:
+            self._stats["log_failed"] += 1
+            logger.debug("log records dropped: %s", exc)
 
     async def _gossip_publish(self, topic_id: bytes, raws: Sequence[bytes]) -> None:
         """Gossip a batch of new events: one Push per chunk that fits a gossip message."""
