@@ -123,3 +123,43 @@ async def test_oversized_state_content_is_a_plain_refusal(tmp_path: Path) -> Non
         with pytest.raises(megnode.PayloadTooLarge, match="too large"):
             await topic.set_state("app.config", "", {"blob": "x" * (MAX_PAYLOAD_BYTES * 2)})
         await topic.set_state("app.config", "", {"unit": "C"})  # the topic carries on
+
+
+async def test_counting_a_long_history_for_status_never_holds_up_the_node(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """After a restart `status` counts the topic's whole history (each event read
+    back from the store: ~14 s per million events). Counted in one go, that held
+    the event loop, and every peer with it, as long. `count_deliveries` (which the
+    control socket runs before answering) counts in slices: other tasks run
+    between them, and the count is the one a full count gives."""
+    data_dir = tmp_path / "n"
+    async with megnode.Node.open(data_dir, listen=LOOPBACK, seed=11) as node:
+        topic = await node.create_topic("history")
+        for chunk in range(6):
+            await topic.publish_many([b"reading %d %d" % (chunk, n) for n in range(500)])
+        topic_id = topic.topic_id
+    monkeypatch.setattr("node.runtime.COUNT_SLICE_EVENTS", 100)
+    async with megnode.Node.open(data_dir, listen=LOOPBACK, seed=11) as node:
+        handle = node.topic(topic_id)
+        assert handle._counted_to == 0  # nothing counted since the start
+        rounds = 0
+        counting = True
+
+        async def other_task() -> None:
+            nonlocal rounds
+            while counting:
+                rounds += 1
+                await trio.sleep(0)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(other_task)
+            await trio.sleep(0)
+            await node.count_deliveries()
+            counting = False
+        # 3,000 messages and the topic's own events, 100 a slice: ~30 slices.
+        assert rounds >= 25
+        (counted,) = [t for t in node.status()["topics"] if t["topic"] == handle.id_hex]
+        handle._counted_to = handle._delivered = handle._acks = 0  # a full count, in one go
+        (full,) = [t for t in node.status()["topics"] if t["topic"] == handle.id_hex]
+        assert counted["delivered"] == full["delivered"] >= 3_000
+        assert counted["acks"] == full["acks"]
