@@ -175,10 +175,12 @@ _blake2b = hashlib.blake2b
 # of 64 every pass named each event afresh, 6.8 % of a 50k catch-up's CPU
 # (py-spy). Two pages fit: the one applied and the one asked ahead of it.
 EVENT_ID_MEMO_SIZE = 2_048
-# Only encodings up to this size are memoised, so the memo holds at most
-# EVENT_ID_MEMO_SIZE * EVENT_ID_MEMO_MAX_BYTES = 8 MiB of raws alive; a larger
-# event's id is dominated by hashing its payload, which a memo would not save.
+# Only encodings up to this size go in that memo, so it holds at most
+# EVENT_ID_MEMO_SIZE * EVENT_ID_MEMO_MAX_BYTES = 8 MiB of raws alive; larger ones
+# go in a memo of EVENT_ID_LARGE_MEMO_SIZE (the old size: a frame's worth), at
+# most 4 MiB more (MAX_EVENT_BYTES each).
 EVENT_ID_MEMO_MAX_BYTES = 4_096
+EVENT_ID_LARGE_MEMO_SIZE = 64
 
 
 def event_id_of(raw: bytes) -> bytes:
@@ -189,8 +191,10 @@ def event_id_of(raw: bytes) -> bytes:
     them anyway. Parses the bytes to find the payload; the decoder and the
     store compute ids from fields they already hold (`full_event_id`).
     """
-    if type(raw) is bytes and len(raw) <= EVENT_ID_MEMO_MAX_BYTES:
-        return _memo_event_id(raw)  # (a bytes object keeps its hash once computed)
+    if type(raw) is bytes:  # (a bytes object keeps its hash once computed)
+        if len(raw) <= EVENT_ID_MEMO_MAX_BYTES:
+            return _memo_event_id(raw)
+        return _memo_large_event_id(raw)
     return _event_id(raw)
 
 
@@ -226,6 +230,7 @@ def _event_id(raw: bytes) -> bytes:
 
 
 _memo_event_id = functools.lru_cache(maxsize=EVENT_ID_MEMO_SIZE)(_event_id)
+_memo_large_event_id = functools.lru_cache(maxsize=EVENT_ID_LARGE_MEMO_SIZE)(_event_id)
 _unpackb = msgpack.unpackb
 
 
