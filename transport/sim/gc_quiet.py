@@ -13,8 +13,9 @@ SIM_GC_THRESHOLD0 allocations; cycles are still found, later. On exit the
 frozen objects return and the thresholds are restored, so a test process
 that runs worlds one after another is left as it was.
 
-Only the simulator does this: a node's process keeps the collector's
-defaults (its heap is one replica, not a thousand).
+The daemon (`megnode run`, node/cli.py) freezes what exists once its node
+is open too, and keeps the collector's thresholds (its heap is one replica,
+not a thousand).
 """
 
 from __future__ import annotations
