@@ -81,6 +81,7 @@ from node.replica.ordering import OrderConfig
 from node.replica.replica import Replica, ReplicaConfig
 from node.state.types import HISTORY_SETTINGS, HISTORY_SHARED, RULE_INVITE, RULE_PUBLIC, Membership
 from node.topic_handle import (
+    COUNT_PAUSE_S,
     COUNT_SLICE_EVENTS,
     MAX_REJECT_REASONS_SHOWN,
     Delivered,
@@ -760,8 +761,8 @@ class Node:
 
     async def count_deliveries(self) -> None:
         """Bring every topic's count of delivered events (status's `delivered`, `acks`) up
-        to date without holding up the node: COUNT_SLICE_EVENTS at a time, letting the
-        other tasks run between slices.
+        to date without holding up the node: COUNT_SLICE_EVENTS at a time, pausing
+        COUNT_PAUSE_S between slices so that the other tasks run.
 
         After a restart the first count reads the topic's whole history back
         (`Topic.count_delivered`: about 14 s per million events); counted in one
@@ -778,7 +779,7 @@ class Node:
                     self.mark_damaged(topic_id, exc.what)
             if not behind:
                 return
-            await trio.sleep(0)
+            await trio.sleep(COUNT_PAUSE_S)
 
     def status(self) -> dict[str, Any]:
         """What `megnode status` prints (docs/control.md lists the fields); every list bounded.

@@ -26,9 +26,14 @@ from node.replica.replica import Received, Replica
 from node.state.roles import Role
 
 SUBSCRIBE_BATCH = 256  # deliveries read from the store per wake-up
-# Delivered events counted per slice by `Topic.count_delivered` (~14 us each: read
-# back from the store): ~30 ms of the event loop, then other tasks run.
-COUNT_SLICE_EVENTS = 2_048
+# Delivered events counted per slice by `Node.count_deliveries` (6-14 us each: read
+# back from the store), at most ~15 ms of the event loop; then the count pauses
+# COUNT_PAUSE_S, not just a checkpoint: a frame passes three tasks between the
+# socket and the committer, one scheduling round each, so with bare checkpoints a
+# catch-up page waited out the whole count (the bench's status polls: 45 ms, at
+# slices of 2,048).
+COUNT_SLICE_EVENTS = 1_024
+COUNT_PAUSE_S = 0.001
 MAX_REJECT_REASONS_SHOWN = 32  # rejection reasons listed by status, the most frequent first
 JOIN_RETRY_MS = 1_000  # membership pursuit: at most one join attempt per topic this often
 # `publish` right after `join` waits (at most this long) for what it needs instead of
