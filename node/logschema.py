@@ -192,7 +192,7 @@ _REQUIRED: Final = {t: COMMON_REQUIRED + fields for t, fields in REQUIRED_BY_TYP
 
 def required_fields(record_type: str) -> tuple[str, ...]:
     """Every field a record of `record_type` must carry (see also `required_one_of`)."""
-    return COMMON_REQUIRED + REQUIRED_BY_TYPE[record_type]
+    return _REQUIRED[record_type]
 
 
 def required_one_of(record_type: str) -> tuple[tuple[str, ...], ...]:
@@ -247,17 +247,11 @@ def validate_record(obj: object) -> str | None:
         spec = _SPEC_BY_NAME.get(name)
         if spec is None or value is None:
             continue  # unknown keys are ignored; null equals absent
-        if spec.kind == "int":  # `_json_type_ok` and `_value_ok`, inline
-            if type(value) is not int or not -MAX_INT64 - 1 <= value <= MAX_INT64:
-                return WRONG_TYPE
-            bad_value = bad_value or value < 0
-        elif not isinstance(value, str):
+        if not _json_type_ok(spec, value):
             return WRONG_TYPE
-        elif not bad_value:
-            bad_value = _HEX_ID_RE.fullmatch(value) is None if spec.kind == "hex" \
-                else not _value_ok(spec, value)
+        bad_value = bad_value or not _value_ok(spec, value)
     record_type = obj["type"]
-    if any(obj.get(name) is None for name in _REQUIRED[record_type]):
+    if any(obj.get(name) is None for name in required_fields(record_type)):
         return MISSING_FIELD
     if any(all(obj.get(name) is None for name in group) for group in required_one_of(record_type)):
         return MISSING_FIELD

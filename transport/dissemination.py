@@ -176,6 +176,12 @@ class _TopicTimers:
     depletion: DepletionTimer = field(default_factory=DepletionTimer)
 
 
+def _held_here(graph: Graph) -> Callable[[bytes], bool]:
+    """Is an id one the tree need not fetch: applied, buffered, or refused here before?"""
+    return lambda event_id: (graph.has(event_id) or graph.is_buffered(event_id)
+                             or graph.rejected_reason(event_id) is not None)
+
+
 def _author_and_dummy(event: Event | None) -> tuple[bytes, bool] | None:
     """What coordinated depletion needs of an extremity (transport.depletion)."""
     return None if event is None else (event.author, event.kind == KIND_DUMMY)
@@ -940,8 +946,7 @@ class Disseminator(Intake, AntiEntropy, JoinHandshake):
             self.stats["tree_fetches_deferred"] += 1
             asks: dict[PeerId, list[bytes]] = {}
         else:
-            asks = tree.due(now_ms, lambda i: graph.has(i) or graph.is_buffered(i)
-                            or graph.rejected_reason(i) is not None)
+            asks = tree.due(now_ms, _held_here(graph))
         # Late, not lost, while the parent link is live (`TopicTree.broken`): fetched,
         # no link changes. Broken above us: the announcer with the most of them is our
         # parent from now on (a graft tells it), the others are asked by a want.
@@ -1086,9 +1091,7 @@ class Disseminator(Intake, AntiEntropy, JoinHandshake):
             return []
         graph = replica.graph
         self._witness(peer, replica.topic_id, message.ids)
-        if tree.announced(peer, message.ids, now_ms,
-                          lambda i: graph.has(i) or graph.is_buffered(i)
-                          or graph.rejected_reason(i) is not None):
+        if tree.announced(peer, message.ids, now_ms, _held_here(graph)):
             # It holds events we lack: a catch-up may ask it for pages (`_page_peer`).
             # On the tree a resumed node hears this from its lazy links, which offer
             # to it no more often than any peer (a 50k catch-up asked one peer only).
