@@ -397,25 +397,23 @@ class Topic:
         """Count what subscribers were handed since the last count, at most `limit`
         delivery positions of it (None: all); True once the count is up to date.
 
-        Counted on what `Replica.deliveries` hands to a causal subscriber, so an
-        event the graph keeps but rejected never counts. Each event is read back
-        from the store: after a restart the first count goes over the topic's
-        whole history (14 s per million events), so a caller on the event loop
-        counts in slices (`Node.count_deliveries`) rather than all at once.
+        Counted as `Replica.deliveries` hands events to a causal subscriber
+        (`Replica.count_delivered`), so an event the graph keeps but rejected never
+        counts. What was applied since the node started costs nothing to count
+        (the replica noted each verdict); older events are read back from the
+        store: after a restart the first count goes over the topic's whole history
+        (14 s per million events), so a caller on the event loop counts in slices
+        (`Node.count_deliveries`) rather than all at once.
         """
-        graph = self.replica.graph
-        end = graph.delivered_count if limit is None \
-            else min(graph.delivered_count, self._counted_to + limit)
+        replica = self.replica
+        end = replica.graph.delivered_count if limit is None \
+            else min(replica.graph.delivered_count, self._counted_to + limit)
         while self._counted_to < end:
-            page = self.replica.deliveries(self._counted_to, limit=SUBSCRIBE_BATCH * 4)
-            kept = [(position, event) for position, event in page if position < end]
-            self._delivered += len(kept)
-            self._acks += sum(1 for _, event in kept if event.kind == KIND_ACK)
-            # A full page of positions before `end` stops at its last event; otherwise
-            # the scan went past `end` (or reached the last delivery).
-            self._counted_to = page[-1][0] + 1 \
-                if len(page) == SUBSCRIBE_BATCH * 4 and len(kept) == len(page) else end
-        return self._counted_to >= graph.delivered_count
+            counted = replica.count_delivered(self._counted_to, end)
+            self._delivered += counted.delivered
+            self._acks += counted.acks
+            self._counted_to = counted.end
+        return self._counted_to >= replica.graph.delivered_count
 
     def _count_delivered(self) -> tuple[int, int]:
         """(events delivered to subscribers, empty acknowledgements among them), up to date."""

@@ -87,7 +87,10 @@ from node.replica.cache_budget import CacheSizes
 from node.replica.history_access import HistoryAccess
 from node.replica.joining import Joining
 from node.replica.order_views import ORDER_CAUSAL, ORDER_CONFIRMED, ORDER_TENTATIVE, OrderStatus
-from node.replica.ordering import TopicOrder
+from node.replica.delivery_verdicts import (
+    ACK, COUNT_READ_BACK_PAGE, VISIBLE, DeliveryCount, DeliveryVerdicts,
+)
+from node.replica.ordering import KIND_ACK, TopicOrder
 from node.replica.read_access import ReadAccess
 from node.replica.state_ops import StateOperations
 from node.replica.types import (
@@ -174,8 +177,11 @@ class Replica(StateOperations, Authoring, ReadAccess, HistoryAccess, Joining):
         # events never become vertices (`_gate`, docs/state.md "Rejected events").
         self._refused: list[tuple[bytes, str]] = []
         self.graph.set_gate(self._gate)
+        # What `deliveries` hands out at each position applied from now on (`count_delivered`).
+        self.delivery_verdicts = DeliveryVerdicts()
         self.graph.on_discard(self._forget_state_caches)
         self.graph.on_discard(self._forget_order)
+        self.graph.on_discard(self.delivery_verdicts.clear)  # the positions are reused
         if config.caches != self._caches:
             self.resize_caches(config.caches)
 
@@ -355,11 +361,39 @@ class Replica(StateOperations, Authoring, ReadAccess, HistoryAccess, Joining):
         end = self.graph.delivered_count
         while position < end and len(out) < limit:
             page = self.graph.deliveries(position, limit)
-            out += [(p, e) for p, e in page if not e.withheld
-                    and not self.tracker.is_rejected(e.id)
-                    and not self.soft_fails.is_soft_failed(e.id)]
+            out += [(p, e) for p, e in page if self._handed_out(e)]
             position = page[-1][0] + 1
         return out[:limit]
+
+    def _handed_out(self, event: Event) -> bool:
+        """Does `deliveries` hand this applied event to subscribers? (authorizing only)"""
+        return (not event.withheld and not self.tracker.is_rejected(event.id)
+                and not self.soft_fails.is_soft_failed(event.id))
+
+    def count_delivered(self, start: int, end: int) -> DeliveryCount:
+        """How many of the events at delivery positions [start, end) `deliveries` hands
+        out, and how many of those are acknowledgements: counted over [start, stop) for
+        some stop <= end, at most `COUNT_READ_BACK_PAGE` positions read back at a time.
+
+        Positions applied since this replica was made are counted from the verdicts
+        noted when they were applied (`DeliveryVerdicts`: O(1) an event); older ones
+        are read back from the store and judged again (6-14 us an event).
+        """
+        end = min(end, self.graph.delivered_count)
+        if start >= end:
+            return DeliveryCount(start, start, 0, 0)
+        verdicts = self.delivery_verdicts
+        noted = verdicts.count(start, end)
+        if noted is not None:
+            return noted
+        stop = min(end, start + COUNT_READ_BACK_PAGE)
+        if start < verdicts.start < stop and verdicts.end > verdicts.start:
+            stop = verdicts.start  # the rest is noted
+        page = self.graph.deliveries(start, stop - start)
+        if self.authorizing:
+            page = [(p, e) for p, e in page if self._handed_out(e)]
+        return DeliveryCount(start, stop, len(page),
+                             sum(1 for _, e in page if e.kind == KIND_ACK))
 
     def _current_state(self) -> Mapping[StateKey, bytes]:
         tracker = self.tracker
@@ -422,6 +456,10 @@ class Replica(StateOperations, Authoring, ReadAccess, HistoryAccess, Joining):
         if not failed:
             return received
         self.counters["soft_failed"] += len(failed)
+        first = self.graph.delivered_count - len(received.applied)
+        at = {event.id: first + i for i, event in enumerate(received.applied)}
+        for event_id, _ in failed:
+            self.delivery_verdicts.hide(at[event_id])  # applied, not handed out
         for _, reason in failed:
             self.counters[f"soft_failed.{reason}"] += 1
         return Received(
@@ -462,6 +500,7 @@ class Replica(StateOperations, Authoring, ReadAccess, HistoryAccess, Joining):
         if refused:
             self.counters["unauthorized"] += len(refused)  # `rejected.<reason>` counted above
         order: OrderUpdate | None = None
+        judged_late: tuple[tuple[bytes, str], ...] = ()
         authorizing = self._authorizing  # the property's cached answer: this runs per event
         if authorizing is None:
             authorizing = self.authorizing
@@ -481,6 +520,8 @@ class Replica(StateOperations, Authoring, ReadAccess, HistoryAccess, Joining):
             self.counters["unauthorized"] += len(judged_late)
             unauthorized = refused + judged_late
             order = self._order_applied(result.applied)
+        if result.applied:
+            self._note_verdicts(result.applied, authorizing, judged_late)
         # Positional (in field order): keywords cost a third of building it, once per event.
         return Received(
             result.status, result.event_id, result.reason, result.applied, result.missing,
@@ -488,6 +529,18 @@ class Replica(StateOperations, Authoring, ReadAccess, HistoryAccess, Joining):
             tuple((r.event_id, r.reason) for r in result.rejected) if result.rejected else (),
             unauthorized, order,
         )
+
+    def _note_verdicts(self, applied: tuple[Event, ...], authorizing: bool,
+                       judged_late: tuple[tuple[bytes, str], ...]) -> None:
+        """Note what `deliveries` will hand out at the positions just applied (the last
+        len(applied) ones): every event, or with authorization only those neither
+        withheld nor rejected (a soft fail is noted by `_soft_fail`)."""
+        late = {event_id for event_id, _ in judged_late}
+        flags = bytearray(len(applied))
+        for at, event in enumerate(applied):
+            if not authorizing or not (event.withheld or late and event.id in late):
+                flags[at] = VISIBLE | ACK if event.kind == KIND_ACK else VISIBLE
+        self.delivery_verdicts.note(self.graph.delivered_count - len(applied), flags)
 
     def _note_state_changes(self, applied: tuple[Event, ...],
                             unauthorized: tuple[tuple[bytes, str], ...]) -> None:
