@@ -20,14 +20,16 @@ import trio
 
 from node.core.event import KIND_DUMMY, MAX_PAYLOAD_BYTES, Event
 from node.errors import Banned, JoinTimeout, NodeError, PayloadTooLarge, TopicLeft
+from node.replica.delivery_verdicts import COUNT_READ_BACK_PAGE
 from node.replica.order_views import ORDER_CAUSAL, ORDER_CONFIRMED, ORDERS, Rewind
 from node.replica.ordering import KIND_ACK
 from node.replica.replica import Received, Replica
 from node.state.roles import Role
 
 SUBSCRIBE_BATCH = 256  # deliveries read from the store per wake-up
-# Delivered events counted per slice by `Node.count_deliveries` (6-14 us each: read
-# back from the store), at most ~15 ms of the event loop; then the count pauses
+# Delivered events read back per slice by `Node.count_deliveries` (6-14 us each: the
+# history from before the node started; later ones are counted from the replica's
+# notes at no cost), at most ~15 ms of the event loop; then the count pauses
 # COUNT_PAUSE_S, not just a checkpoint: a frame passes three tasks between the
 # socket and the committer, one scheduling round each, so with bare checkpoints a
 # catch-up page waited out the whole count (the bench's status polls: 45 ms, at
@@ -394,8 +396,9 @@ class Topic:
                 position = pos + 1
 
     def count_delivered(self, limit: int | None = None) -> bool:
-        """Count what subscribers were handed since the last count, at most `limit`
-        delivery positions of it (None: all); True once the count is up to date.
+        """Count what subscribers were handed since the last count, reading at most about
+        `limit` events back from the store (None: no bound); True once the count is up
+        to date.
 
         Counted as `Replica.deliveries` hands events to a causal subscriber
         (`Replica.count_delivered`), so an event the graph keeps but rejected never
@@ -406,12 +409,16 @@ class Topic:
         (`Node.count_deliveries`) rather than all at once.
         """
         replica = self.replica
-        end = replica.graph.delivered_count if limit is None \
-            else min(replica.graph.delivered_count, self._counted_to + limit)
-        while self._counted_to < end:
-            counted = replica.count_delivered(self._counted_to, end)
+        read_back = 0
+        while self._counted_to < replica.graph.delivered_count and (
+                limit is None or read_back < limit):
+            counted = replica.count_delivered(
+                self._counted_to, replica.graph.delivered_count,
+                COUNT_READ_BACK_PAGE if limit is None else min(COUNT_READ_BACK_PAGE, limit - read_back))
             self._delivered += counted.delivered
             self._acks += counted.acks
+            if counted.read_back:
+                read_back += counted.end - counted.start
             self._counted_to = counted.end
         return self._counted_to >= replica.graph.delivered_count
 

@@ -36,12 +36,13 @@ ACK = 2  # an empty acknowledgement (counted among the delivered as `acks` too)
 @dataclass(frozen=True, slots=True)
 class DeliveryCount:
     """Counted over delivery positions [start, end): events handed to subscribers,
-    and the acknowledgements among them."""
+    and the acknowledgements among them; `read_back`: from the store, not the notes."""
 
     start: int
     end: int
     delivered: int
     acks: int
+    read_back: bool = False
 
 
 class DeliveryVerdicts:

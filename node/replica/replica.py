@@ -231,6 +231,7 @@ class Replica(StateOperations, Authoring, ReadAccess, HistoryAccess, Joining):
         replica = cls(store, create.id, identity, config)
         result = replica.graph.add(create)
         assert result.status is AddStatus.APPLIED, result
+        replica._note_verdicts(result.applied, False, ())  # the root: handed out
         if authorization:
             replica.tracker.apply(result.applied)
             if config.soft_fail:
@@ -370,10 +371,11 @@ class Replica(StateOperations, Authoring, ReadAccess, HistoryAccess, Joining):
         return (not event.withheld and not self.tracker.is_rejected(event.id)
                 and not self.soft_fails.is_soft_failed(event.id))
 
-    def count_delivered(self, start: int, end: int) -> DeliveryCount:
+    def count_delivered(self, start: int, end: int,
+                        read_back_at_most: int = COUNT_READ_BACK_PAGE) -> DeliveryCount:
         """How many of the events at delivery positions [start, end) `deliveries` hands
         out, and how many of those are acknowledgements: counted over [start, stop) for
-        some stop <= end, at most `COUNT_READ_BACK_PAGE` positions read back at a time.
+        some stop <= end, reading at most `read_back_at_most` (>= 1) positions back.
 
         Positions applied since this replica was made are counted from the verdicts
         noted when they were applied (`DeliveryVerdicts`: O(1) an event); older ones
@@ -386,14 +388,14 @@ class Replica(StateOperations, Authoring, ReadAccess, HistoryAccess, Joining):
         noted = verdicts.count(start, end)
         if noted is not None:
             return noted
-        stop = min(end, start + COUNT_READ_BACK_PAGE)
+        stop = min(end, start + max(1, read_back_at_most))
         if start < verdicts.start < stop and verdicts.end > verdicts.start:
             stop = verdicts.start  # the rest is noted
         page = self.graph.deliveries(start, stop - start)
         if self.authorizing:
             page = [(p, e) for p, e in page if self._handed_out(e)]
         return DeliveryCount(start, stop, len(page),
-                             sum(1 for _, e in page if e.kind == KIND_ACK))
+                             sum(1 for _, e in page if e.kind == KIND_ACK), read_back=True)
 
     def _current_state(self) -> Mapping[StateKey, bytes]:
         tracker = self.tracker
