@@ -117,6 +117,9 @@ def phases(scenario: Scenario, path: str, count: int) -> list[dict[str, Any]]:
         out.append({"events": events,
                     "event_bytes": round(sum(sizes) / max(1, len(sizes)), 1)} | {
             key: round((totals.get(key, 0) - before.get(key, 0)) / per, 3) for key in PHASE_KEYS})
+        # Progress for long runs (1000 nodes: tens of minutes a phase); the JSON is on stdout.
+        print(f"fast_paths: {path}, phase {len(out)} of {count}: {json.dumps(out[-1])}",
+              file=sys.stderr, flush=True)
     return out
 
 
