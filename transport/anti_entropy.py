@@ -179,11 +179,6 @@ class AntiEntropy:
         self._ahead: dict[bytes, OrderedDict[PeerId, int]] = {}
         # topic -> the heads we will hold once every page received is applied.
         self._frontier: dict[bytes, tuple[bytes, ...]] = {}
-        # topic -> (peer, page): the stream's latest page arrived while `PAGES_AHEAD`
-        # pages waited to be applied, so its next page was not asked for then; it is
-        # as soon as one of them is applied (`_ask_deferred`), not after that page's
-        # own step (then every page in flight was applied: a round trip idle).
-        self._deferred: dict[bytes, tuple[PeerId, Reply]] = {}
         self._turn = 0  # round robin over a catch-up's peers (`_page_peer`)
 
     def _forget_topic(self, topic: bytes) -> None:
@@ -198,13 +193,10 @@ class AntiEntropy:
         self._expecting.pop(topic, None)
         self._ahead.pop(topic, None)
         self._frontier.pop(topic, None)
-        self._deferred.pop(topic, None)
 
     def _forget_peer(self, peer: PeerId) -> None:
         for key in [k for k in self._sessions if k[0] == peer]:
             del self._sessions[key]
-        for topic in [t for t, (p, _) in self._deferred.items() if p == peer]:
-            del self._deferred[topic]
         self._heard_ms.pop(peer, None)
         self._answer_ms.pop(peer, None)
         for topic in [t for t, (p, _) in self._expecting.items() if p == peer]:
@@ -323,7 +315,6 @@ class AntiEntropy:
             self._sessions.clear()
             self._expecting.clear()
             self._frontier.clear()
-            self._deferred.clear()
         elif away > self.config.session_timeout_ms // 2:
             self.stats["absences"] += 1
             for session in self._sessions.values():
@@ -402,23 +393,15 @@ class AntiEntropy:
         if session.xid == message.xid and session.waiting:
             self._note_answer_time(peer, now_ms - session.active_ms)
         session.active_ms = max(session.active_ms, now_ms)
-        return self._ask_ahead(peer, message, now_ms)
-
-    def _ask_ahead(self, peer: PeerId, message: Reply, now_ms: int) -> list[Effect]:
-        """`prefetch`'s decision and offer for a page that arrived (or arrived earlier
-        and was deferred: `_ask_deferred`)."""
-        session = self._sessions.get((peer, message.topic))
-        if session is None or session.xid != message.xid or not message.more \
-                or message.truncated or not message.events or not session.streaming \
-                or session.offer is None:
+        if session.xid != message.xid or not message.more or message.truncated \
+                or not message.events or not session.streaming or session.offer is None \
+                or len(session.queued) >= PAGES_AHEAD:
             return []
         replica = self._replicas.get(message.topic)
         topic = message.topic
-        if replica is None or not self._trusted(peer, replica):
-            return []
-        if len(session.queued) >= PAGES_AHEAD or sum(
-                len(s.queued) for s in self._sessions.values() if s.topic == topic) >= PAGES_AHEAD:
-            self._deferred[topic] = (peer, message)  # asked once a page in the queue is applied
+        if replica is None or sum(len(s.queued) for s in self._sessions.values()
+                                  if s.topic == topic) >= PAGES_AHEAD \
+                or not self._trusted(peer, replica):
             return []
         frontier = _advance(self._frontier.get(topic) or tuple(replica.graph.extremities()),
                             message.events)
@@ -449,19 +432,6 @@ class AntiEntropy:
         self.stats["offers_sent"] += 1
         self.stats["offers_ahead"] += 1
         return self._clean([self._send(target, ask.offer)])
-
-    def _ask_deferred(self, topic: bytes, now_ms: int) -> list[Effect]:
-        """A page of the queue was applied: ask ahead for the page deferred meanwhile.
-
-        (A page of a peer that serves faster than we verify found the queue full;
-        left to its own step, its next page was asked for only once every page in
-        flight was applied, and the node waited a round trip and the peer's
-        answer, 30-45 ms on the bench machine, several times in a 50k catch-up.)
-        """
-        deferred = self._deferred.pop(topic, None)
-        if deferred is None:
-            return []
-        return self._ask_ahead(deferred[0], deferred[1], now_ms)
 
     def _note_ahead(self, topic: bytes, peer: PeerId, now_ms: int) -> None:
         """`peer` holds events we lack on `topic` (it streams them, or offered heads we lack)."""
@@ -710,11 +680,7 @@ class AntiEntropy:
                 self._advance_since(peer, replica, reply)
             else:
                 self._fruitless(key, session)
-            out += self._ask_deferred(replica.topic_id, now_ms)
             return out
-        deferred = self._deferred.get(replica.topic_id)
-        if deferred is not None and deferred[1].xid == reply.xid and deferred[0] == peer:
-            del self._deferred[replica.topic_id]  # its own step: it offers below, as always
         if session is None or session.xid != reply.xid:
             self.stats["stale_replies"] += 1  # the events were still worth keeping
             if progressed and (reply.more or not all(graph.has(h) for h in reply.heads)):

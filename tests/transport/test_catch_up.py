@@ -109,40 +109,6 @@ def test_pipelined_catch_up_asks_ahead_and_sends_every_event_once():
     assert a.stats["stale_replies"] == 0
 
 
-def test_a_page_that_found_the_queue_full_is_asked_ahead_once_one_is_applied():
-    # A peer that answers faster than we verify: within one of our steps (a page,
-    # ~150 ms) several round trips (~40 ms) fit, so `PAGES_AHEAD` pages wait in
-    # the queue and the next one to arrive is not asked ahead. Left to its own
-    # step, its successor was asked for only once the queue was empty, and the
-    # node waited a round trip every third page. Now it is asked as soon as a
-    # page of the queue is applied, and the queue never runs dry mid-stream.
-    pair = lagging(6_000, config=BASE_CONFIG)
-    a, b = pair.engines["a"], pair.engines["b"]
-    pending = [e for e in a.sync_with("b", pair.topic, pair.now_ms) if isinstance(e, Send)]
-    queue: list[bytes] = []  # pages arrived at a, not yet through its step
-    # Steps after which a had nothing left to verify while the catch-up went on,
-    # the first page aside (nothing is asked ahead before an answer says `more`).
-    dry = 0
-    for step in range(100):
-        while pending:  # the network and b: every round trip fits in one step of a's
-            offer = pending.pop(0)
-            pair.now_ms += 1
-            for answer in b.on_message("a", offer.data, pair.now_ms):
-                if isinstance(answer, Send) and answer.peer == "a":
-                    pending += [e for e in a.prefetch("b", answer.data, pair.now_ms)
-                                if isinstance(e, Send)]
-                    queue.append(answer.data)
-        if not queue:
-            break
-        pending += [e for e in a.on_message("b", queue.pop(0), pair.now_ms)
-                    if isinstance(e, Send) and e.peer == "b"]
-        a.offers_sent_at(pair.now_ms)
-        dry += step > 0 and not queue and not pair.same()
-    assert pair.same()
-    assert dry == 0  # before: 1 in these 6 pages (the queue ran dry after every third)
-    assert a.stats["duplicates"] == 0  # and still no page crossed twice
-
-
 def test_without_pipelining_the_same_pages_cross():
     pair = lagging(MISSED, config=replace(BASE_CONFIG, pipeline=False))
     figures = catch_up(pair, pipelined=True)  # prefetch is off in the config: a no-op
