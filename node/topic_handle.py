@@ -412,9 +412,9 @@ class Topic:
         read_back = 0
         while self._counted_to < replica.graph.delivered_count and (
                 limit is None or read_back < limit):
-            counted = replica.count_delivered(
-                self._counted_to, replica.graph.delivered_count,
-                COUNT_READ_BACK_PAGE if limit is None else min(COUNT_READ_BACK_PAGE, limit - read_back))
+            page = COUNT_READ_BACK_PAGE if limit is None \
+                else min(COUNT_READ_BACK_PAGE, limit - read_back)
+            counted = replica.count_delivered(self._counted_to, replica.graph.delivered_count, page)
             self._delivered += counted.delivered
             self._acks += counted.acks
             if counted.read_back:

@@ -3,9 +3,9 @@
 `Replica.deliveries` hands subscribers the applied events that are not
 rejected, soft-failed or withheld. Counting them (`status`'s `delivered` and
 `acks`) by reading every event back from the store and asking those three
-questions again cost 6-14 us an event; the bench's status polls, every 0.3 s
-during a catch-up, spent ~45 ms on each and held up the pages arriving
-meanwhile (docs/anti-entropy.md, s24).
+questions again cost 6-14 us an event, with the event loop held: the catch-up
+bench's status polls, every 0.3 s, spent ~45 ms each (docs/anti-entropy.md, s24
+and s25).
 
 The replica knows the three answers when it applies an event: withheld is in
 the event, a late rejection comes from the tracker in the same add
