@@ -47,7 +47,7 @@ import itertools
 import logging
 import random
 from collections import Counter
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -55,9 +55,10 @@ from typing import Any
 import trio
 
 from node.topic_writes import TopicWrites
-from node.committer import CommitError, Committer, Create, Drive, Records, Tick
+from node.committer import Act, CommitError, Committer, Create, Drive, Records, Tick
 from node.config import FastPath, NodeConfig
 from node.control_client import CONTROL_SOCKET
+from node.core.event import Event
 from node.core.identity import Identity
 from node.core.peer_policy import TRANSPORT_FAULTS_BEFORE_BAN, PeerPolicy
 from node.backup import BackupError, finish_backup, prepare_target
@@ -77,6 +78,7 @@ from node.peer_executor import PeerExecutor
 from node.peer_ids import node_id_of, now_ms
 from node.relay_intake import RelayIntake, remote_ip
 from node.replica.cache_budget import CacheBudget
+from node.replica.delivery_count import DeliveryCount
 from node.replica.ordering import OrderConfig
 from node.replica.replica import Replica, ReplicaConfig
 from node.state.types import HISTORY_SETTINGS, HISTORY_SHARED, RULE_INVITE, RULE_PUBLIC, Membership
@@ -761,14 +763,17 @@ class Node:
 
     async def count_deliveries(self) -> None:
         """Bring every topic's count of delivered events (status's `delivered`, `acks`) up
-        to date without holding up the node: COUNT_SLICE_EVENTS at a time, pausing
-        COUNT_PAUSE_S between slices so that the other tasks run.
+        to date without holding up the node.
 
-        After a restart the first count reads the topic's whole history back
-        (`Topic.count_delivered`: about 14 s per million events); counted in one
+        Each replica keeps its count as it applies events (`Replica.handed_count`):
+        nothing to do. A topic stored by an older build has none: its history is
+        read back (`Topic.count_delivered`, about 14 s per million events; in one
         go by a status call, that held the event loop, and so every peer, for as
-        long. The control socket counts this way before answering; an embedding
-        application may await it before its first `status`.
+        long), COUNT_SLICE_EVENTS at a time with a pause of COUNT_PAUSE_S between
+        slices so that the other tasks run, and the result is handed to the
+        replica in a step (`Replica.adopt_count`), which keeps it from then on. The
+        control socket counts this way before answering; an embedding application
+        may await it before its first `status`.
         """
         while True:
             behind = False
@@ -778,8 +783,17 @@ class Node:
                 except DamagedTopicError as exc:  # as `status` does: listed as damaged
                     self.mark_damaged(topic_id, exc.what)
             if not behind:
-                return
+                break
             await trio.sleep(COUNT_PAUSE_S)
+        for topic_id, topic in sorted(self._topics.items()):
+            counted = topic.counted()
+            if counted is None:
+                continue
+            try:
+                await self.committer.submit(Act(_adopting(topic.replica, counted)))
+            except Exception as exc:  # counted again at the next status: nothing lost
+                logger.warning("keeping the delivered count of topic %s failed: %s",
+                               topic_id.hex(), exc)
 
     def status(self) -> dict[str, Any]:
         """What `megnode status` prints (docs/control.md lists the fields); every list bounded.
@@ -833,4 +847,9 @@ class Node:
                           for left_ms, peer in live[:MAX_BANS_SHOWN]]}
 
 
-
+def _adopting(replica: Replica, counted: DeliveryCount) -> Callable[[int], list[tuple[bytes, Event]]]:
+    """An `Act` that hands `counted` (a topic's history read back) to its replica."""
+    def run(now_ms: int) -> list[tuple[bytes, Event]]:
+        replica.adopt_count(counted)
+        return []  # nothing authored
+    return run

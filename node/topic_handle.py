@@ -20,7 +20,7 @@ import trio
 
 from node.core.event import KIND_DUMMY, MAX_PAYLOAD_BYTES, Event
 from node.errors import Banned, JoinTimeout, NodeError, PayloadTooLarge, TopicLeft
-from node.replica.delivery_verdicts import COUNT_READ_BACK_PAGE
+from node.replica.delivery_count import COUNT_READ_BACK_PAGE, DeliveryCount
 from node.replica.order_views import ORDER_CAUSAL, ORDER_CONFIRMED, ORDERS, Rewind
 from node.replica.ordering import KIND_ACK
 from node.replica.replica import Received, Replica
@@ -396,19 +396,21 @@ class Topic:
                 position = pos + 1
 
     def count_delivered(self, limit: int | None = None) -> bool:
-        """Count what subscribers were handed since the last count, reading at most about
-        `limit` events back from the store (None: no bound); True once the count is up
-        to date.
+        """Bring the count of what subscribers were handed up to date, reading at most
+        about `limit` events back from the store (None: no bound); True once it is.
 
-        Counted as `Replica.deliveries` hands events to a causal subscriber
-        (`Replica.count_delivered`), so an event the graph keeps but rejected never
-        counts. What was applied since the node started costs nothing to count
-        (the replica noted each verdict); older events are read back from the
-        store: after a restart the first count goes over the topic's whole history
-        (14 s per million events), so a caller on the event loop counts in slices
-        (`Node.count_deliveries`) rather than all at once.
+        The replica keeps the count as it applies events (`Replica.handed_count`,
+        node.replica.delivery_count): reading it costs nothing. A topic stored by a
+        build from before that has none: its events are read back and judged as
+        `Replica.deliveries` judges them, once, from where the last call stopped
+        (about 14 s per million events, so a caller on the event loop counts in
+        slices: `Node.count_deliveries`, which then hands the count to the replica).
         """
         replica = self.replica
+        kept = replica.handed_count
+        if kept is not None:
+            self._counted_to, self._delivered, self._acks = kept.end, kept.delivered, kept.acks
+            return True
         read_back = 0
         while self._counted_to < replica.graph.delivered_count and (
                 limit is None or read_back < limit):
@@ -417,10 +419,16 @@ class Topic:
             counted = replica.count_delivered(self._counted_to, replica.graph.delivered_count, page)
             self._delivered += counted.delivered
             self._acks += counted.acks
-            if counted.read_back:
-                read_back += counted.end - counted.start
+            read_back += counted.end - counted.start
             self._counted_to = counted.end
         return self._counted_to >= replica.graph.delivered_count
+
+    def counted(self) -> DeliveryCount | None:
+        """What the last `count_delivered` read back, if the replica keeps no count yet
+        (to hand it over: `Replica.adopt_count`)."""
+        if self.replica.handed_count is not None:
+            return None
+        return DeliveryCount(0, self._counted_to, self._delivered, self._acks)
 
     def _count_delivered(self) -> tuple[int, int]:
         """(events delivered to subscribers, empty acknowledgements among them), up to date."""

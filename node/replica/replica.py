@@ -87,9 +87,7 @@ from node.replica.cache_budget import CacheSizes
 from node.replica.history_access import HistoryAccess
 from node.replica.joining import Joining
 from node.replica.order_views import ORDER_CAUSAL, ORDER_CONFIRMED, ORDER_TENTATIVE, OrderStatus
-from node.replica.delivery_verdicts import (
-    ACK, COUNT_READ_BACK_PAGE, VISIBLE, DeliveryCount, DeliveryVerdicts,
-)
+from node.replica.delivery_count import COUNT_READ_BACK_PAGE, DeliveryCount, HandedCount
 from node.replica.ordering import KIND_ACK, TopicOrder
 from node.replica.read_access import ReadAccess
 from node.replica.state_ops import StateOperations
@@ -177,11 +175,11 @@ class Replica(StateOperations, Authoring, ReadAccess, HistoryAccess, Joining):
         # events never become vertices (`_gate`, docs/state.md "Rejected events").
         self._refused: list[tuple[bytes, str]] = []
         self.graph.set_gate(self._gate)
-        # What `deliveries` hands out at each position applied from now on (`count_delivered`).
-        self.delivery_verdicts = DeliveryVerdicts()
+        # How many applied events `deliveries` hands out, stored with them (`handed_count`).
+        self._handed = HandedCount(self.graph.table(TABLE_STATE))
         self.graph.on_discard(self._forget_state_caches)
         self.graph.on_discard(self._forget_order)
-        self.graph.on_discard(self.delivery_verdicts.clear)  # the positions are reused
+        self.graph.on_discard(self._handed.forget)
         if config.caches != self._caches:
             self.resize_caches(config.caches)
 
@@ -371,31 +369,41 @@ class Replica(StateOperations, Authoring, ReadAccess, HistoryAccess, Joining):
         return (not event.withheld and not self.tracker.is_rejected(event.id)
                 and not self.soft_fails.is_soft_failed(event.id))
 
+    @property
+    def handed_count(self) -> DeliveryCount | None:
+        """How many applied events `deliveries` hands out (and acks among them), over
+        delivery positions [0, end): kept as events are applied and committed with
+        them (node.replica.delivery_count). None for a topic stored before the count
+        was kept, until `adopt_count`."""
+        return self._handed.value
+
     def count_delivered(self, start: int, end: int,
                         read_back_at_most: int = COUNT_READ_BACK_PAGE) -> DeliveryCount:
-        """How many of the events at delivery positions [start, end) `deliveries` hands
-        out, and how many of those are acknowledgements: counted over [start, stop) for
-        some stop <= end, reading at most `read_back_at_most` (>= 1) positions back.
-
-        Positions applied since this replica was made are counted from the verdicts
-        noted when they were applied (`DeliveryVerdicts`: O(1) an event); older ones
-        are read back from the store and judged again (6-14 us an event).
-        """
+        """Read back what `deliveries` hands out at delivery positions [start, stop), for
+        some stop <= end with at most `read_back_at_most` (>= 1) positions: how many,
+        and how many of them are acknowledgements (7-14 us an event: for a topic
+        without `handed_count`)."""
         end = min(end, self.graph.delivered_count)
         if start >= end:
             return DeliveryCount(start, start, 0, 0)
-        verdicts = self.delivery_verdicts
-        noted = verdicts.count(start, end)
-        if noted is not None:
-            return noted
         stop = min(end, start + max(1, read_back_at_most))
-        if start < verdicts.start < stop and verdicts.end > verdicts.start:
-            stop = verdicts.start  # the rest is noted
         page = self.graph.deliveries(start, stop - start)
         if self.authorizing:
             page = [(p, e) for p, e in page if self._handed_out(e)]
-        return DeliveryCount(start, stop, len(page),
-                             sum(1 for _, e in page if e.kind == KIND_ACK), read_back=True)
+        return DeliveryCount(start, stop, len(page), sum(1 for _, e in page if e.kind == KIND_ACK))
+
+    def adopt_count(self, counted: DeliveryCount) -> DeliveryCount:
+        """Store `counted` (positions [0, end) read back) as this topic's `handed_count`,
+        with what was applied since counted too; inside a step (the committer's), so
+        it commits with the events it counts. A topic that has one keeps it."""
+        if self._handed.value is not None:
+            return self._handed.value
+        delivered, acks, position = counted.delivered, counted.acks, counted.end
+        while position < self.graph.delivered_count:
+            more = self.count_delivered(position, self.graph.delivered_count)
+            delivered, acks, position = delivered + more.delivered, acks + more.acks, more.end
+        self._handed.set(DeliveryCount(0, position, delivered, acks))
+        return self._handed.value  # type: ignore[return-value]
 
     def _current_state(self) -> Mapping[StateKey, bytes]:
         tracker = self.tracker
@@ -459,9 +467,10 @@ class Replica(StateOperations, Authoring, ReadAccess, HistoryAccess, Joining):
             return received
         self.counters["soft_failed"] += len(failed)
         first = self.graph.delivered_count - len(received.applied)
-        at = {event.id: first + i for i, event in enumerate(received.applied)}
+        at = {event.id: (first + i, event.kind == KIND_ACK)
+              for i, event in enumerate(received.applied)}
         for event_id, _ in failed:
-            self.delivery_verdicts.hide(at[event_id])  # applied, not handed out
+            self._handed.hide(*at[event_id])  # applied, counted, not handed out
         for _, reason in failed:
             self.counters[f"soft_failed.{reason}"] += 1
         return Received(
@@ -534,15 +543,16 @@ class Replica(StateOperations, Authoring, ReadAccess, HistoryAccess, Joining):
 
     def _note_verdicts(self, applied: tuple[Event, ...], authorizing: bool,
                        judged_late: tuple[tuple[bytes, str], ...]) -> None:
-        """Note what `deliveries` will hand out at the positions just applied (the last
-        len(applied) ones): every event, or with authorization only those neither
-        withheld nor rejected (a soft fail is noted by `_soft_fail`)."""
-        late = {event_id for event_id, _ in judged_late}
-        flags = bytearray(len(applied))
-        for at, event in enumerate(applied):
-            if not authorizing or not (event.withheld or late and event.id in late):
-                flags[at] = VISIBLE | ACK if event.kind == KIND_ACK else VISIBLE
-        self.delivery_verdicts.note(self.graph.delivered_count - len(applied), flags)
+        """Count what `deliveries` will hand out of the events just applied (the last
+        len(applied) positions): every one, or with authorization those neither
+        withheld nor rejected (a soft fail is taken off by `_soft_fail`)."""
+        if authorizing:
+            late = {event_id for event_id, _ in judged_late}
+            handed = [e for e in applied if not (e.withheld or late and e.id in late)]
+        else:
+            handed = list(applied)
+        self._handed.extend(self.graph.delivered_count - len(applied), len(applied),
+                            len(handed), sum(1 for e in handed if e.kind == KIND_ACK))
 
     def _note_state_changes(self, applied: tuple[Event, ...],
                             unauthorized: tuple[tuple[bytes, str], ...]) -> None:

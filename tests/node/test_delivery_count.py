@@ -1,11 +1,12 @@
-"""Counting what subscribers were handed (`status`'s `delivered` and `acks`) from the
-verdicts the replica noted when it applied each event, instead of reading every
-event back (`node.replica.delivery_verdicts`).
+"""The count of what subscribers are handed (`status`'s `delivered` and `acks`), kept by
+the replica as it applies events and stored with them (`node.replica.delivery_count`),
+instead of reading every event back.
 
-What must hold: the count from the notes is the count of what `Replica.deliveries`
-hands out, in worlds where events are withheld (history), soft-failed (a banned
-writer), acknowledged and restarted from the store, and after a step's writes
-were discarded.
+What must hold: the kept count is the count of what `Replica.deliveries` hands
+out, in worlds where events are withheld (history), soft-failed (a banned
+writer), acknowledged, and a node crashes and restarts from its store; after a
+step's writes were discarded; and for a topic stored before the count was kept,
+once its history was read back and adopted.
 """
 
 from __future__ import annotations
@@ -16,9 +17,12 @@ from dataclasses import replace
 import pytest
 
 from node.core.identity import Identity
-from node.replica.delivery_verdicts import ACK, VISIBLE, DeliveryVerdicts
+from node.core.store import TABLE_STATE
+from node.core.topic_table import TopicTable
+from node.core.pending import PendingWrites
+from node.replica.delivery_count import HANDED_KEY, DeliveryCount, HandedCount
 from node.replica.ordering import KIND_ACK
-from node.replica.replica import Replica
+from node.replica.replica import Replica, ReplicaConfig
 from storage.memory import MemoryStore
 from transport.sim import Cluster, Scenario
 
@@ -28,51 +32,56 @@ LATE = Scenario(seed=11, nodes=20, outsiders=5, invite=True, history="joined", l
                 rounds=10, writers=3, loss=0.05, partition_at_ms=500, heal_at_ms=2_000)
 
 
-def counted(replica: Replica, seed: int = 0) -> tuple[int, int]:
-    """(delivered, acks) by `count_delivered`, over ranges of random lengths."""
-    rng = random.Random(seed)
-    position = delivered = acks = 0
-    while position < replica.graph.delivered_count:
-        count = replica.count_delivered(position, position + rng.randint(1, 700))
-        assert count.start == position < count.end
-        delivered, acks, position = delivered + count.delivered, acks + count.acks, count.end
-    return delivered, acks
-
-
 def handed_out(replica: Replica) -> tuple[int, int]:
     """(delivered, acks) of what `deliveries` hands out, read back from the store."""
     events = [e for _, e in replica.deliveries(0, limit=replica.graph.delivered_count + 1)]
     return len(events), sum(e.kind == KIND_ACK for e in events)
 
 
-# ------------------------------------------------------------------ the notes
+def kept(replica: Replica) -> tuple[int, int]:
+    count = replica.handed_count
+    if count is None and replica.graph.delivered_count == 0:
+        return 0, 0  # nothing applied yet (an outsider): no record either
+    assert count is not None and count.end == replica.graph.delivered_count
+    return count.delivered, count.acks
 
 
-def test_the_notes_count_visible_positions_and_acks_among_them() -> None:
-    notes = DeliveryVerdicts()
-    assert notes.count(0, 10) is None  # nothing noted: read back
-    notes.note(5, bytes([VISIBLE, VISIBLE | ACK, 0, ACK, VISIBLE]))
-    assert notes.count(4, 10) is None  # position 4 was not noted
-    count = notes.count(5, 100)
-    assert (count.start, count.end, count.delivered, count.acks) == (5, 10, 3, 1)
-    notes.hide(6)  # soft-failed after all
-    notes.hide(99)  # not noted: nothing to hide
-    count = notes.count(6, 8)
-    assert (count.end, count.delivered, count.acks) == (8, 0, 0)
-    notes.note(10, bytes([VISIBLE]))  # continues the run
-    assert (notes.start, notes.end) == (5, 11)
-    notes.note(20, bytes([VISIBLE]))  # a gap: the new run replaces the old
-    assert (notes.start, notes.end) == (20, 21) and notes.count(5, 10) is None
-    notes.clear()
-    assert notes.count(20, 21) is None
+def read_back(replica: Replica, seed: int = 0) -> DeliveryCount:
+    """`count_delivered` over the whole history, in ranges of random lengths."""
+    rng = random.Random(seed)
+    position = delivered = acks = 0
+    while position < replica.graph.delivered_count:
+        count = replica.count_delivered(position, replica.graph.delivered_count,
+                                        rng.randint(1, 700))
+        assert count.start == position < count.end
+        delivered, acks, position = delivered + count.delivered, acks + count.acks, count.end
+    return DeliveryCount(0, position, delivered, acks)
 
 
-def test_the_notes_keep_the_newest_positions_within_their_bound() -> None:
-    notes = DeliveryVerdicts(kept=100)
-    for start in range(0, 1_000, 7):
-        notes.note(start, bytes([VISIBLE]) * 7)
-    assert notes.end == 1_001 and 100 <= notes.end - notes.start <= 125
-    assert notes.count(notes.start, notes.end).delivered == notes.end - notes.start
+# ------------------------------------------------------------------ the record
+
+
+def test_the_record_counts_runs_from_the_first_position_and_takes_soft_fails_off() -> None:
+    store = MemoryStore()
+    table = TopicTable(PendingWrites(store), TABLE_STATE, bytes(32))
+    count = HandedCount(table)
+    assert count.value is None
+    count.extend(3, 2, 2, 0)  # not from position 0: an older store's topic, left out
+    assert count.value is None
+    count.extend(0, 5, 4, 1)  # a topic's first events start it
+    count.extend(7, 1, 1, 0)  # positions 5 and 6 were never counted: left out
+    count.extend(5, 3, 3, 1)
+    assert count.value == DeliveryCount(0, 8, 7, 2)
+    count.hide(6, True)  # soft-failed after all
+    count.hide(8, True)  # not counted yet: nothing to take off
+    assert count.value == DeliveryCount(0, 8, 6, 1)
+    count.forget()  # read again from the (pending) record
+    assert count.value == DeliveryCount(0, 8, 6, 1)
+    table.put(HANDED_KEY, b"junk")
+    count.forget()
+    assert count.value is None  # a record not ours to trust: counted again
+    with pytest.raises(ValueError):
+        count.set(DeliveryCount(2, 8, 6, 1))
 
 
 # ------------------------------------------------------- against deliveries()
@@ -80,37 +89,60 @@ def test_the_notes_keep_the_newest_positions_within_their_bound() -> None:
 
 @pytest.mark.parametrize("scenario", [BANNED, replace(BANNED, seed=1), LATE],
                          ids=["banned-0", "banned-1", "history-11"])
-def test_the_count_is_what_subscribers_are_handed_in_seeded_worlds(scenario: Scenario) -> None:
+def test_the_kept_count_is_what_subscribers_are_handed_in_seeded_worlds(
+        scenario: Scenario) -> None:
     cluster = Cluster.from_scenario(scenario)
     assert cluster.run().converged
     hidden = 0  # applied but not handed out: withheld or soft-failed
     for node in cluster.nodes:
         replica = node.replica
-        notes = replica.delivery_verdicts
-        # Noted from its create event, or, for the world's crashed node, from its
-        # restart on: what came before is read back.
-        assert notes.end == replica.graph.delivered_count
-        assert notes.start == 0 or scenario.crashes and notes.start < notes.end
-        assert counted(replica, node.index) == handed_out(replica)
+        assert kept(replica) == handed_out(replica)  # the crashed node's too: it was stored
+        count = read_back(replica, node.index)
+        assert (count.delivered, count.acks) == handed_out(replica)
         hidden += replica.graph.delivered_count - handed_out(replica)[0]
     assert hidden > 0  # the worlds had events to leave out
     assert any(handed_out(node.replica)[1] for node in cluster.nodes)  # and acks
 
 
-def test_the_count_holds_after_pending_writes_are_discarded() -> None:
+def test_discarded_writes_take_their_counts_with_them() -> None:
     store = MemoryStore()
     rng = random.Random(3)
-    replica = Replica.create_topic(store, Identity.from_seed(bytes(32)), now_ms=0, authorization=True)
+    replica = Replica.create_topic(store, Identity.from_seed(bytes(32)), now_ms=0,
+                                   authorization=True)
     for n in range(20):
         replica.publish(b"kept %d" % n, now_ms=n, rng=rng)
     replica.commit()
+    committed = replica.handed_count
     for n in range(10):
         replica.publish(b"lost %d" % n, now_ms=100 + n, rng=rng)
-    replica.graph.discard_pending()  # a failed commit: these positions are reused
-    assert replica.delivery_verdicts.count(21, 40) is None
+    replica.graph.discard_pending()  # a failed commit
+    assert replica.handed_count == committed
     for n in range(5):
         replica.publish(b"again %d" % n, now_ms=200 + n, rng=rng)
     replica.commit()
-    assert counted(replica) == handed_out(replica)
+    assert kept(replica) == handed_out(replica)
     assert handed_out(replica)[0] == replica.graph.delivered_count  # all handed out here
-    assert replica.delivery_verdicts.count(replica.graph.delivered_count - 5, 10**6) is not None
+
+
+def test_a_topic_stored_before_the_count_was_kept_adopts_its_history_read_back() -> None:
+    store = MemoryStore()
+    rng = random.Random(4)
+    identity = Identity.from_seed(bytes(32))
+    replica = Replica.create_topic(store, identity, now_ms=0, authorization=True)
+    for n in range(30):
+        replica.publish(b"old %d" % n, now_ms=n, rng=rng)
+    replica.graph.table(TABLE_STATE).delete(HANDED_KEY)  # as an older build stored it
+    replica.commit()
+    older = Replica(store, replica.topic_id, identity, ReplicaConfig(authorization=True))
+    assert older.handed_count is None
+    counted = read_back(older)
+    for n in range(7):  # applied between the count and the step that adopts it
+        older.publish(b"new %d" % n, now_ms=100 + n, rng=rng)
+    assert older.handed_count is None  # not counted: the record is missing
+    assert older.adopt_count(counted) == DeliveryCount(0, older.graph.delivered_count,
+                                                       *handed_out(older))
+    older.publish(b"later", now_ms=200, rng=rng)
+    older.commit()
+    assert kept(older) == handed_out(older)
+    again = Replica(store, replica.topic_id, identity, ReplicaConfig(authorization=True))
+    assert kept(again) == handed_out(again)  # stored
