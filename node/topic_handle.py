@@ -401,16 +401,18 @@ class Topic:
 
         The replica keeps the count as it applies events (`Replica.handed_count`,
         node.replica.delivery_count): reading it costs nothing. A topic stored by a
-        build from before that has none: its events are read back and judged as
-        `Replica.deliveries` judges them, once, from where the last call stopped
-        (about 14 s per million events, so a caller on the event loop counts in
-        slices: `Node.count_deliveries`, which then hands the count to the replica).
+        build from before that has none (or one behind, if such a build ran since):
+        its events are read back and judged as `Replica.deliveries` judges them,
+        once, from where the last call (or the kept count) stopped: about 14 s per
+        million events, so a caller on the event loop counts in slices
+        (`Node.count_deliveries`, which then hands the count to the replica).
         """
         replica = self.replica
         kept = replica.handed_count
-        if kept is not None:
+        if kept is not None and (kept.end == replica.graph.delivered_count
+                                 or self._counted_to < kept.end):
+            # Up to date; or behind (an older build applied events since): on from there.
             self._counted_to, self._delivered, self._acks = kept.end, kept.delivered, kept.acks
-            return True
         read_back = 0
         while self._counted_to < replica.graph.delivered_count and (
                 limit is None or read_back < limit):
@@ -424,9 +426,10 @@ class Topic:
         return self._counted_to >= replica.graph.delivered_count
 
     def counted(self) -> DeliveryCount | None:
-        """What the last `count_delivered` read back, if the replica keeps no count yet
-        (to hand it over: `Replica.adopt_count`)."""
-        if self.replica.handed_count is not None:
+        """What the last `count_delivered` read back, if the replica keeps no count that
+        is up to date (to hand it over: `Replica.adopt_count`)."""
+        kept = self.replica.handed_count
+        if kept is not None and kept.end == self.replica.graph.delivered_count:
             return None
         return DeliveryCount(0, self._counted_to, self._delivered, self._acks)
 

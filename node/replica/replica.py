@@ -374,7 +374,8 @@ class Replica(StateOperations, Authoring, ReadAccess, HistoryAccess, Joining):
         """How many applied events `deliveries` hands out (and acks among them), over
         delivery positions [0, end): kept as events are applied and committed with
         them (node.replica.delivery_count). None for a topic stored before the count
-        was kept, until `adopt_count`."""
+        was kept, until `adopt_count`; behind (`end` < `graph.delivered_count`) if a
+        build that does not keep it applied events since."""
         return self._handed.value
 
     def count_delivered(self, start: int, end: int,
@@ -395,9 +396,10 @@ class Replica(StateOperations, Authoring, ReadAccess, HistoryAccess, Joining):
     def adopt_count(self, counted: DeliveryCount) -> DeliveryCount:
         """Store `counted` (positions [0, end) read back) as this topic's `handed_count`,
         with what was applied since counted too; inside a step (the committer's), so
-        it commits with the events it counts. A topic that has one keeps it."""
-        if self._handed.value is not None:
-            return self._handed.value
+        it commits with the events it counts. A count that is up to date is kept."""
+        kept = self._handed.value
+        if kept is not None and kept.end == self.graph.delivered_count:
+            return kept
         delivered, acks, position = counted.delivered, counted.acks, counted.end
         while position < self.graph.delivered_count:
             more = self.count_delivered(position, self.graph.delivered_count)
@@ -467,10 +469,11 @@ class Replica(StateOperations, Authoring, ReadAccess, HistoryAccess, Joining):
             return received
         self.counters["soft_failed"] += len(failed)
         first = self.graph.delivered_count - len(received.applied)
-        at = {event.id: (first + i, event.kind == KIND_ACK)
-              for i, event in enumerate(received.applied)}
+        counted = {event.id: (first + i, event.kind == KIND_ACK)  # withheld: not counted
+                   for i, event in enumerate(received.applied) if not event.withheld}
         for event_id, _ in failed:
-            self._handed.hide(*at[event_id])  # applied, counted, not handed out
+            if event_id in counted:
+                self._handed.hide(*counted[event_id])  # applied, counted, not handed out
         for _, reason in failed:
             self.counters[f"soft_failed.{reason}"] += 1
         return Received(

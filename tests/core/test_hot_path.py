@@ -27,6 +27,7 @@ from node.core.event import (
 from node.core.fastinit import fast_init
 from node.core.add_result import AddResult
 from node.core.outcomes import AddStatus, RejectReason, Rejection
+from node.replica.delivery_count import HANDED_KEY
 from node.replica.replica import Received, Replica, ReplicaConfig
 from storage.memory import MemoryStore
 from node.core.store import TABLE_STATE
@@ -170,4 +171,6 @@ def test_a_pure_meg_replica_never_builds_topic_state():
                               seq=n + 1, kind=KIND_MESSAGE).raw, NOW_MS)
     replica.commit()
     assert replica._tracker is None and not replica.authorizing
-    assert list(store.scan(TABLE_STATE, b"")) == []
+    # No state record: only the count of what subscribers are handed (every event here).
+    assert [k for k, _ in store.scan(TABLE_STATE, b"")] == [origin.topic_id + HANDED_KEY]
+    assert replica.handed_count.delivered == replica.graph.delivered_count

@@ -205,7 +205,8 @@ def test_a_chain_writes_one_extremity_per_commit_not_one_per_event():
     # the committed root leaves (a delete), the last event stays (a put): nothing else
     ops = replica.commit()
     assert store.commits == before + 1
-    assert ops == len(events) * 4 + 2 + 1  # per event: record, id, child, author; +2; counter
+    # per event: record, id, child, author; +2; the delivered counter; the handed-out count
+    assert ops == len(events) * 4 + 2 + 1 + 1
     assert [k for k, _ in store.scan(TABLE_EXTREMITIES, origin.topic_id)] == \
         [origin.topic_id + events[-1].id]
     assert replica.graph.extremities() == [events[-1].id]

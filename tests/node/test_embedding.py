@@ -23,7 +23,9 @@ import node as megnode
 from node.committer import commit_writes, writes_of
 from node.core.event import MAX_PAYLOAD_BYTES
 from node.core.identity import Identity
+from node.core.store import TABLE_STATE, Delete
 from node.data_dir import open_data_dir
+from node.replica.delivery_count import HANDED_KEY
 from node.replica.replica import Replica, ReplicaConfig
 from node.state.types import RULE_INVITE, RULE_PUBLIC
 from node.topic_records import topic_record
@@ -125,23 +127,29 @@ async def test_oversized_state_content_is_a_plain_refusal(tmp_path: Path) -> Non
         await topic.set_state("app.config", "", {"unit": "C"})  # the topic carries on
 
 
-async def test_counting_a_long_history_for_status_never_holds_up_the_node(
+async def test_a_history_stored_without_its_count_is_counted_without_holding_up_the_node(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """After a restart `status` counts the topic's whole history (each event read
-    back from the store: ~14 s per million events). Counted in one go, that held
-    the event loop, and every peer with it, as long. `count_deliveries` (which the
-    control socket runs before answering) counts in slices: other tasks run
-    between them, and the count is the one a full count gives."""
+    """A topic stored by a build that kept no delivered count (`Replica.handed_count`) is
+    counted once by reading its history back (~14 s per million events). Counted in
+    one go, that held the event loop, and every peer with it, as long.
+    `count_deliveries` (which the control socket runs before answering) counts in
+    slices, other tasks running between them, gives the count a full count gives, and
+    hands it to the replica, which keeps it: after the next restart nothing is read."""
     data_dir = tmp_path / "n"
     async with megnode.Node.open(data_dir, listen=LOOPBACK, seed=11) as node:
         topic = await node.create_topic("history")
         for chunk in range(6):
             await topic.publish_many([b"reading %d %d" % (chunk, n) for n in range(500)])
         topic_id = topic.topic_id
+    _, store = open_data_dir(data_dir)  # as an older build left it: no count
+    try:
+        commit_writes(store, writes_of([Delete(TABLE_STATE, topic_id + HANDED_KEY)]))
+    finally:
+        store.close()
     monkeypatch.setattr("node.runtime.COUNT_SLICE_EVENTS", 100)
     async with megnode.Node.open(data_dir, listen=LOOPBACK, seed=11) as node:
         handle = node.topic(topic_id)
-        assert handle._counted_to == 0  # nothing counted since the start
+        assert handle.replica.handed_count is None and handle._counted_to == 0
         rounds = 0
         counting = True
 
@@ -159,21 +167,32 @@ async def test_counting_a_long_history_for_status_never_holds_up_the_node(
         # 3,000 messages and the topic's own events, 100 a slice: ~30 slices.
         assert rounds >= 25
         (counted,) = [t for t in node.status()["topics"] if t["topic"] == handle.id_hex]
-        handle._counted_to = handle._delivered = handle._acks = 0  # a full count, in one go
-        (full,) = [t for t in node.status()["topics"] if t["topic"] == handle.id_hex]
-        assert counted["delivered"] == full["delivered"] >= 3_000
-        assert counted["acks"] == full["acks"]
+        kept = handle.replica.handed_count  # adopted in a step
+        assert kept is not None and kept.end == handle.replica.graph.delivered_count
+        full = handle.replica.deliveries(0, limit=10_000)  # what subscribers are handed
+        assert counted["delivered"] == kept.delivered == len(full) >= 3_000
+        assert counted["acks"] == kept.acks == sum(e.kind == "ack" for _, e in full)
+    async with megnode.Node.open(data_dir, listen=LOOPBACK, seed=11) as node:
+        handle = node.topic(topic_id)
+        assert handle.count_delivered(limit=1)  # up to date, nothing read back
+        (again,) = [t for t in node.status()["topics"] if t["topic"] == handle.id_hex]
+        assert (again["delivered"], again["acks"]) == (counted["delivered"], counted["acks"])
 
 
-async def test_what_was_applied_since_the_start_is_counted_without_reading_it_back(
-        tmp_path: Path) -> None:
-    """Events applied since the node started are counted from the verdicts the replica
-    noted as it applied them (`node.replica.delivery_verdicts`), so a status call on a
-    busy node costs nothing per event: no slice of the count reads anything back."""
-    async with megnode.Node.open(tmp_path / "n", listen=LOOPBACK, seed=12) as node:
+async def test_a_status_call_reads_the_kept_count_even_after_a_restart(tmp_path: Path) -> None:
+    """The replica keeps the count as it applies events and stores it with them
+    (node.replica.delivery_count): a status call reads nothing back, on a busy node
+    or one just restarted over a long history."""
+    data_dir = tmp_path / "n"
+    async with megnode.Node.open(data_dir, listen=LOOPBACK, seed=12) as node:
         topic = await node.create_topic("live")
         await topic.publish_many([b"reading %d" % n for n in range(2_000)])
         handle = node.topic(topic.topic_id)
         assert handle.count_delivered(limit=1)  # up to date after reading back nothing
         (status,) = [t for t in node.status()["topics"] if t["topic"] == handle.id_hex]
         assert status["delivered"] == handle.replica.graph.delivered_count >= 2_000
+    async with megnode.Node.open(data_dir, listen=LOOPBACK, seed=12) as node:
+        handle = node.topic(topic.topic_id)
+        assert handle.count_delivered(limit=1)
+        (after,) = [t for t in node.status()["topics"] if t["topic"] == handle.id_hex]
+        assert after["delivered"] == status["delivered"]
