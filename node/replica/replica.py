@@ -376,7 +376,10 @@ class Replica(StateOperations, Authoring, ReadAccess, HistoryAccess, Joining):
         them (node.replica.delivery_count). None for a topic stored before the count
         was kept, until `adopt_count`; behind (`end` < `graph.delivered_count`) if a
         build that does not keep it applied events since."""
-        return self._handed.value
+        kept = self._handed.value
+        if kept is not None and kept.end > self.graph.delivered_count:
+            return None  # a record no store write leaves (it commits with the events): damaged
+        return kept
 
     def count_delivered(self, start: int, end: int,
                         read_back_at_most: int = COUNT_READ_BACK_PAGE) -> DeliveryCount:
