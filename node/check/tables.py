@@ -49,6 +49,7 @@ import msgpack
 from node.check.report import Damage, Finding, TopicReport
 from node.core.event import ID_BYTES, EventFormatError, decode_event
 from node.core.graph_commit import META_DELIVERED
+from node.replica.delivery_count import HANDED_KEY
 from node.core.identity import verify_signature
 from node.core.order.clock import LANE_STRIDE
 from node.core.store import (
@@ -292,10 +293,28 @@ def walk_state(topic: _Topic) -> None:
         if len(rest) != 1 + U64 + ST_CHUNK_INDEX_BYTES or _u64(rest[1:1 + U64]) not in groups:
             topic.add(Damage.INDEX_DANGLING, TABLE_STATE, rest, "a chunk of no state group")
     _walk_state_events(topic, exists)
+    _walk_handed_count(topic)
     for rest, value in topic.scan(TABLE_STATE, ST_MEMO):
         if len(value) != U64 or not exists(_u64(value)):
             topic.add(Damage.GROUP_MISSING, TABLE_STATE, rest,
                       f"resolution memo names state group {_u64(value[:U64])}, missing")
+
+
+def _walk_handed_count(topic: _Topic) -> None:
+    """The replica's count of what subscribers are handed (node.replica.delivery_count):
+    three 8-byte numbers, over positions the graph holds, counting no more than them.
+    (The node counts again what it cannot trust: a finding, not a loss.)"""
+    value = topic.get(TABLE_STATE, HANDED_KEY)
+    if value is None:
+        return  # stored before the count was kept: counted once by reading back
+    if len(value) != 3 * U64:
+        topic.add(Damage.BAD_RECORD, TABLE_STATE, HANDED_KEY, "not three 8-byte numbers")
+        return
+    end, handed, acks = (_u64(value[i:i + U64]) for i in range(0, 3 * U64, U64))
+    delivered = _u64(topic.get(TABLE_META, META_DELIVERED))
+    if end > delivered or handed > end or acks > handed:
+        topic.add(Damage.COUNTER_MISMATCH, TABLE_STATE, HANDED_KEY,
+                  f"{handed} handed out ({acks} acks) of {end} positions, {delivered} delivered")
 
 
 def _walk_state_events(topic: _Topic, exists: Callable[[int], bool]) -> None:

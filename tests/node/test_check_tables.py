@@ -201,6 +201,11 @@ DAMAGES = {
     "node position record lost": (_delete(TABLE_ORDER, b"l", 2),
                                   Damage.ORDER_MISMATCH, TABLE_ORDER),
     "proxy garbled": (_garble(TABLE_ORDER, b"p", b"abc"), Damage.BAD_RECORD, TABLE_ORDER),
+    "delivered count garbled": (_garble(TABLE_STATE, b"H", b"abc"),
+                                Damage.BAD_RECORD, TABLE_STATE),
+    "delivered count beyond the events": (
+        _garble(TABLE_STATE, b"H", b"".join(n.to_bytes(8, "big") for n in (10**6, 5, 1))),
+        Damage.COUNTER_MISMATCH, TABLE_STATE),
 }
 
 
