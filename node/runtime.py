@@ -798,8 +798,8 @@ class Node:
     def status(self) -> dict[str, Any]:
         """What `megnode status` prints (docs/control.md lists the fields); every list bounded.
 
-        Synchronous: a topic whose deliveries were not counted since the node
-        started is counted here in one go (`count_deliveries` does it in slices)."""
+        Synchronous: a topic stored without a kept delivered count (an older
+        build's) is counted here in one go (`count_deliveries` does it in slices)."""
         topics = self._topic_statuses()
         rejected: Counter[str] = Counter()
         for topic in topics:

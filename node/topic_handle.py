@@ -28,8 +28,8 @@ from node.state.roles import Role
 
 SUBSCRIBE_BATCH = 256  # deliveries read from the store per wake-up
 # Delivered events read back per slice by `Node.count_deliveries` (6-14 us each: the
-# history from before the node started; later ones are counted from the replica's
-# notes at no cost), at most ~15 ms of the event loop; then the count pauses
+# history of a topic stored without a kept count; a kept one is read at no cost,
+# `Replica.handed_count`), at most ~15 ms of the event loop; then the count pauses
 # COUNT_PAUSE_S, not just a checkpoint: a frame passes three tasks between the
 # socket and the committer, one scheduling round each, so with bare checkpoints a
 # catch-up page waited out the whole count (the bench's status polls: 45 ms, at
@@ -409,8 +409,7 @@ class Topic:
         """
         replica = self.replica
         kept = replica.handed_count
-        if kept is not None and (kept.end == replica.graph.delivered_count
-                                 or self._counted_to < kept.end):
+        if kept is not None and (replica.keeps_count or self._counted_to < kept.end):
             # Up to date; or behind (an older build applied events since): on from there.
             self._counted_to, self._delivered, self._acks = kept.end, kept.delivered, kept.acks
         read_back = 0
@@ -428,8 +427,7 @@ class Topic:
     def counted(self) -> DeliveryCount | None:
         """What the last `count_delivered` read back, if the replica keeps no count that
         is up to date (to hand it over: `Replica.adopt_count`)."""
-        kept = self.replica.handed_count
-        if kept is not None and kept.end == self.replica.graph.delivered_count:
+        if self.replica.keeps_count:
             return None
         return DeliveryCount(0, self._counted_to, self._delivered, self._acks)
 

@@ -229,7 +229,7 @@ class Replica(StateOperations, Authoring, ReadAccess, HistoryAccess, Joining):
         replica = cls(store, create.id, identity, config)
         result = replica.graph.add(create)
         assert result.status is AddStatus.APPLIED, result
-        replica._note_verdicts(result.applied, False, ())  # the root: handed out
+        replica._count_handed(result.applied, False, ())  # the root: handed out
         if authorization:
             replica.tracker.apply(result.applied)
             if config.soft_fail:
@@ -381,6 +381,12 @@ class Replica(StateOperations, Authoring, ReadAccess, HistoryAccess, Joining):
             return None  # a record no store write leaves (it commits with the events): damaged
         return kept
 
+    @property
+    def keeps_count(self) -> bool:
+        """Does `handed_count` cover every applied event? (False: read back, adopt.)"""
+        kept = self._handed.value
+        return kept is not None and kept.end == self.graph.delivered_count
+
     def count_delivered(self, start: int, end: int,
                         read_back_at_most: int = COUNT_READ_BACK_PAGE) -> DeliveryCount:
         """Read back what `deliveries` hands out at delivery positions [start, stop), for
@@ -400,14 +406,11 @@ class Replica(StateOperations, Authoring, ReadAccess, HistoryAccess, Joining):
         """Store `counted` (positions [0, end) read back) as this topic's `handed_count`,
         with what was applied since counted too; inside a step (the committer's), so
         it commits with the events it counts. A count that is up to date is kept."""
-        kept = self._handed.value
-        if kept is not None and kept.end == self.graph.delivered_count:
-            return kept
-        delivered, acks, position = counted.delivered, counted.acks, counted.end
-        while position < self.graph.delivered_count:
-            more = self.count_delivered(position, self.graph.delivered_count)
-            delivered, acks, position = delivered + more.delivered, acks + more.acks, more.end
-        self._handed.set(DeliveryCount(0, position, delivered, acks))
+        if not self.keeps_count:
+            end = self.graph.delivered_count
+            since = self.count_delivered(counted.end, end, end - counted.end)
+            self._handed.set(DeliveryCount(0, max(end, counted.end), counted.delivered
+                                           + since.delivered, counted.acks + since.acks))
         return self._handed.value  # type: ignore[return-value]
 
     def _current_state(self) -> Mapping[StateKey, bytes]:
@@ -538,7 +541,7 @@ class Replica(StateOperations, Authoring, ReadAccess, HistoryAccess, Joining):
             unauthorized = refused + judged_late
             order = self._order_applied(result.applied)
         if result.applied:
-            self._note_verdicts(result.applied, authorizing, judged_late)
+            self._count_handed(result.applied, authorizing, judged_late)
         # Positional (in field order): keywords cost a third of building it, once per event.
         return Received(
             result.status, result.event_id, result.reason, result.applied, result.missing,
@@ -547,8 +550,8 @@ class Replica(StateOperations, Authoring, ReadAccess, HistoryAccess, Joining):
             unauthorized, order,
         )
 
-    def _note_verdicts(self, applied: tuple[Event, ...], authorizing: bool,
-                       judged_late: tuple[tuple[bytes, str], ...]) -> None:
+    def _count_handed(self, applied: tuple[Event, ...], authorizing: bool,
+                      judged_late: tuple[tuple[bytes, str], ...]) -> None:
         """Count what `deliveries` will hand out of the events just applied (the last
         len(applied) positions): every one, or with authorization those neither
         withheld nor rejected (a soft fail is taken off by `_soft_fail`)."""

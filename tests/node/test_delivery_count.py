@@ -58,6 +58,26 @@ def read_back(replica: Replica, seed: int = 0) -> DeliveryCount:
     return DeliveryCount(0, position, delivered, acks)
 
 
+IDENTITY = Identity.from_seed(bytes(32))
+
+
+def authorized_topic(seed: int) -> tuple[Replica, MemoryStore, random.Random]:
+    """A new authorized topic created here, in a store of its own."""
+    store = MemoryStore()
+    replica = Replica.create_topic(store, IDENTITY, now_ms=0, authorization=True)
+    return replica, store, random.Random(seed)
+
+
+def publish(replica: Replica, rng: random.Random, name: bytes, count: int, at_ms: int) -> None:
+    for n in range(count):
+        replica.publish(b"%s %d" % (name, n), now_ms=at_ms + n, rng=rng)
+
+
+def reopened(store: MemoryStore, replica: Replica) -> Replica:
+    """The topic as a node opening the store again sees it."""
+    return Replica(store, replica.topic_id, IDENTITY, ReplicaConfig(authorization=True))
+
+
 # ------------------------------------------------------------------ the record
 
 
@@ -105,73 +125,56 @@ def test_the_kept_count_is_what_subscribers_are_handed_in_seeded_worlds(
 
 
 def test_discarded_writes_take_their_counts_with_them() -> None:
-    store = MemoryStore()
-    rng = random.Random(3)
-    replica = Replica.create_topic(store, Identity.from_seed(bytes(32)), now_ms=0,
-                                   authorization=True)
-    for n in range(20):
-        replica.publish(b"kept %d" % n, now_ms=n, rng=rng)
+    replica, _, rng = authorized_topic(3)
+    publish(replica, rng, b"kept", 20, 0)
     replica.commit()
     committed = replica.handed_count
-    for n in range(10):
-        replica.publish(b"lost %d" % n, now_ms=100 + n, rng=rng)
+    publish(replica, rng, b"lost", 10, 100)
     replica.graph.discard_pending()  # a failed commit
     assert replica.handed_count == committed
-    for n in range(5):
-        replica.publish(b"again %d" % n, now_ms=200 + n, rng=rng)
+    publish(replica, rng, b"again", 5, 200)
     replica.commit()
     assert kept(replica) == handed_out(replica)
     assert handed_out(replica)[0] == replica.graph.delivered_count  # all handed out here
 
 
 def test_a_topic_stored_before_the_count_was_kept_adopts_its_history_read_back() -> None:
-    store = MemoryStore()
-    rng = random.Random(4)
-    identity = Identity.from_seed(bytes(32))
-    replica = Replica.create_topic(store, identity, now_ms=0, authorization=True)
-    for n in range(30):
-        replica.publish(b"old %d" % n, now_ms=n, rng=rng)
+    replica, store, rng = authorized_topic(4)
+    publish(replica, rng, b"old", 30, 0)
     replica.graph.table(TABLE_STATE).delete(HANDED_KEY)  # as an older build stored it
     replica.commit()
-    older = Replica(store, replica.topic_id, identity, ReplicaConfig(authorization=True))
+    older = reopened(store, replica)
     assert older.handed_count is None
     counted = read_back(older)
-    for n in range(7):  # applied between the count and the step that adopts it
-        older.publish(b"new %d" % n, now_ms=100 + n, rng=rng)
+    publish(older, rng, b"new", 7, 100)  # applied between the count and the step adopting it
     assert older.handed_count is None  # not counted: the record is missing
     assert older.adopt_count(counted) == DeliveryCount(0, older.graph.delivered_count,
                                                        *handed_out(older))
-    older.publish(b"later", now_ms=200, rng=rng)
+    publish(older, rng, b"later", 1, 200)
     older.commit()
     assert kept(older) == handed_out(older)
-    again = Replica(store, replica.topic_id, identity, ReplicaConfig(authorization=True))
-    assert kept(again) == handed_out(again)  # stored
+    assert kept(reopened(store, older)) == handed_out(older)  # stored
 
 
 def test_a_count_left_behind_by_an_older_build_is_caught_up_from_where_it_stopped() -> None:
     # A downgrade and an upgrade again: the older build applied events without
     # counting them, so the record stops short of the delivery positions.
-    store = MemoryStore()
-    rng = random.Random(5)
-    identity = Identity.from_seed(bytes(32))
-    replica = Replica.create_topic(store, identity, now_ms=0, authorization=True)
-    for n in range(10):
-        replica.publish(b"counted %d" % n, now_ms=n, rng=rng)
+    replica, store, rng = authorized_topic(5)
+    publish(replica, rng, b"counted", 10, 0)
     replica.commit()
     record = replica.graph.table(TABLE_STATE).get(HANDED_KEY)
-    for n in range(6):
-        replica.publish(b"uncounted %d" % n, now_ms=50 + n, rng=rng)
+    publish(replica, rng, b"uncounted", 6, 50)
     replica.graph.table(TABLE_STATE).put(HANDED_KEY, record)  # as the older build left it
     replica.commit()
-    upgraded = Replica(store, replica.topic_id, identity, ReplicaConfig(authorization=True))
+    upgraded = reopened(store, replica)
     behind = upgraded.handed_count
     assert behind is not None and behind.end == upgraded.graph.delivered_count - 6
-    upgraded.publish(b"new", now_ms=100, rng=rng)  # not counted on a count left behind
+    publish(upgraded, rng, b"new", 1, 100)  # not counted on a count left behind
     assert upgraded.handed_count == behind
     more = upgraded.count_delivered(behind.end, upgraded.graph.delivered_count)
     assert more.end == upgraded.graph.delivered_count
     caught_up = upgraded.adopt_count(DeliveryCount(0, more.end, behind.delivered + more.delivered,
                                                    behind.acks + more.acks))
     assert (caught_up.delivered, caught_up.acks) == handed_out(upgraded)
-    upgraded.publish(b"later", now_ms=200, rng=rng)
+    publish(upgraded, rng, b"later", 1, 200)
     assert kept(upgraded) == handed_out(upgraded)
