@@ -52,6 +52,11 @@ POLL_INTERVAL_S = 0.1
 STDERR_TAIL_BYTES = 4_000
 MAX_NODES = 64
 MAX_PARALLEL_DIALS = 16  # control-socket `connect` calls in flight while a cluster starts
+# A dial the node gave up on (its own connect timeout) is tried again this many times
+# in all: over a lossy link (the netns tests' netem: 10 % loss, 50 ms) on a loaded
+# machine, a lost SYN or handshake segment waits out TCP's backoff (1 s, 2 s, 4 s...),
+# and one dial in a full `make test` ran past the node's 10 s.
+DIAL_ATTEMPTS = 3
 WATCH_INTERVAL_S = 1.0  # `python -m deploy.cluster`: how often it checks its daemons are alive
 # Signals that stop a running cluster, and what each daemon is sent for them
 # (`megnode run` stops cleanly on SIGTERM and SIGINT only).
@@ -150,11 +155,14 @@ class LocalCluster:
     def dial(self, index: int, address: str) -> str:
         """Have node `index` dial `address` now; the peer id it reached."""
         path = self.nodes[index].data_dir / CONTROL_SOCKET
-        try:
-            return control_call(path, {"op": "connect", "address": address},
-                                timeout_s=CLI_TIMEOUT_S)["peer"]
-        except ControlError as exc:
-            raise ClusterError(f"node {index} cannot dial {address}: {exc}") from None
+        for attempt in range(1, DIAL_ATTEMPTS + 1):
+            try:
+                return control_call(path, {"op": "connect", "address": address},
+                                    timeout_s=CLI_TIMEOUT_S)["peer"]
+            except ControlError as exc:
+                if attempt == DIAL_ATTEMPTS or "timed out" not in str(exc):
+                    raise ClusterError(f"node {index} cannot dial {address}: {exc}") from None
+        raise AssertionError("unreachable")  # (the last attempt returns or raises)
 
     def start_node(self, index: int, bootstrap: list[str] | None = None) -> NodeProcess:
         """(Re)start node `index`, bootstrapping from `bootstrap` (default: the running nodes)."""

@@ -112,3 +112,22 @@ def test_make_sweep_runs_this_world() -> None:
     ns = build_parser().parse_args(argv)
     assert ns.sweep == 200
     assert scenario_from_args(ns) == WORLD
+
+
+def test_the_order_is_settled_only_once_no_written_event_is_unconfirmed() -> None:
+    """`checks.order_settled` reads the unconfirmed tail (`TopicOrder.tentative`). It
+    used to slice it from the confirmed length, past its end once the confirmed prefix
+    was the longer: every world counted as settled as soon as the confirmed prefixes
+    agreed, whatever was left unconfirmed."""
+    from transport.sim.checks import order_settled
+
+    cluster = Cluster(4, 6, authorization=True)
+    cluster.run_until(2_000)  # the joins confirmed: the confirmed prefix outgrows any tail
+    writer = cluster.nodes[1]
+    event, _ = writer.replica.publish(b"late", cluster.now_ms, cluster.rng)
+    cluster._apply(writer, writer.engine.on_publish(cluster.topic, event, cluster.now_ms))
+    assert len(writer.replica.ordering.confirmed) > len(writer.replica.ordering.tentative)
+    assert not order_settled([writer])  # the write is not confirmed yet
+    summary = cluster.run()
+    assert summary.converged and order_settled(cluster.members)
+    assert all(event.id in node.replica.ordering.confirmed for node in cluster.members)

@@ -91,12 +91,17 @@ class BannedWriter:
     `concurrent` were signed before its replica saw the ban confirmed (the
     order may place them on either side of the ban, the same way everywhere),
     `after` once it had (the ban holds a confirmed position below anything
-    signed then, so no correct node may show them in any view).
+    signed then, so no correct node may show them in any view). In a private
+    topic, "saw" is "holds the ban event": it reads no ack after its ban.
     """
 
-    def __init__(self, index: int, ban_round: int) -> None:
+    def __init__(self, index: int, ban_round: int, private: bool = False) -> None:
         self.index = index
         self.ban_round = ban_round
+        # In a private topic the banned member reads nothing once banned, the acks that
+        # confirm its ban included: it knows of its ban once it holds the ban event
+        # (`Disseminator._tell_removed` hands it its own removal).
+        self.private = private
         self.ban_id: bytes | None = None
         self._parents: tuple[bytes, ...] = ()  # its heads when the ban was made
         self._tip: bytes | None = None  # its latest post-ban event
@@ -123,7 +128,8 @@ class BannedWriter:
         self._next_ms = now_ms + BANNED_WRITE_INTERVAL_MS
         order = replica.ordering
         told = order is not None and order.is_confirmed(self.ban_id) or (
-            order is not None and order.is_excluded(self.ban_id))
+            order is not None and order.is_excluded(self.ban_id)) or (
+            self.private and replica.graph.has(self.ban_id))
         made: list[Event] = []
         for _ in range(BANNED_WRITES_PER_ROUND):
             parents = (self._tip,) if self._tip is not None else self._parents

@@ -18,6 +18,11 @@ A private topic (`Scenario.invite`) adds one more: every frame sent to a
 non-member node (`Scenario.outsiders`) is tallied by `Exposure`, and the
 check requires that none carried an event of the topic or named one of its
 event ids, on any path (push, offers, replies, wants, events, templates).
+With a banned writer too, every frame a member sends the banned member once
+its own state holds the ban is tallied the same way: nothing but the ban
+event may be in it. The banned member of a private topic reads nothing once
+banned, so it is not among the members that must converge
+(`World.correct_members`).
 """
 
 from __future__ import annotations
@@ -126,6 +131,7 @@ class World(Protocol):
     late_payloads: dict[int, set[bytes]]  # node index of each late member -> full payloads sent
     adversary: Adversary | None
     banned: BannedWriter | None
+    banned_exposure: Exposure  # what members holding the ban sent a private topic's banned member
     authorization: bool
     created: list[bytes]
     bans: list[tuple[int, str]]
@@ -134,15 +140,24 @@ class World(Protocol):
     @property
     def now_ms(self) -> int: ...
 
+    @property
+    def correct_members(self) -> list[SimNode]: ...
+
     def event_ids(self, index: int) -> set[bytes]: ...
 
     def replay_hint(self) -> str: ...
 
 
+def held_ids(node: SimNode) -> set[bytes]:
+    """The ids of the events `node` applied."""
+    graph = node.replica.graph
+    return {e.id for _, e in graph.deliveries(0, graph.delivered_count)}
+
+
 def converged(cluster: World) -> bool:
     """Identical graphs, nothing buffered, the adversary banned by all it talked to, and
     (authorized) one confirmed order that holds every non-ack event."""
-    nodes = cluster.members
+    nodes = cluster.correct_members
     first = nodes[0].replica.graph
     heads = first.extremities()
     count = first.delivered_count
@@ -169,8 +184,9 @@ def order_settled(nodes: list[SimNode]) -> bool:
     if any(o.confirmed != confirmed for o in orders[1:]):  # type: ignore[union-attr]
         return False
     graph = nodes[0].replica.graph
+    # `tentative` is the unconfirmed tail alone (node.replica.ordering, `TopicOrder`).
     return all(graph.get(i).kind == KIND_ACK
-               for i in orders[0].tentative[len(confirmed):])  # type: ignore[union-attr]
+               for i in orders[0].tentative)  # type: ignore[union-attr]
 
 
 def payloads_carried(data: bytes, topic: bytes) -> set[bytes]:
@@ -239,6 +255,11 @@ def banned_writer_problems(cluster: World) -> list[str]:
                             f"{len(after)} post-ban events in its order")
         if len(problems) >= MAX_PROBLEMS:
             break
+    leaked = cluster.banned_exposure
+    if leaked.events - {banned.ban_id} or leaked.ids - {banned.ban_id}:
+        problems.append(f"members that held the ban sent the banned member "
+                        f"{len(leaked.events - {banned.ban_id})} events and "
+                        f"{len(leaked.ids - {banned.ban_id})} event ids besides its removal")
     return problems
 
 
@@ -248,12 +269,12 @@ def check(cluster: World, converged: bool = True) -> None:
     if not converged:
         problems.append(f"no convergence within {cluster.scenario.liveness_bound_ms} ms "
                         "of healing")
-    nodes = cluster.members
-    sets = [cluster.event_ids(i) for i in range(len(nodes))]
+    nodes = cluster.correct_members
+    sets = [held_ids(node) for node in nodes]
     union = set().union(*sets)
     accepted = union | set(cluster.created)
-    for i, ids in enumerate(sets):
-        graph = nodes[i].replica.graph
+    for node, ids in zip(nodes, sets):
+        i, graph = node.index, node.replica.graph
         if ids != accepted:
             problems.append(f"node {i} lacks {len(accepted - ids)} of {len(accepted)} events")
         if graph.extremities() != nodes[0].replica.graph.extremities():
@@ -276,8 +297,13 @@ def check(cluster: World, converged: bool = True) -> None:
         if talked - banned_by:
             problems.append(f"honest nodes {sorted(talked - banned_by)} never banned "
                             "the misbehaving peer")
+    # Outsiders push events of a topic they are not in (`adversary.outsider_frames`):
+    # members drop them unread, but a node that judges them (a banned member, which
+    # takes frames from anyone: `Disseminator._accepts`) rightly bans their author.
+    outsiders = {node.node_id for node in cluster.nodes if not node.member}
     wrongly = sorted({(node, peer) for node, peer in cluster.bans
-                      if adversary is None or peer != adversary.node_id})
+                      if (adversary is None or peer != adversary.node_id)
+                      and peer not in outsiders})
     if wrongly:
         problems.append(f"honest peers banned: {wrongly[:MAX_PROBLEMS]}")
     for index, seen in sorted(cluster.exposure.items()):

@@ -146,6 +146,7 @@ class LiveView:
     def __init__(self, cluster: FleetCluster) -> None:
         self._cluster = cluster
         self.members = [n for n in cluster.members if n.alive]
+        self.correct_members = [n for n in cluster.correct_members if n.alive]
         live = set().union(*(self.event_ids(i) for i in range(len(self.members))))
         dead: set[bytes] = set()
         for node in cluster.members:

@@ -113,8 +113,9 @@ class Cluster:
         if not 0 <= late < n - 1:
             raise ValueError("late members must be fewer than the members but the creator")
         if banned_writer is not None and (not authorization or n < 2
-                                          or n - 1 < min(indexers, n)):
-            raise ValueError("a banned writer needs authorization and a non-indexer member")
+                                          or n - 1 - late < min(indexers, n)):
+            raise ValueError("a banned writer needs authorization and a non-indexer member "
+                             "invited from the start")
         memo = resolution_memo.SHARED  # (a cache of pure results: no effect on the run)
         memo.max_items = max(memo.max_items, SIM_RESOLUTION_MEMO_ITEMS)
         self.seed = seed
@@ -137,8 +138,13 @@ class Cluster:
         self.invalid_log_records = 0
         self.authorization = authorization
         self.adversary: Adversary | None = None
-        # The member banned at that write round, which keeps writing (BannedWriter).
-        self.banned = None if banned_writer is None else BannedWriter(n - 1, banned_writer)
+        # The member banned at that write round (or the first after it where it has joined),
+        # which keeps writing (BannedWriter): the last member invited from the start.
+        self.banned = None if banned_writer is None else BannedWriter(
+            n - 1 - late, banned_writer, private=invite)
+        # What members that had applied the ban sent the banned member of a private
+        # topic besides its removal (checks.banned_writer_problems: nothing).
+        self.banned_exposure = checks.Exposure()
         # Without authorization: a pure MEG, no topic state or auth rules (the
         # paper's model; the width and push measurements use it). With it: the
         # topic the node creates (public join rule, members write), indexers
@@ -363,6 +369,21 @@ class Cluster:
 
     # ------------------------------------------------------------- what happens on the heap
 
+    def _is_banned_writer(self, index: int) -> bool:
+        return self.banned is not None and self.banned.ban_id is not None \
+            and index == self.banned.index
+
+    def _told_banned(self, src: int, dst: int) -> bool:
+        """Is this a frame to the banned member of a private topic from a member whose state
+        holds its ban, as it sends it? (Such a member may send it its removal and nothing
+        else.)"""
+        banned = self.banned
+        if banned is None or not self.invite or dst != banned.index or banned.ban_id is None \
+                or src >= len(self.nodes) or not self.nodes[src].member:
+            return False
+        key = self.nodes[dst].identity.public_key
+        return self.nodes[src].replica.membership_of(key) is Membership.BAN
+
     def _deliver(self, src: int, dst: int, data: bytes) -> None:
         if self.network.separated(src, dst):
             self.network.dropped += 1
@@ -371,8 +392,11 @@ class Cluster:
             self.network.dropped += 1  # to the adversary (it listens to nobody), or the link closed
             return
         node = self.nodes[dst]
-        if not node.member and src < len(self.nodes) and self.nodes[src].member:
-            self.exposure[dst].note(data, self.topic)  # what members leak (outsiders' junk aside)
+        if not node.member and src < len(self.nodes) and self.nodes[src].member \
+                and not self._is_banned_writer(src):
+            # What members leak (outsiders' junk aside, and the banned writer's: once
+            # banned it is no correct member, and it pushes its writes to every neighbour).
+            self.exposure[dst].note(data, self.topic)
         elif dst in self.late_payloads:
             self.late_payloads[dst] |= checks.payloads_carried(data, self.topic)
         sender = self._peer(src).node_id
@@ -438,7 +462,8 @@ class Cluster:
         self.width_samples.append(
             sum(n.replica.graph.width for n in self.members) / len(self.members))
         banned = self.banned
-        if banned is not None and round_ == banned.ban_round:
+        if banned is not None and banned.ban_id is None and round_ >= banned.ban_round \
+                and self._joined(banned.index):
             self._ban(banned)
         if self.late_payloads and round_ == self.late_round:
             creator = self.nodes[0]
@@ -459,6 +484,22 @@ class Cluster:
             event, _ = node.replica.publish(f"{index}@{self.now_ms}".encode(), self.now_ms, self.rng)
             self.created.append(event.id)
             self._apply(node, node.engine.on_publish(self.topic, event, self.now_ms))
+
+    def _joined(self, index: int) -> bool:
+        """Has member `index` joined, in the creator's state and in its own? (An invitee
+        whose join has not come round yet is not banned: it could not write, nor be told.)"""
+        key = self.nodes[index].identity.public_key
+        return all(node.replica.membership_of(key) is Membership.JOIN
+                   for node in (self.nodes[0], self.nodes[index]))
+
+    @property
+    def correct_members(self) -> list[SimNode]:
+        """The members that must converge: all of them, but the banned writer of a private
+        topic, which reads nothing once banned (its own writes after that go nowhere)."""
+        banned = self.banned
+        if banned is None or not self.invite:
+            return self.members
+        return [node for node in self.members if node.index != banned.index]
 
     def _ban(self, banned: BannedWriter) -> None:
         """The creator bans the banned writer; its heads at that instant are its pre-ban parents."""
@@ -485,7 +526,10 @@ class Cluster:
         node.engine.offers_sent_at(self.now_ms)
         for effect in effects:
             if isinstance(effect, Send):
-                self.network.transmit(node.index, self._index[effect.peer], effect.data)
+                dst = self._index[effect.peer]
+                if self._told_banned(node.index, dst):
+                    self.banned_exposure.note(effect.data, self.topic)
+                self.network.transmit(node.index, dst, effect.data)
             elif isinstance(effect, Log):
                 self._write_log(node, effect.record)
             elif isinstance(effect, Disconnect):
