@@ -24,6 +24,12 @@ yes, at most once per `OrderConfig.ack_interval_ms`, when
   indexer (a lone indexer's rounds advance on its own nodes; after a write
   it acks once or twice until the write is confirmed).
 
+And, whatever the interval, once the indexers' rounds ran STALLED_ROUNDS
+past the last commit, when the next even round is the local identity's to
+lead and some non-ack event is unconfirmed (`_leader_due`): a leader whose
+timer makes it jump its own round leaves the round without an anchor, and
+leaders that all do stall the order.
+
 Acks of acks are never needed: when only acks are unconfirmed, nobody acks,
 so a quiet topic falls silent.
 """
@@ -37,6 +43,10 @@ from node.core.graph import Graph
 from node.core.order import Linearizer, OrderNode
 from node.state.roles import Role
 
+# Rounds the indexers' latest nodes may run ahead of the last committed anchor before a
+# leader acks for its own round whatever the interval (`_leader_due`). A commit comes
+# every 2-4 rounds while anchors commit; a leader skipping its round costs two more.
+STALLED_ROUNDS = 8
 MAX_TIP_WALK = 4_096  # children followed from the own latest event up to an extremity
 
 
@@ -99,10 +109,10 @@ class OrderDuties:
         """
         last = self._last_ack_ms
         if last is not None and now_ms - last < self.config.ack_interval_ms:
-            return False
+            return self._leader_due(me)  # the leader's turn does not wait for the interval
         if self._relay_due() and role() in (Role.INDEXER, Role.WRITER):
             return True
-        return self._vote_due(me)
+        return self._vote_due(me) or self._leader_due(me)
 
     def note_ack(self, now_ms: int) -> None:
         """An acknowledgement was attempted at `now_ms` (starts the rate-limit interval)."""
@@ -113,6 +123,40 @@ class OrderDuties:
             return False
         extremities = set(self._graph.extremities())
         return any(node_id in extremities for node_id in self._aside)
+
+    def _leader_due(self, me: bytes) -> bool:
+        """Is it our turn to lead a stalled order? The indexers' latest nodes are
+        STALLED_ROUNDS past the last commit, our next node would be of an even round
+        we lead (one past the round a quorum of the indexers' latest nodes reached),
+        we have no node of it yet, and some non-ack event is unconfirmed.
+
+        An ack is written on a timer, and a node's round is a fact of its past, so an
+        indexer's next node may jump a round. An even round has an anchor only if its
+        leader has a node of exactly that round. Three indexers acking on their timers
+        fell into a cycle in which every leader jumped exactly the rounds it leads, and
+        the order stopped confirming for good (docs/ordering.md, "A leader that skips
+        its round"). Acking as soon as the round is ours, whatever the interval, gives
+        the round its anchor: at most one ack more per round we lead. Only on a stall:
+        always on, the acks' cadence moved the tree's root (acks are a steady source)
+        and stretched the tree's latency tail in the fixed-writers world.
+        """
+        lin = self._lin
+        indexers = lin.indexers
+        if me not in indexers or len(indexers) < 2:
+            return False
+        rounds = sorted((lin.round_of(self._latest[k][1]) if k in self._latest else -1
+                         for k in indexers), reverse=True)
+        if rounds[0] - lin.committed_round < STALLED_ROUNDS:
+            return False  # anchors commit: the timers' acks do
+        quorum = len(indexers) // 2 + 1
+        upcoming = rounds[quorum - 1] + 1
+        if upcoming % 2 or lin.leader(upcoming) != me:
+            return False
+        own = self._latest.get(me)
+        if own is not None and lin.round_of(own[1]) >= upcoming:
+            return False
+        acks, soft_failed = self._acks, self.soft_failed
+        return any(t not in acks and not soft_failed(t) for t in self._lin_tail)
 
     def _vote_due(self, me: bytes) -> bool:
         lin = self._lin

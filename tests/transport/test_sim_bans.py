@@ -127,14 +127,19 @@ def test_the_check_counts_what_a_member_holding_the_ban_sends_the_banned_member(
         cluster.run()
 
 
-@pytest.mark.xfail(strict=True, reason="the order stops confirming: every even round's "
-                   "leader skips its own round (docs/ordering.md, 'A leader that skips "
-                   "its round'); fix the ack schedule, then drop this mark")
-def test_a_private_topic_s_banned_member_seed_2_converges():
-    """Seed 2 of the world above: the confirmed order stops at 186 events for good.
-    The three indexers' acks fall into a cycle in which each even round's leader
-    jumps over its own round (rounds 42, 43, 45, 46, ... at one indexer, each leader
-    missing exactly the rounds it leads), so no anchor is ever a candidate after
-    round 32, and the acks go on for ever. Found once `order_settled` checked the
-    unconfirmed tail (it had compared a slice past the tail's end)."""
-    Cluster.from_scenario(replace(PRIVATE_BANNED, seed=2, liveness_bound_ms=20_000)).run()
+def test_the_order_goes_on_confirming_when_each_leader_would_skip_its_round():
+    """Regression, seed 2 of the world above: the confirmed order stopped at 186 events
+    for good. The three indexers' acks had fallen into a cycle in which each even
+    round's leader jumped over its own round (rounds 42, 43, 45, 46, ... at one
+    indexer, each leader missing exactly the rounds it leads), so no round after 32
+    had an anchor, and the acks went on for ever. Found once `order_settled` checked
+    the unconfirmed tail (it had sliced it past its end). Once the indexers' rounds
+    run STALLED_ROUNDS past the last commit, a leader now acks as soon as the next
+    round is its own (`OrderDuties._leader_due`), and the order confirms again."""
+    cluster = Cluster.from_scenario(replace(PRIVATE_BANNED, seed=2, liveness_bound_ms=20_000))
+    summary = cluster.run()
+    assert summary.converged
+    for node in cluster.correct_members:
+        order = node.replica.ordering
+        assert all(node.replica.graph.get(i).kind == "ack" for i in order.tentative)
+

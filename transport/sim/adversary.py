@@ -40,6 +40,9 @@ OUTSIDER_PAYLOAD = b"let me in"
 BANNED_WRITES_PER_ROUND = 2  # events the banned writer signs at each of its writes
 BANNED_WRITE_INTERVAL_MS = 200  # how often it writes, from its ban on
 BANNED_WRITES_AFTER = 6  # it stops once this many were signed after its ban took effect
+# ... or, in a private topic, once it signed this many without ever holding its ban: the
+# copies its neighbours hand it may lack parents it can no longer fetch (docs/access.md).
+BANNED_WRITES_UNTOLD = 30
 BANNED_PAYLOAD = b"still here"
 
 
@@ -111,7 +114,8 @@ class BannedWriter:
 
     @property
     def done(self) -> bool:
-        return len(self.after) >= BANNED_WRITES_AFTER
+        return len(self.after) >= BANNED_WRITES_AFTER or (
+            self.private and not self.after and len(self.concurrent) >= BANNED_WRITES_UNTOLD)
 
     def due(self, now_ms: int) -> bool:
         """Time to write again? (From its ban until BANNED_WRITES_AFTER writes after it,

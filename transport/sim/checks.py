@@ -241,7 +241,7 @@ def banned_writer_problems(cluster: World) -> list[str]:
     banned = cluster.banned
     if banned is None:
         return []
-    if banned.ban_id is None or not banned.after:
+    if banned.ban_id is None or not (banned.after or banned.done):
         return ["the banned writer was never banned, or wrote nothing after its ban took effect"]
     after = set(banned.after)
     problems: list[str] = []
