@@ -155,8 +155,12 @@ class OrderDuties:
         own = self._latest.get(me)
         if own is not None and lin.round_of(own[1]) >= upcoming:
             return False
+        return self._votable(self._lin_tail)
+
+    def _votable(self, tail: Sequence[bytes]) -> bool:
+        """Is some event of `tail` one an ack votes for (not an ack, not soft-failed)?"""
         acks, soft_failed = self._acks, self.soft_failed
-        return any(t not in acks and not soft_failed(t) for t in self._lin_tail)
+        return any(t not in acks and not soft_failed(t) for t in tail)
 
     def _vote_due(self, me: bytes) -> bool:
         lin = self._lin
@@ -178,8 +182,7 @@ class OrderDuties:
         # excluded is only final at its confirmed position, so it must get there;
         # except soft-failed ones: local events never reference them, so acks
         # would never catch up with them (an ack every interval for ever).
-        acks = self._acks
-        if not any(t not in acks and not soft_failed(t) for t in tail):
+        if not self._votable(tail):
             return False
         if len(lin.indexers) == 1:
             return True

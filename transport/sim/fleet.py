@@ -158,8 +158,7 @@ class LiveView:
         return getattr(self._cluster, name)
 
     def event_ids(self, index: int) -> set[bytes]:
-        graph = self.members[index].replica.graph
-        return {e.id for _, e in graph.deliveries(0, graph.delivered_count)}
+        return checks.held_ids(self.members[index])
 
 
 class FleetCluster(Cluster):

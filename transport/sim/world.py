@@ -357,8 +357,7 @@ class Cluster:
                 f"rerun the code that built this Cluster with seed={self.seed}")
 
     def event_ids(self, index: int) -> set[bytes]:
-        graph = self.nodes[index].replica.graph
-        return {e.id for _, e in graph.deliveries(0, graph.delivered_count)}
+        return checks.held_ids(self.nodes[index])
 
     def totals(self) -> dict[str, int]:
         """The engines' counters, summed over the nodes."""
@@ -377,8 +376,7 @@ class Cluster:
         """Is this a frame to the banned member of a private topic from a member whose state
         holds its ban, as it sends it? (Such a member may send it its removal and nothing
         else.)"""
-        banned = self.banned
-        if banned is None or not self.invite or dst != banned.index or banned.ban_id is None \
+        if not self.invite or not self._is_banned_writer(dst) \
                 or src >= len(self.nodes) or not self.nodes[src].member:
             return False
         key = self.nodes[dst].identity.public_key
