@@ -118,6 +118,7 @@ from transport.messages import (
     Graft,
     IHave,
     JoinAsk,
+    JoinMissing,
     JoinRefused,
     JoinSubmit,
     JoinTemplate,
@@ -144,7 +145,7 @@ BULK_PUSH_EVENTS: Final = 16
 
 _STAT_KEYS = {kind: (f"messages_sent_{kind.__name__.lower()}", f"bytes_sent_{kind.__name__.lower()}")
               for kind in (Push, Offer, Reply, Want, Events, JoinAsk, JoinTemplate, JoinRefused,
-                           JoinSubmit, IHave, Graft, Prune)}
+                           JoinSubmit, JoinMissing, IHave, Graft, Prune)}
 # Messages that carry a topic's events or event ids: the read filter applies to them.
 _GUARDED = frozenset({Push, Offer, Reply, Want, Events, IHave, Graft})
 _CARRIES_EVENTS = frozenset({Push, Reply, Events})
@@ -410,6 +411,7 @@ class Disseminator(Intake, AntiEntropy, JoinHandshake):
         if due_ms is not None:
             self._discount_absence(due_ms)
         out += self._expire_sessions(now_ms if due_ms is None else min(now_ms, due_ms))
+        self._expire_join_fetches(now_ms)
         for topic in sorted(self._replicas):
             out += self._tick_topic(topic, now_ms, rng)
         return self._clean(out)
@@ -446,19 +448,23 @@ class Disseminator(Intake, AntiEntropy, JoinHandshake):
                 # The peer may serve topics we do not: a fault only beyond its allowance.
                 self.stats["unknown_topic"] += 1
                 return self._clean(self._stray_fault(peer, now_ms, Fault.UNKNOWN_TOPIC))
-            if kind in _GUARDED and not self._accepts(peer, replica):
+            # The answers of a joiner whose join's past we fetch (transport.join_handshake).
+            joining = kind is Events and self._fetching_join_past(message.topic, peer)
+            if kind in _GUARDED and not joining and not self._accepts(peer, replica):
                 # A private topic's message from a peer that may not read it: as if
                 # the topic were unknown here (no answer, nothing ingested). A member
-                # whose join we have not seen yet sends these too: the same allowance.
+                # whose join we have not seen yet sends these too: the same allowance,
+                # and if our state counts it as invited, word that we lack its join.
                 self.stats["not_member_dropped"] += 1
                 return self._clean([self._log("rejected", now_ms, replica.topic_id,
                                               reason=NOT_MEMBER, peer=peer)]
-                                   + self._stray_fault(peer, now_ms, Fault.NOT_MEMBER))
+                                   + self._stray_fault(peer, now_ms, Fault.NOT_MEMBER)
+                                   + self._nudge_joiner(peer, replica, now_ms))
             if accountable and kind in _CARRIES_EVENTS and not self._solicited(peer, message) \
                     and not self.intake_budget.take_events(
                         peer, len(message.events), now_ms):  # type: ignore[union-attr]
                 return self._clean(self._over_budget(peer, now_ms, "events"))
-            handler = self._HANDLERS[kind]
+            handler = JoinHandshake._on_join_past if joining else self._HANDLERS[kind]
             return self._clean(handler(self, peer, replica, message, now_ms))
         finally:
             self._accountable = True
@@ -512,11 +518,8 @@ class Disseminator(Intake, AntiEntropy, JoinHandshake):
                 continue
             peer = self._peer_of_key(event.state_key)
             if peer is not None:
-                data = encode(Push(replica.topic_id, (event.raw,)))
                 self.stats["removals_told"] += 1
-                self.stats["messages_sent"] += 1
-                self.stats["bytes_sent"] += len(data)
-                out.append(Send(peer, data))
+                out.append(self._emit(peer, Push(replica.topic_id, (event.raw,))))
         return out
 
     def _peer_of_key(self, user: str) -> PeerId | None:
@@ -1131,7 +1134,8 @@ class Disseminator(Intake, AntiEntropy, JoinHandshake):
                  IHave: _on_ihave, Graft: _on_graft, Prune: _on_prune,
                  JoinTemplate: JoinHandshake._on_join_template,
                  JoinRefused: JoinHandshake._on_join_refused,
-                 JoinSubmit: JoinHandshake._on_join_submit}
+                 JoinSubmit: JoinHandshake._on_join_submit,
+                 JoinMissing: JoinHandshake._on_join_missing}
 
     # ------------------------------------------------------------- internals: output
 
@@ -1162,6 +1166,11 @@ class Disseminator(Intake, AntiEntropy, JoinHandshake):
                             return None
                         message = replace(message, events=served)
                         data = None
+        return self._emit(peer, message, data)
+
+    def _emit(self, peer: PeerId, message: Message, data: bytes | None = None) -> Send:
+        """A Send of `message`, counted, past the read filter: `_send` after its checks,
+        or a caller that knows the peer may have it (`_tell_removed`, the join handshake)."""
         data = data if data is not None else encode(message)
         stats = self.stats
         messages_key, bytes_key = _STAT_KEYS[type(message)]

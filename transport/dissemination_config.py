@@ -89,6 +89,23 @@ MAX_WITNESSED_STATES: Final = 4_096  # (peer, topic) pairs with witnessed ids
 # the bytes).
 PAGES_AHEAD: Final = 2
 MAX_JOIN_ASKS: Final = 16  # peers one `request_join` asks (transport.join_handshake)
+# A join its sponsor never passed on (transport.join_handshake): a member that refused
+# a frame of a peer it counts as only invited tells it so (`JoinMissing`) at most
+# this often per (topic, peer), and the peer resubmits its join to that member at
+# most this often. Rare (a sponsor banned or gone before passing a join on), cheap
+# (one small frame, one event), and a frame a second would be no faster: the member
+# that takes the join in serves the rest by exchange.
+JOIN_NUDGE_MS: Final = 5_000
+MAX_JOIN_NUDGES: Final = 1_024  # (topic, peer) pairs remembered for that, oldest dropped
+# A resubmitted join whose past the member lacks: it asks the joiner (only it holds
+# that past for sure) for the missing parents, wave after wave, while each wave
+# brings something, for at most this long without progress, in at most this many
+# waves, for this many joiners at once.
+JOIN_FETCH_MS: Final = 10_000
+MAX_JOIN_FETCH_WAVES: Final = 256
+MAX_JOIN_FETCHES: Final = 64
+# Buffered events the walk of a join's missing past visits (one Want's ids at most).
+MAX_JOIN_PAST_WALK: Final = 4_096
 
 
 @dataclass(frozen=True, slots=True)

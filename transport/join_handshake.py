@@ -32,6 +32,35 @@ by anti-entropy. It asks instead:
   step that handles the frame). If the asker may now read, the member pushes
   the join to a fan-out of readers and opens an exchange with the asker.
 
+A join its sponsor never passed on (the sponsor was banned, or went for good,
+before it did): no other member holds it, so to them the joiner is only
+invited, and they refuse its frames. Two steps repair it:
+
+    member ── JoinMissing(topic) ───────────────────────▶ joiner   (refused a frame of a
+                                                                    peer it counts as invited)
+           ◀── JoinSubmit(topic, the same signed join) ──           (from its own state)
+           ── Want(the join's missing past) ────────────▶           (only ids the joiner sent)
+           ◀── Events(...) ─────────────────────────────            wave after wave, until
+                                                                    the join applies
+
+* The member tells a peer whose frames it refused, and whose membership in
+  its state is `invite`, that it lacks its join, at most once per
+  `JOIN_NUDGE_MS`. No one else hears anything: to a stranger the topic stays
+  unknown, as before.
+* The joiner answers a reader of its own state, at most once per
+  `JOIN_NUDGE_MS`, with its member event from its state: the very join it
+  signed, never a new one (a second join of the same seq would be an
+  equivocation).
+* If the member lacks part of the join's past (the sponsor's last events,
+  which only the sponsor and its joiners may hold), it asks the joiner for the
+  missing parents of that past, and takes the answers from it though it is
+  no reader yet. It names only ids the joiner's own events named, so it tells
+  the joiner nothing. At most `MAX_JOIN_FETCHES` joiners at once, each for
+  `JOIN_FETCH_MS` without progress and `MAX_JOIN_FETCH_WAVES` waves.
+* Once the join applies, the member serves the joiner as any reader: it
+  pushes the join on and opens an exchange, which brings the rest both ways,
+  the joins the joiner itself took in included.
+
 `JoinHandshake` is a mixin of `Disseminator`; it reads the engine's state
 listed in its class body.
 """
@@ -39,7 +68,7 @@ listed in its class body.
 from __future__ import annotations
 
 import random
-from collections import Counter
+from collections import Counter, OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -50,9 +79,15 @@ from node.replica.joining import JoinTerms, is_join_of, sign_join
 from node.replica.replica import Replica
 from node.state.actions import NotAuthorizedError
 from node.replica.types import NotReadyError, StateDisabledError
-from transport.dissemination_config import MAX_JOIN_ASKS, DisseminationConfig
+from node.state.types import Membership
+from node.core.graph import Graph
+from transport.dissemination_config import (JOIN_FETCH_MS, JOIN_NUDGE_MS, MAX_JOIN_ASKS,
+                                            MAX_JOIN_FETCH_WAVES, MAX_JOIN_FETCHES,
+                                            MAX_JOIN_NUDGES, MAX_JOIN_PAST_WALK,
+                                            DisseminationConfig)
 from transport.effects import Effect, Log, PeerId, Send
-from transport.messages import JoinAsk, JoinRefused, JoinSubmit, JoinTemplate, Message
+from transport.messages import (MAX_WANT_IDS, Events, JoinAsk, JoinMissing, JoinRefused,
+                                JoinSubmit, JoinTemplate, Message, Want)
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,6 +97,16 @@ class JoinProgress:
     asked: int = 0
     refused: int = 0  # answered not_found, or went away before answering
     submitted: bool = False
+
+
+@dataclass
+class _JoinFetch:
+    """A resubmitted join whose past the member is fetching from its joiner."""
+
+    join_id: bytes
+    key: bytes
+    deadline_ms: int
+    waves: int = 0
 
 
 @dataclass
@@ -84,6 +129,8 @@ class JoinHandshake:
 
     if TYPE_CHECKING:  # the engine's methods this part calls
         def _send(self, peer: PeerId, message: Message, data: bytes | None = None) -> Send | None: ...
+        def _emit(self, peer: PeerId, message: Message, data: bytes | None = None) -> Send: ...
+        def _key(self, peer: PeerId) -> bytes | None: ...
         def _ingest(self, peer: PeerId, replica: Replica, raws: Sequence[bytes], channel: str,
                     now_ms: int, out: list[Effect]) -> list[bytes]: ...
         def _push(self, topic: bytes, raws: list[bytes], exclude: Sequence[PeerId],
@@ -95,6 +142,10 @@ class JoinHandshake:
 
     def _init_join_handshake(self) -> None:
         self._attempts: dict[bytes, _Attempt] = {}
+        # (topic, peer) -> when we last told it / resubmitted to it (JOIN_NUDGE_MS).
+        self._nudged: OrderedDict[tuple[bytes, PeerId], int] = OrderedDict()
+        self._resubmitted: OrderedDict[tuple[bytes, PeerId], int] = OrderedDict()
+        self._join_fetches: OrderedDict[tuple[bytes, PeerId], _JoinFetch] = OrderedDict()
 
     # ------------------------------------------------------------- the asker
 
@@ -141,9 +192,13 @@ class JoinHandshake:
         for attempt in self._attempts.values():
             if peer in attempt.asked and attempt.sponsor is None:
                 attempt.refused.add(peer)
+        for key in [k for k in self._join_fetches if k[1] == peer]:
+            del self._join_fetches[key]
 
     def _forget_join_topic(self, topic: bytes) -> None:
         self._attempts.pop(topic, None)
+        for key in [k for k in self._join_fetches if k[0] == topic]:
+            del self._join_fetches[key]
 
     def _on_join_template(self, peer: PeerId, replica: Replica, message: JoinTemplate,
                           now_ms: int) -> list[Effect]:
@@ -165,6 +220,27 @@ class JoinHandshake:
             attempt.refused.add(peer)
             self.stats["join_refusals"] += 1
         return []
+
+    def _on_join_missing(self, peer: PeerId, replica: Replica, message: JoinMissing,
+                         now_ms: int) -> list[Effect]:
+        """A member lacks our join: hand it the one in our state (module docstring)."""
+        own = replica.identity.public_key
+        key = self._key(peer)
+        if key is None or not replica.authorizing or not replica.may_read(key) \
+                or replica.membership_of(own) is not Membership.JOIN:
+            # Not a reader to us (our join is no stranger's to read), or we are not
+            # joined ourselves: nothing to resubmit.
+            self.stats["join_missing_ignored"] += 1
+            return []
+        if not _due(self._resubmitted, (replica.topic_id, peer), now_ms):
+            self.stats["join_missing_ignored"] += 1
+            return []
+        join = replica.membership_event(own)
+        if join is None:
+            return []
+        self.stats["joins_resubmitted"] += 1
+        sent = self._send(peer, JoinSubmit(replica.topic_id, join.raw))
+        return [] if sent is None else [sent]
 
     # ------------------------------------------------------------- the member
 
@@ -210,10 +286,118 @@ class JoinHandshake:
             return out  # we are not a member: we never offered terms
         fresh = self._ingest(peer, replica, [message.raw], SYNC, now_ms, out)
         if not replica.may_read(key):
-            self.stats["join_submits_not_applied"] += 1
+            if replica.graph.is_buffered(event.id) \
+                    and replica.membership_of(key) is Membership.INVITE:
+                # Its past has not reached us (its sponsor's last events): the joiner has it.
+                out += self._fetch_join_past(peer, replica, event.id, key, now_ms)
+            else:
+                self.stats["join_submits_not_applied"] += 1
             return out
+        return out + self._serve_joiner(peer, replica, fresh, now_ms)
+
+    def _serve_joiner(self, peer: PeerId, replica: Replica, fresh: list[bytes],
+                      now_ms: int) -> list[Effect]:
+        """The joiner's join applied here: pass it on, and bring the joiner the rest."""
         self.stats["joins_accepted"] += 1
+        out: list[Effect] = []
         if fresh:
-            out += self._push(topic, fresh, exclude=(peer,), fanout=self.config.push_fanout)
-        out += self.sync_with(peer, topic, now_ms)
+            out += self._push(replica.topic_id, fresh, exclude=(peer,),
+                              fanout=self.config.push_fanout)
+        out += self.sync_with(peer, replica.topic_id, now_ms)
         return out
+
+    def _nudge_joiner(self, peer: PeerId, replica: Replica, now_ms: int) -> list[Effect]:
+        """We refused a frame of `peer`: if our state counts it as invited only, say we
+        lack its join (its sponsor never passed it on), at most once per JOIN_NUDGE_MS."""
+        topic = replica.topic_id
+        if (topic, peer) in self._join_fetches or not _due(self._nudged, (topic, peer), now_ms):
+            return []
+        key = self._key(peer)
+        if key is None or not replica.may_read(replica.identity.public_key) \
+                or replica.membership_of(key) is not Membership.INVITE:
+            return []  # a stranger, or a removed member: the topic stays unknown to it
+        self.stats["joins_missing_told"] += 1
+        return [self._emit(peer, JoinMissing(topic))]
+
+    def _fetch_join_past(self, peer: PeerId, replica: Replica, join_id: bytes, key: bytes,
+                         now_ms: int) -> list[Effect]:
+        """Ask the joiner for the parents its buffered join's past waits for (one wave)."""
+        topic = replica.topic_id
+        fetch = self._join_fetches.get((topic, peer))
+        if fetch is None:
+            if len(self._join_fetches) >= MAX_JOIN_FETCHES:
+                self._join_fetches.popitem(last=False)
+            fetch = self._join_fetches[(topic, peer)] = _JoinFetch(join_id, key, 0)
+            self.stats["join_fetches"] += 1
+        missing = _missing_past(replica.graph, join_id)
+        if not missing or fetch.waves >= MAX_JOIN_FETCH_WAVES:
+            del self._join_fetches[(topic, peer)]
+            self.stats["join_fetches_abandoned"] += 1
+            return []
+        fetch.waves += 1
+        fetch.deadline_ms = now_ms + JOIN_FETCH_MS
+        self.stats["join_fetch_wants"] += len(missing)
+        # Past the read filter: the ids are parents named by the joiner's own events.
+        return [self._emit(peer, Want(topic, tuple(missing)))]
+
+    def _fetching_join_past(self, topic: bytes, peer: PeerId) -> bool:
+        return bool(self._join_fetches) and (topic, peer) in self._join_fetches
+
+    def _on_join_past(self, peer: PeerId, replica: Replica, message: Events,
+                      now_ms: int) -> list[Effect]:
+        """An answer of a joiner whose join's past we fetch: take it in, then ask on."""
+        topic = replica.topic_id
+        fetch = self._join_fetches[(topic, peer)]
+        out: list[Effect] = []
+        fresh = self._ingest(peer, replica, message.events, SYNC, now_ms, out)
+        if replica.may_read(fetch.key):
+            del self._join_fetches[(topic, peer)]
+            return out + self._serve_joiner(peer, replica, fresh, now_ms)
+        if not replica.graph.is_buffered(fetch.join_id):
+            del self._join_fetches[(topic, peer)]  # refused, or evicted from the buffer
+            self.stats["join_fetches_abandoned"] += 1
+            return out
+        return out + self._fetch_join_past(peer, replica, fetch.join_id, fetch.key, now_ms)
+
+    def _expire_join_fetches(self, now_ms: int) -> None:
+        for key in [k for k, f in self._join_fetches.items() if f.deadline_ms <= now_ms]:
+            del self._join_fetches[key]
+            self.stats["join_fetches_abandoned"] += 1
+
+
+def _due(last: OrderedDict[tuple[bytes, PeerId], int], key: tuple[bytes, PeerId],
+         now_ms: int) -> bool:
+    """True (and noted) if `key` was last done JOIN_NUDGE_MS ago or never; bounded table."""
+    when = last.get(key)
+    if when is not None and now_ms - when < JOIN_NUDGE_MS:
+        return False
+    last[key] = now_ms
+    last.move_to_end(key)
+    while len(last) > MAX_JOIN_NUDGES:
+        last.popitem(last=False)
+    return True
+
+
+def _missing_past(graph: Graph, join_id: bytes) -> list[bytes]:
+    """The parents that buffered `join_id`'s past waits for: neither here, buffered nor
+    refused before (a bounded walk down the buffered events, at most one Want's ids)."""
+    missing: list[bytes] = []
+    seen = {join_id}
+    stack = [join_id]
+    visited = 0
+    while stack and visited < MAX_JOIN_PAST_WALK and len(missing) < MAX_WANT_IDS:
+        event = graph.buffered_event(stack.pop())
+        visited += 1
+        if event is None:
+            continue
+        for parent in event.parents:
+            if parent in seen:
+                continue
+            seen.add(parent)
+            if graph.has(parent) or graph.rejected_reason(parent) is not None:
+                continue
+            if graph.is_buffered(parent):
+                stack.append(parent)
+            else:
+                missing.append(parent)
+    return missing[:MAX_WANT_IDS]

@@ -20,11 +20,12 @@ before anything else. Five kinds move events (see `transport.dissemination` and
 * `Events` — events sent outside a Reply: answers to a Want, and the
   offerer's second half of a reconciliation (what the responder lacks).
 
-Four more carry the join handshake of a private topic
+Five more carry the join handshake of a private topic
 (`transport.join_handshake`): `JoinAsk` (may I join?), `JoinTemplate` (yes:
 sign your join on these parents, auth refs and seq), `JoinRefused` (one
-reason, `not_found`, whatever the cause, so a refusal reveals nothing) and
-`JoinSubmit` (my signed join).
+reason, `not_found`, whatever the cause, so a refusal reveals nothing),
+`JoinSubmit` (my signed join) and `JoinMissing` (a member to an invitee whose
+frames it refused: I do not hold your join, submit it to me).
 
 Three more carry the eager/lazy tree fast path (`transport.eager_lazy`):
 `IHave` (ids of new events, announced on a lazy link), `Graft` (send me
@@ -77,6 +78,7 @@ TAG_JOIN_SUBMIT = 9
 TAG_IHAVE = 10
 TAG_GRAFT = 11
 TAG_PRUNE = 12
+TAG_JOIN_MISSING = 13
 
 # Limits. A peer can make us allocate or loop at most this much per message.
 MAX_FRAME_BYTES = 4 * 1024 * 1024  # one message; a libp2p frame or a sim packet
@@ -241,6 +243,14 @@ class JoinSubmit:
 
 
 @dataclass(frozen=True, slots=True)
+class JoinMissing:
+    """A member to a peer it counts as only invited, whose frames it refused: I do not
+    hold your join (its sponsor never passed it on), submit it to me."""
+
+    topic: bytes
+
+
+@dataclass(frozen=True, slots=True)
 class IHave:
     """Ids of events new at the sender, announced on a lazy link (transport.eager_lazy)."""
 
@@ -266,7 +276,7 @@ class Prune:
     source: bytes  # an author key
 
 Message = Union[Push, Offer, Reply, Want, Events, JoinAsk, JoinTemplate, JoinRefused, JoinSubmit,
-                IHave, Graft, Prune]
+                JoinMissing, IHave, Graft, Prune]
 
 
 # --------------------------------------------------------------------------- encoding
@@ -322,6 +332,8 @@ def encode(message: Message) -> bytes:
         body = head + [TAG_JOIN_REFUSED, message.topic, str(JoinRefusal(message.reason))]
     elif isinstance(message, JoinSubmit):
         body = head + [TAG_JOIN_SUBMIT, message.topic, _check_events((message.raw,))[0]]
+    elif isinstance(message, JoinMissing):
+        body = head + [TAG_JOIN_MISSING, message.topic]
     elif isinstance(message, IHave):
         body = head + [TAG_IHAVE, message.topic, _check_ids(message.ids, MAX_WANT_IDS, "ids")]
     elif isinstance(message, Graft):
@@ -419,7 +431,7 @@ def _bloom(value: Any) -> BloomFilter:
 # Field count (after version and tag) of each message kind.
 _ARITY = {TAG_PUSH: 2, TAG_OFFER: 7, TAG_REPLY: 6, TAG_WANT: 2, TAG_EVENTS: 4,
           TAG_JOIN_ASK: 1, TAG_JOIN_TEMPLATE: 4, TAG_JOIN_REFUSED: 2, TAG_JOIN_SUBMIT: 2,
-          TAG_IHAVE: 2, TAG_GRAFT: 2, TAG_PRUNE: 2}
+          TAG_IHAVE: 2, TAG_GRAFT: 2, TAG_PRUNE: 2, TAG_JOIN_MISSING: 1}
 _REFUSALS = {r.value: r for r in JoinRefusal}
 
 
@@ -496,6 +508,8 @@ def _parse(data: bytes) -> Message:
 def _decode_join(tag: int, topic: bytes, fields: list[Any]) -> Message:
     if tag == TAG_JOIN_ASK:
         return JoinAsk(topic)
+    if tag == TAG_JOIN_MISSING:
+        return JoinMissing(topic)
     if tag == TAG_JOIN_TEMPLATE:
         _, parents, auth, seq = fields
         parent_ids = _ids(parents, MAX_PARENTS, "parents")

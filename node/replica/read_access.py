@@ -31,7 +31,9 @@ from typing import TYPE_CHECKING
 
 from node.state.types import (
     RULE_PUBLIC,
+    TYPE_MEMBER,
     Membership,
+    content_of,
     user_id,
 )
 from node.state.view import StateView
@@ -39,6 +41,7 @@ from node.state.view import StateView
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
+    from node.core.event import Event
     from node.core.graph import Graph
     from node.state.tracker import StateTracker
     from node.state.types import StateKey
@@ -90,14 +93,19 @@ class ReadAccess:
 
     def membership_of(self, key: bytes) -> Membership | None:
         """`key`'s membership in the current state; None without a member event or topic state."""
+        event = self.membership_event(key)
+        if event is None:
+            return None
+        return _MEMBERSHIPS.get(content_of(event).get("membership"))  # type: ignore[arg-type]
+
+    def membership_event(self, key: bytes) -> Event | None:
+        """`key`'s member event in the current state (its join, invite, ban, ...); None
+        without one or without topic state. What a member resubmits of its own join."""
         if not self.authorizing:
             return None
         tracker = self.tracker
         view = StateView(tracker.state(tracker.current_group()), self.graph)
-        content = view.member_content(user_id(key))
-        if content is None:
-            return None
-        return _MEMBERSHIPS.get(content.get("membership"))  # type: ignore[arg-type]
+        return view.event((TYPE_MEMBER, user_id(key)))
 
 
 def _readers_of(state: Mapping[StateKey, bytes], graph: Graph) -> frozenset[bytes] | None:

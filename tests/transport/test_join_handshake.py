@@ -1,4 +1,5 @@
-"""The join handshake of a private topic: ask, template or not_found, sign, submit, catch up."""
+"""The join handshake of a private topic: ask, template or not_found, sign, submit, catch up;
+and a join its sponsor never passed on: told missing, resubmitted, its past fetched."""
 
 from __future__ import annotations
 
@@ -12,15 +13,19 @@ from node.state.actions import NotAuthorizedError
 from node.state.types import RULE_PUBLIC, TYPE_MEMBER, Membership, user_id
 from tests.transport.mesh import Mesh
 from tests.transport.pair import identity
-from transport.dissemination_config import MAX_JOIN_ASKS
+from transport.dissemination_config import JOIN_FETCH_MS, JOIN_NUDGE_MS, MAX_JOIN_ASKS
 from transport.join_handshake import JoinProgress
 from transport.messages import (
     JoinAsk,
+    JoinMissing,
     JoinRefusal,
     JoinRefused,
     JoinSubmit,
     JoinTemplate,
+    Events,
     MessageError,
+    Push,
+    Want,
     decode,
     encode,
 )
@@ -190,6 +195,7 @@ def test_join_terms_refuse_an_uninvited_key_and_sign_join_matches_replica_join()
     JoinTemplate(bytes(32), (bytes([1]) * 32,), (bytes(32),), 7),
     JoinRefused(bytes(32)),
     JoinSubmit(bytes(32), b"raw event bytes"),
+    JoinMissing(bytes(32)),
 ])
 def test_join_messages_round_trip(message):
     assert decode(encode(message)) == message
@@ -204,6 +210,7 @@ def test_join_messages_round_trip(message):
     [1, 9, bytes(32), "not bytes"],
     [1, 9, bytes(32), b"x" * (64 * 1024 + 1)],
     [1, 6, bytes(32), b"extra"],
+    [1, 13, bytes(32), b"extra"],
 ])
 def test_bad_join_messages_are_rejected(body):
     import msgpack
@@ -227,3 +234,115 @@ def test_a_banned_member_is_handed_its_own_ban_and_nothing_after_it():
     after = mesh.publish("a", b"after the ban")
     mesh.tick(times=3)
     assert not b.graph.has(after) and after not in mesh.received["b"].events
+
+
+# ------------------------------------------------------- a join its sponsor never passed on
+
+
+def _cut(mesh: Mesh, name: str, *others: str) -> None:
+    for other in others or tuple(n for n in mesh.engines if n != name):
+        mesh.links.discard(frozenset((name, other)))
+
+
+def _sponsored_then_gone() -> tuple[Mesh, bytes, bytes]:
+    """a created the topic and invited s, c and j; s and c joined. s, cut off from a
+    and c, writes one event and takes j's join in, then goes for good: no one but s and
+    j holds the event or the join. z is a stranger connected to everyone."""
+    mesh = Mesh(["a", "c", "j", "s", "z"])
+    for name in "scj":
+        mesh.invite("a", name)
+    mesh.connect_all()
+    mesh.request_join("s")
+    mesh.request_join("c")
+    _cut(mesh, "s", "a", "c")
+    only_s = mesh.publish("s", b"written by s while cut off")
+    _cut(mesh, "j", "a", "c")  # j's asks reach s (and z) only: s takes its join in
+    mesh.request_join("j")
+    j = mesh.replicas["j"]
+    assert j.membership_of(mesh.key("j")) is Membership.JOIN
+    join = j.membership_event(mesh.key("j"))
+    assert join is not None and only_s in join.parents
+    _cut(mesh, "s")
+    mesh.links |= {frozenset(("j", "a")), frozenset(("j", "c"))}
+    for name in "ac":
+        assert not mesh.replicas[name].may_read(mesh.key("j"))
+    return mesh, join.id, only_s
+
+
+def test_a_join_its_sponsor_never_passed_on_reaches_the_members_through_the_joiner():
+    mesh, join_id, only_s = _sponsored_then_gone()
+    written = mesh.publish("j", b"j writes")  # a and c refuse it: to them j is invited only
+    for name in "ac":
+        replica = mesh.replicas[name]
+        assert replica.membership_of(mesh.key("j")) is Membership.JOIN
+        assert replica.graph.has(join_id) and replica.graph.has(only_s)
+    mesh.tick(times=3)
+    assert mesh.same(["a", "c", "j"])
+    assert mesh.replicas["a"].graph.has(written)
+    a, j = mesh.engines["a"].stats, mesh.engines["j"].stats
+    assert a["joins_missing_told"] >= 1 and j["joins_resubmitted"] >= 1
+    assert mesh.engines["a"].stats["join_fetches"] + mesh.engines["c"].stats["join_fetches"] >= 1
+    # The stranger heard nothing of it: no word of a missing join, no event, no id.
+    assert mesh.received["z"].kinds["JoinMissing"] == 0
+    assert mesh.received["z"].events == set() and mesh.received["z"].ids == set()
+
+
+def test_a_member_asks_the_joiner_only_for_ids_the_joiner_named():
+    mesh, join_id, only_s = _sponsored_then_gone()
+    join = mesh.replicas["j"].membership_event(mesh.key("j"))
+    # j resubmits its join to a alone (as a JoinMissing would make it); a lacks its parent.
+    _cut(mesh, "c")
+    accepted = mesh.engines["a"].stats["joins_accepted"]
+    effects = mesh.engines["a"].on_message(mesh.ids["j"], encode(JoinSubmit(mesh.topic, join.raw)),
+                                           mesh.now_ms)
+    assert [decode(e.data) for e in effects] == [Want(mesh.topic, (only_s,))]  # the join's parent
+    assert not mesh.replicas["a"].may_read(mesh.key("j"))
+    mesh.pump([("a", e) for e in effects])  # j answers; the join applies; a serves j
+    assert mesh.replicas["a"].may_read(mesh.key("j")) and mesh.replicas["a"].graph.has(only_s)
+    assert mesh.engines["a"].stats["join_fetches"] == 1
+    assert mesh.engines["a"].stats["joins_accepted"] == accepted + 1
+
+
+def test_only_an_invited_peer_is_told_its_join_is_missing_and_at_most_once_per_interval():
+    mesh, _, _ = _sponsored_then_gone()
+    _cut(mesh, "j", "c")
+    stray = encode(Push(mesh.topic, ()))
+    engine = mesh.engines["a"]
+    sent = [decode(e.data) for e in engine.on_message(mesh.ids["z"], stray, mesh.now_ms)]
+    assert sent == []  # a stranger: the topic stays unknown to it
+    first = [decode(e.data) for e in engine.on_message(mesh.ids["j"], stray, mesh.now_ms)]
+    again = [decode(e.data) for e in engine.on_message(mesh.ids["j"], stray, mesh.now_ms + 1)]
+    later = [decode(e.data) for e in engine.on_message(
+        mesh.ids["j"], stray, mesh.now_ms + JOIN_NUDGE_MS)]
+    assert first == later == [JoinMissing(mesh.topic)] and again == []
+
+
+def test_a_joiner_hands_its_join_only_to_a_reader_of_its_state():
+    mesh, _, _ = _sponsored_then_gone()
+    _cut(mesh, "j", "a", "c")
+    engine = mesh.engines["j"]
+    told = encode(JoinMissing(mesh.topic))
+    assert engine.on_message(mesh.ids["z"], told, mesh.now_ms) == []  # not a member
+    answer = [decode(e.data) for e in engine.on_message(mesh.ids["a"], told, mesh.now_ms)]
+    join = mesh.replicas["j"].membership_event(mesh.key("j"))
+    assert answer == [JoinSubmit(mesh.topic, join.raw)]  # the join it signed, not a new one
+    assert engine.on_message(mesh.ids["a"], told, mesh.now_ms + 1) == []  # once per interval
+    assert engine.stats["join_missing_ignored"] == 2
+
+
+def test_a_fetch_of_a_join_s_past_ends_when_the_joiner_goes_silent():
+    mesh, _, _ = _sponsored_then_gone()
+    join = mesh.replicas["j"].membership_event(mesh.key("j"))
+    engine = mesh.engines["a"]
+    effects = engine.on_message(mesh.ids["j"], encode(JoinSubmit(mesh.topic, join.raw)),
+                                mesh.now_ms)
+    assert [type(decode(e.data)) for e in effects] == [Want]  # lost: j never answers
+    engine.tick(mesh.now_ms + JOIN_FETCH_MS - 1)
+    assert engine.stats["join_fetches_abandoned"] == 0
+    engine.tick(mesh.now_ms + JOIN_FETCH_MS)
+    assert engine.stats["join_fetches_abandoned"] == 1
+    # Its answers are then refused like any non-member's frames.
+    late = engine.on_message(mesh.ids["j"], encode(Events(mesh.topic, 0, False, ())),
+                             mesh.now_ms + JOIN_FETCH_MS + 1)
+    assert engine.stats["not_member_dropped"] == 1 and all(
+        type(decode(e.data)) is JoinMissing for e in late if hasattr(e, "data"))
