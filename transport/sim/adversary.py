@@ -40,8 +40,8 @@ OUTSIDER_PAYLOAD = b"let me in"
 BANNED_WRITES_PER_ROUND = 2  # events the banned writer signs at each of its writes
 BANNED_WRITE_INTERVAL_MS = 200  # how often it writes, from its ban on
 BANNED_WRITES_AFTER = 6  # it stops once this many were signed after its ban took effect
-# ... or, in a private topic, once it signed this many without ever holding its ban: the
-# copies its neighbours hand it may lack parents it can no longer fetch (docs/access.md).
+# ... or, in a private topic, once it signed this many before any member confirmed its ban
+# (a bound for a world whose order would not confirm it; the convergence checks fail then).
 BANNED_WRITES_UNTOLD = 30
 BANNED_PAYLOAD = b"still here"
 
@@ -90,12 +90,17 @@ class BannedWriter:
     BANNED_WRITE_INTERVAL_MS on its ticks, until BANNED_WRITES_AFTER of its writes
     came after its ban took effect.
 
-    Its writes are split by what its own replica knew when it signed them:
-    `concurrent` were signed before its replica saw the ban confirmed (the
-    order may place them on either side of the ban, the same way everywhere),
-    `after` once it had (the ban holds a confirmed position below anything
-    signed then, so no correct node may show them in any view). In a private
-    topic, "saw" is "holds the ban event": it reads no ack after its ban.
+    Its writes are split by whether the ban was confirmed when it signed them:
+    `concurrent` were signed before (the order may place them on either side
+    of the ban, the same way everywhere), `after` once it was (the ban holds a
+    confirmed position below anything signed then, so no correct node may show
+    them in any view). In an open topic that is what its own replica knew. In a
+    private topic it reads no ack after its ban, so the world says whether any
+    correct member had the ban confirmed (`write(confirmed_elsewhere=)`); the
+    banned member itself knows of its ban once it holds the ban event. (Seed 5
+    of the 40-node private world with loss and a partition: writes signed once
+    it held the ban, but before any member had confirmed it, were placed before
+    the ban, rightly, and the check, which had counted them as after, failed.)
     """
 
     def __init__(self, index: int, ban_round: int, private: bool = False) -> None:
@@ -126,14 +131,18 @@ class BannedWriter:
         self.ban_id = ban_id
         self._parents = tuple(heads)
 
-    def write(self, replica: Replica, now_ms: int) -> list[Event]:
-        """Sign BANNED_WRITES_PER_ROUND events on the pre-ban chain; add them to its replica."""
+    def write(self, replica: Replica, now_ms: int,
+              confirmed_elsewhere: bool = False) -> list[Event]:
+        """Sign BANNED_WRITES_PER_ROUND events on the pre-ban chain; add them to its replica.
+
+        `confirmed_elsewhere`: a correct member's order has the ban confirmed (or
+        excluded) now; what a private topic's banned member cannot see itself."""
         assert self.ban_id is not None
         self._next_ms = now_ms + BANNED_WRITE_INTERVAL_MS
         order = replica.ordering
         told = order is not None and order.is_confirmed(self.ban_id) or (
             order is not None and order.is_excluded(self.ban_id)) or (
-            self.private and replica.graph.has(self.ban_id))
+            self.private and confirmed_elsewhere)
         made: list[Event] = []
         for _ in range(BANNED_WRITES_PER_ROUND):
             parents = (self._tip,) if self._tip is not None else self._parents

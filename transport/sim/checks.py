@@ -22,7 +22,11 @@ With a banned writer too, every frame a member sends the banned member once
 its own state holds the ban is tallied the same way: nothing but the ban
 event may be in it. The banned member of a private topic reads nothing once
 banned, so it is not among the members that must converge
-(`World.correct_members`).
+(`World.correct_members`). Nor are its writes that nobody else can complete:
+a member that took some of them in before it held the ban, without their
+parents, refuses the banned member's frames once it does, so they stay
+buffered there (`stranded`) when no correct member holds those parents. (A
+node's buffer bounds them: `limits.buffered_per_author`.)
 """
 
 from __future__ import annotations
@@ -154,6 +158,25 @@ def held_ids(node: SimNode) -> set[bytes]:
     return {e.id for _, e in graph.deliveries(0, graph.delivered_count)}
 
 
+def stranded(cluster: World, node: SimNode) -> int:
+    """How many of `node`'s buffered events are a private topic's banned member's that no
+    one can complete: every parent they wait for is held by no correct member (module
+    docstring). 0 if any buffered event is another's or waits for a parent one holds."""
+    banned = cluster.banned
+    graph = node.replica.graph
+    if banned is None or not banned.private or banned.ban_id is None \
+            or not graph.buffered_count:
+        return 0
+    author = cluster.nodes[banned.index].replica.identity.public_key
+    if any(event is None or event.author != author
+           for event in map(graph.buffered_event, graph.buffered_ids())):
+        return 0
+    if any(member.replica.graph.has(parent) for parent in graph.missing_parents()
+           for member in cluster.correct_members):
+        return 0
+    return graph.buffered_count
+
+
 def converged(cluster: World) -> bool:
     """Identical graphs, nothing buffered, the adversary banned by all it talked to, and
     (authorized) one confirmed order that holds every non-ack event."""
@@ -161,9 +184,11 @@ def converged(cluster: World) -> bool:
     first = nodes[0].replica.graph
     heads = first.extremities()
     count = first.delivered_count
-    if not all(n.alive and n.replica.graph.buffered_count == 0
-               and n.replica.graph.delivered_count == count
+    if not all(n.alive and n.replica.graph.delivered_count == count
                and n.replica.graph.extremities() == heads for n in nodes):
+        return False
+    if any(n.replica.graph.buffered_count for n in nodes) and any(
+            n.replica.graph.buffered_count > stranded(cluster, n) for n in nodes):
         return False
     if cluster.banned is not None and not cluster.banned.done:
         return False  # the banned writer is still writing
@@ -279,7 +304,7 @@ def check(cluster: World, converged: bool = True) -> None:
             problems.append(f"node {i} lacks {len(accepted - ids)} of {len(accepted)} events")
         if graph.extremities() != nodes[0].replica.graph.extremities():
             problems.append(f"node {i} has other extremities than node 0")
-        if graph.buffered_count:
+        if graph.buffered_count > stranded(cluster, node):
             problems.append(f"node {i} still buffers {graph.buffered_count} events")
         if len(problems) > MAX_PROBLEMS:
             break

@@ -510,7 +510,10 @@ class Cluster:
     def _banned_writes(self, banned: BannedWriter) -> None:
         """The banned writer signs on its pre-ban chain and pushes to every neighbour."""
         node = self.nodes[banned.index]
-        frame = banned.push(self.topic, banned.write(node.replica, self.now_ms))
+        confirmed = banned.private and any(
+            order is not None and (order.is_confirmed(banned.ban_id) or order.is_excluded(
+                banned.ban_id)) for order in (n.replica.ordering for n in self.correct_members))
+        frame = banned.push(self.topic, banned.write(node.replica, self.now_ms, confirmed))
         for peer in sorted(self._adjacent[node.index]):
             self.network.transmit(node.index, peer, frame)
 
