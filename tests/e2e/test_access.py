@@ -3,7 +3,8 @@
 Node 0 creates an invite topic and invites nodes 1 and 2. Node 3 is not
 invited: its `topic join` exits 2 with one line, fast, and it holds nothing of
 the topic. Invited, it joins and receives everything. Banned, it receives
-nothing new while the others keep receiving. Every wait polls a condition
+nothing new while the others keep receiving. A join whose sponsor is gone before
+passing it on still reaches the members. Every wait polls a condition
 under a named bound (deploy.cluster); nothing sleeps and hopes.
 """
 
@@ -135,3 +136,40 @@ def test_only_members_read_an_invite_topic(tmp_path: Path) -> None:
         assert not [p for p in held if p.startswith("early")], held
         status = cluster.topic_status(BANNED, later)
         assert status["withheld"] >= MESSAGES  # it holds the early vertices, not their payloads
+
+
+def test_a_join_whose_sponsor_is_gone_reaches_the_members(tmp_path: Path) -> None:
+    """Node 1 takes node 2's join in while node 0, the creator, is down, and is gone for
+    good before passing it on. When node 0 is back and meets node 2, it refuses node 2's
+    frames (to it node 2 is only invited), says it lacks node 2's join, gets it, and
+    fetches from node 2 what node 1 wrote before it (transport.join_handshake)."""
+    config = tmp_path / "node.toml"
+    config.write_text(FAST_ANTI_ENTROPY)
+    with LocalCluster(tmp_path / "c", 3, extra_args=("--config", str(config))) as cluster:
+        topic = cluster.cli(0, "topic", "create", "private", "--access", "invite")["topic"]
+        joiner = cluster.nodes[2].node_id
+        for i in (1, 2):
+            cluster.cli(0, "topic", "invite", topic, cluster.nodes[i].node_id)
+            cluster.cli(0, "topic", "add-writer", topic, cluster.nodes[i].node_id)
+        cluster.cli(1, "topic", "join", topic)
+        cluster.wait_joined(topic, WAIT_S, indices=[0, 1])
+        wait_member_state(cluster, topic, joiner, "invite", [0, 1])
+        deadline = time.monotonic() + WAIT_S
+        while cluster.cli_raw(1, "publish", topic, "warm").returncode != 0:  # a writer yet?
+            assert time.monotonic() < deadline, "node 1 never became a writer"
+            time.sleep(0.2)
+
+        cluster.stop(0)
+        publish(cluster, 1, topic, "sponsor")  # the join's parents: node 0 lacks them
+        assert cluster.cli(2, "topic", "join", topic)["membership"] == "join"
+        cluster.kill(1)  # gone for good, the join passed on to no one
+
+        cluster.start_node(0, bootstrap=[cluster.nodes[2].address])
+        wait_member_state(cluster, topic, joiner, "join", [0])
+        publish(cluster, 2, topic, "joiner")
+        deadline = time.monotonic() + WAIT_S
+        while not {f"joiner {n}" for n in range(MESSAGES)} <= set(payloads(cluster, 0, topic)):
+            assert time.monotonic() < deadline, "the creator did not get the joiner's events"
+            time.sleep(0.2)
+        held = set(payloads(cluster, 0, topic))
+        assert {f"sponsor {n}" for n in range(MESSAGES)} <= held  # fetched from the joiner
