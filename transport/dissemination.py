@@ -826,7 +826,14 @@ class Disseminator(Intake, AntiEntropy, JoinHandshake):
             event_id = event_id_of(raw)
             event = self._held_event(replica, event_id)
             if event is not None:
-                tree.saw(event.author, now_ms)
+                if event.kind != KIND_ACK:
+                    # Acks are no source of the tree: an indexer acks at a steady
+                    # cadence, so it could be the root, and then every change of that
+                    # cadence moved the root and its parents. With the leader's turn
+                    # (`OrderDuties._leader_due`) always on, the fixed-writers world's
+                    # p99 was 544, 752 and 495 ms (seeds 1, 7, 12); 406, 416 and 409
+                    # with acks no source (docs/anti-entropy.md, s27).
+                    tree.saw(event.author, now_ms)
                 if own and event.kind in (KIND_ACK, KIND_DUMMY):
                     order_events.append(raw)
             chosen = self._rng.sample(lazy, fanout) if len(lazy) > fanout else lazy

@@ -26,7 +26,8 @@ Rodrigues, "Epidemic Broadcast Trees", SRDS 2007) receives it about once:
   of the last, at some time in the last `ROOT_ACTIVE_MS` (every node computes
   the same one once it has seen the same writers; the least active key if no
   source is steady; a pause does not end a steady run at once, since every
-  change of root moves parents). A node's parent is the link its first copy
+  change of root moves parents; acks are no source, the engine does not hand
+  them to `saw`). A node's parent is the link its first copy
   of a root event came by (or, if the root became the root after its latest
   event came, the link that event came by first: `first_copies`). A parent
   once told is kept: a faster copy by another link does not move it (that

@@ -152,11 +152,6 @@ class Linearizer:
         """The node's round in the current epoch (-1 for non-indexers and older nodes)."""
         return self._consensus.round_of(node_id)
 
-    @property
-    def committed_round(self) -> int:
-        """The round of the last anchor committed (current epoch)."""
-        return self._consensus.committed_round
-
     def leader(self, round_: int) -> bytes | None:
         """The indexer whose node anchors even round `round_` (current epoch)."""
         return self._consensus.leader(round_)
