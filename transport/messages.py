@@ -7,7 +7,10 @@ so a frame names its protocol version, its kind and the topic it is about
 before anything else. Five kinds move events (see `transport.dissemination` and
 `transport.anti_entropy` for the protocol that uses them):
 
-* `Push`   — new events, eagerly sent to neighbours (the gossip fast path).
+* `Push`   — new events, eagerly sent to neighbours (the gossip fast path). On
+  the tree fast path, a push of events an exchange or a want brought somewhere
+  (a repair passed on along the tree) goes under its own tag, so that its
+  copies' ages do not count as the tree's lateness (`Push.repair`).
 * `Offer`  — anti-entropy: "these are my heads; these `since` heads we had in
   common; this Bloom filter holds my events above `floor` that are not below
   `since`". The Kleppmann–Howard Algorithm 2 message, plus a depth floor.
@@ -79,6 +82,7 @@ TAG_IHAVE = 10
 TAG_GRAFT = 11
 TAG_PRUNE = 12
 TAG_JOIN_MISSING = 13
+TAG_REPAIR_PUSH = 14  # a Push with `repair` set
 
 # Limits. A peer can make us allocate or loop at most this much per message.
 MAX_FRAME_BYTES = 4 * 1024 * 1024  # one message; a libp2p frame or a sim packet
@@ -156,8 +160,17 @@ def _positions(event_id: bytes, salt: bytes, hashes: int, nbits: int) -> list[in
 
 @dataclass(frozen=True, slots=True)
 class Push:
+    """Events for the receiver to take in and pass on.
+
+    `repair`: they are a repair passed on along the tree (an exchange or a want
+    brought them to some node), not the tree's own flow; as old as the loss or
+    partition they repair, so their ages say nothing of the hops
+    (`transport.tree_lateness`). Its receiver passes them on marked too.
+    """
+
     topic: bytes
     events: tuple[bytes, ...]
+    repair: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -302,7 +315,8 @@ def encode(message: Message) -> bytes:
     """The frame for `message`; ValueError if it breaks a bound the peer enforces."""
     head: list[Any] = [WIRE_VERSION]
     if isinstance(message, Push):
-        body = head + [TAG_PUSH, message.topic, _check_events(message.events)]
+        body = head + [TAG_REPAIR_PUSH if message.repair else TAG_PUSH, message.topic,
+                       _check_events(message.events)]
     elif isinstance(message, Offer):
         bloom = message.bloom
         if len(bloom.bits) > MAX_BLOOM_BYTES or not 1 <= bloom.hashes <= MAX_BLOOM_HASHES:
@@ -431,7 +445,8 @@ def _bloom(value: Any) -> BloomFilter:
 # Field count (after version and tag) of each message kind.
 _ARITY = {TAG_PUSH: 2, TAG_OFFER: 7, TAG_REPLY: 6, TAG_WANT: 2, TAG_EVENTS: 4,
           TAG_JOIN_ASK: 1, TAG_JOIN_TEMPLATE: 4, TAG_JOIN_REFUSED: 2, TAG_JOIN_SUBMIT: 2,
-          TAG_IHAVE: 2, TAG_GRAFT: 2, TAG_PRUNE: 2, TAG_JOIN_MISSING: 1}
+          TAG_IHAVE: 2, TAG_GRAFT: 2, TAG_PRUNE: 2, TAG_JOIN_MISSING: 1,
+          TAG_REPAIR_PUSH: 2}
 _REFUSALS = {r.value: r for r in JoinRefusal}
 
 
@@ -476,8 +491,8 @@ def _parse(data: bytes) -> Message:
     if len(fields) != _ARITY[tag]:
         raise _fail("bad_shape", f"type {tag} takes {_ARITY[tag]} fields, got {len(fields)}")
     topic = _topic(fields[0])
-    if tag == TAG_PUSH:
-        return Push(topic, _events(fields[1]))
+    if tag == TAG_PUSH or tag == TAG_REPAIR_PUSH:
+        return Push(topic, _events(fields[1]), tag == TAG_REPAIR_PUSH)
     if tag == TAG_OFFER:
         _, xid, heads, since, floor, final, bloom = fields
         if not _int_in(floor, 0, MAX_DEPTH):

@@ -28,6 +28,11 @@ copies) is below zero has its ages raised by that much. One behind ours makes
 its copies look late, which the median ignores unless most copies are that
 author's, and `MAX_LATENESS_MS` bounds what it, or anything else, can stretch.
 
+The engine hands it the ages of the tree's own flow only: not a repair going
+on along the tree (what an exchange or a want brought to some node, marked
+`Push.repair` from there on), whose copies are as old as the loss or
+partition they repair, not as the hops (`Disseminator._tree_received`).
+
 `Lateness` is pure state (no clock, no IO): the engine hands it each age.
 """
 

@@ -4,7 +4,8 @@ Unit tests of `Lateness` (an author's clock ahead of ours cancels, the median of
 the recent copies is what counts, a bound holds whatever the clocks say) and of `TopicTree`'s
 timers (their fixed values stay the floor; a late tree stretches the graft
 timeout, the exchanges' hold and the parent's silence; `adaptive=False` keeps
-them fixed), and the engine: a push's first copies feed the measure.
+them fixed), and the engine: a push's first copies feed the measure, a repair
+passed on along the tree does not.
 """
 
 from __future__ import annotations
@@ -27,7 +28,9 @@ from transport.tree_lateness import (
     MAX_LATENESS_MS,
     Lateness,
 )
-from transport.sim import Cluster
+from transport.dissemination import Disseminator
+from transport.messages import Push, decode, encode
+from transport.sim import Cluster, Scenario
 
 A = b"a" * 32
 B = b"b" * 32
@@ -203,3 +206,36 @@ def test_on_slow_links_the_timers_stretch_and_fetch_fewer_late_copies():
                               for key in ("duplicates", "tree_fetch_ids_sent")}
     assert measured[True]["tree_fetch_ids_sent"] < measured[False]["tree_fetch_ids_sent"], measured
     assert measured[True]["duplicates"] < measured[False]["duplicates"], measured
+
+
+def test_a_repair_passed_on_along_the_tree_is_not_the_tree_s_lateness(monkeypatch):
+    """40 nodes, 10 % loss, a partition from 1 s to 3 s. After the heal, what an exchange
+    brought across goes on along the tree marked as a repair (`Push.repair`), and its
+    copies, as old as the partition, are not counted: every node's measure stays at a
+    few hops. Unmarked (as before), they stretched the timers at some nodes to nearly
+    their cap, and the last events waited for the periodic exchange."""
+    scenario = Scenario(seed=1, nodes=40, tree=True, loss=0.1, rounds=10, writers=5,
+                        partition_at_ms=1_000, heal_at_ms=3_000)
+
+    def after_the_heal() -> tuple[int, int]:
+        """The worst lateness measured 1 s after the heal; repair pushes sent by then."""
+        cluster = Cluster.from_scenario(scenario)
+        cluster.run_until(4_000)
+        worst = max(node.engine.tree_of(cluster.topic).lateness.ms for node in cluster.members)
+        return worst, cluster.totals().get("tree_repair_pushes", 0)
+
+    worst, repairs = after_the_heal()
+    assert repairs > 0 and worst <= 4 * 50 + 100  # hops of 5-50 ms, ticks of 100
+    unmarked = Disseminator._push_to
+    monkeypatch.setattr(Disseminator, "_push_to", lambda self, topic, raws, chosen, repair=False:
+                        unmarked(self, topic, raws, chosen, False))
+    worst, repairs = after_the_heal()
+    assert repairs == 0 and worst > 1_000
+
+
+def test_a_repair_push_has_its_own_tag_and_a_plain_push_s_frame_is_unchanged():
+    plain, repair = Push(bytes(32), (b"e",)), Push(bytes(32), (b"e",), repair=True)
+    assert decode(encode(plain)) == plain and decode(encode(repair)) == repair
+    assert encode(plain)[:2] == bytes([0x94, 1]) and encode(repair)[:2] == bytes([0x94, 1])
+    assert encode(plain)[2] == 1 and encode(repair)[2] == 14
+    assert len(encode(plain)) == len(encode(repair))
