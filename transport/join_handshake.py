@@ -126,6 +126,7 @@ class JoinHandshake:
     _peers: list[PeerId]
     _replicas: dict[bytes, Replica]
     _peer_key: Callable[[PeerId], bytes | None]
+    _accountable: bool  # the frame being handled came from `peer` itself (`on_message`)
 
     if TYPE_CHECKING:  # the engine's methods this part calls
         def _send(self, peer: PeerId, message: Message, data: bytes | None = None) -> Send | None: ...
@@ -310,6 +311,8 @@ class JoinHandshake:
         """We refused a frame of `peer`: if our state counts it as invited only, say we
         lack its join (its sponsor never passed it on), at most once per JOIN_NUDGE_MS."""
         topic = replica.topic_id
+        if not self._accountable:
+            return []  # a relayed frame names its origin unsigned: no word to it on that
         if (topic, peer) in self._join_fetches or not _due(self._nudged, (topic, peer), now_ms):
             return []
         key = self._key(peer)
