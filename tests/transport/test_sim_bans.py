@@ -26,6 +26,16 @@ BANNED = Scenario(seed=0, nodes=20, rounds=12, writers=3, banned_writer=True, lo
 CI_SEEDS = range(3)
 
 
+def test_a_banned_writer_that_crashes_builds_on_what_its_store_kept():
+    """Regression, seed 62 of the sweep: the banned writer crashed after a write that
+    its store did not have yet, and its next write after the restart named that lost
+    tip as its parent (DamagedTopicError). Its writes are now durable before they are
+    pushed, as a node's publish is."""
+    cluster = Cluster.from_scenario(replace(BANNED, seed=62))
+    summary = cluster.run()
+    assert summary.converged and cluster.banned is not None and cluster.banned.done
+
+
 @pytest.mark.parametrize("seed", CI_SEEDS)
 def test_a_banned_writer_s_later_events_are_in_no_correct_node_s_order(seed):
     cluster = Cluster.from_scenario(replace(BANNED, seed=seed))

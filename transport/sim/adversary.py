@@ -145,12 +145,19 @@ class BannedWriter:
             self.private and confirmed_elsewhere)
         made: list[Event] = []
         for _ in range(BANNED_WRITES_PER_ROUND):
-            parents = (self._tip,) if self._tip is not None else self._parents
+            parents = (self._tip,) if self._tip is not None else tuple(
+                p for p in self._parents if replica.graph.has(p))
+            if not parents:
+                break  # its heads at the ban were lost in a crash before its store had them
             event = replica.sign_on(parents, BANNED_PAYLOAD, now_ms)
             replica.receive(event.raw, now_ms)  # its engine offers them to whoever syncs
             (self.after if told else self.concurrent).append(event.id)
             self._tip = event.id
             made.append(event)
+        # Durable before they are pushed, as a node's publish is: a crash then cannot
+        # lose the tip the next write builds on (sweep seed 62: it did, and the write
+        # after the restart named a parent its store never had).
+        replica.commit()
         return made
 
     @staticmethod
