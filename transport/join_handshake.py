@@ -308,16 +308,18 @@ class JoinHandshake:
         return out
 
     def _nudge_joiner(self, peer: PeerId, replica: Replica, now_ms: int) -> list[Effect]:
-        """We refused a frame of `peer`: if our state counts it as invited only, say we
-        lack its join (its sponsor never passed it on), at most once per JOIN_NUDGE_MS."""
+        """We refused a frame of `peer` (`Disseminator._accepts`: so we are a reader and
+        it is not): if our state counts it as invited only, say we lack its join (its
+        sponsor never passed it on), at most once per JOIN_NUDGE_MS."""
         topic = replica.topic_id
         if not self._accountable:
             return []  # a relayed frame names its origin unsigned: no word to it on that
+        # Noted before the state is read: a stranger's frames then cost a table lookup per
+        # interval, not a read of the state each.
         if (topic, peer) in self._join_fetches or not _due(self._nudged, (topic, peer), now_ms):
             return []
         key = self._key(peer)
-        if key is None or not replica.may_read(replica.identity.public_key) \
-                or replica.membership_of(key) is not Membership.INVITE:
+        if key is None or replica.membership_of(key) is not Membership.INVITE:
             return []  # a stranger, or a removed member: the topic stays unknown to it
         self.stats["joins_missing_told"] += 1
         return [self._emit(peer, JoinMissing(topic))]

@@ -85,6 +85,12 @@ class Adversary:
                 yield peer, frame
 
 
+def ban_confirmed(replica: Replica, ban_id: bytes) -> bool:
+    """Does `replica`'s order hold the ban at a confirmed position (or excluded it there)?"""
+    order = replica.ordering
+    return order is not None and (order.is_confirmed(ban_id) or order.is_excluded(ban_id))
+
+
 class BannedWriter:
     """A member banned at `ban_round` that keeps writing on pre-ban parents, every
     BANNED_WRITE_INTERVAL_MS on its ticks, until BANNED_WRITES_AFTER of its writes
@@ -96,8 +102,7 @@ class BannedWriter:
     confirmed position below anything signed then, so no correct node may show
     them in any view). In an open topic that is what its own replica knew. In a
     private topic it reads no ack after its ban, so the world says whether any
-    correct member had the ban confirmed (`write(confirmed_elsewhere=)`); the
-    banned member itself knows of its ban once it holds the ban event. (Seed 5
+    correct member had the ban confirmed (`write(confirmed_elsewhere=)`). (Seed 5
     of the 40-node private world with loss and a partition: writes signed once
     it held the ban, but before any member had confirmed it, were placed before
     the ban, rightly, and the check, which had counted them as after, failed.)
@@ -107,8 +112,8 @@ class BannedWriter:
         self.index = index
         self.ban_round = ban_round
         # In a private topic the banned member reads nothing once banned, the acks that
-        # confirm its ban included: it knows of its ban once it holds the ban event
-        # (`Disseminator._tell_removed` hands it its own removal).
+        # confirm its ban included: the world judges its writes by a correct member's
+        # order, and it is no member that must converge (`Cluster.correct_members`).
         self.private = private
         self.ban_id: bytes | None = None
         self._parents: tuple[bytes, ...] = ()  # its heads when the ban was made
@@ -139,10 +144,7 @@ class BannedWriter:
         excluded) now; what a private topic's banned member cannot see itself."""
         assert self.ban_id is not None
         self._next_ms = now_ms + BANNED_WRITE_INTERVAL_MS
-        order = replica.ordering
-        told = order is not None and order.is_confirmed(self.ban_id) or (
-            order is not None and order.is_excluded(self.ban_id)) or (
-            self.private and confirmed_elsewhere)
+        told = ban_confirmed(replica, self.ban_id) or confirmed_elsewhere
         made: list[Event] = []
         for _ in range(BANNED_WRITES_PER_ROUND):
             parents = (self._tip,) if self._tip is not None else tuple(

@@ -187,8 +187,7 @@ def converged(cluster: World) -> bool:
     if not all(n.alive and n.replica.graph.delivered_count == count
                and n.replica.graph.extremities() == heads for n in nodes):
         return False
-    if any(n.replica.graph.buffered_count for n in nodes) and any(
-            n.replica.graph.buffered_count > stranded(cluster, n) for n in nodes):
+    if any(n.replica.graph.buffered_count > stranded(cluster, n) for n in nodes):
         return False
     if cluster.banned is not None and not cluster.banned.done:
         return False  # the banned writer is still writing

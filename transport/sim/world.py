@@ -64,6 +64,7 @@ from transport.sim.adversary import (
     ADVERSARY_NEIGHBOURS,
     Adversary,
     BannedWriter,
+    ban_confirmed,
     outsider_frames,
 )
 from transport.sim.gc_quiet import quiet_gc
@@ -510,9 +511,9 @@ class Cluster:
     def _banned_writes(self, banned: BannedWriter) -> None:
         """The banned writer signs on its pre-ban chain and pushes to every neighbour."""
         node = self.nodes[banned.index]
-        confirmed = banned.private and any(
-            order is not None and (order.is_confirmed(banned.ban_id) or order.is_excluded(
-                banned.ban_id)) for order in (n.replica.ordering for n in self.correct_members))
+        assert banned.ban_id is not None
+        confirmed = banned.private and any(ban_confirmed(n.replica, banned.ban_id)
+                                           for n in self.correct_members)
         frame = banned.push(self.topic, banned.write(node.replica, self.now_ms, confirmed))
         for peer in sorted(self._adjacent[node.index]):
             self.network.transmit(node.index, peer, frame)
