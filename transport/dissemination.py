@@ -149,6 +149,10 @@ _STAT_KEYS = {kind: (f"messages_sent_{kind.__name__.lower()}", f"bytes_sent_{kin
 # Messages that carry a topic's events or event ids: the read filter applies to them.
 _GUARDED = frozenset({Push, Offer, Reply, Want, Events, IHave, Graft})
 _CARRIES_EVENTS = frozenset({Push, Reply, Events})
+# A joiner whose join's past we fetch (transport.join_handshake): its answers, and its
+# own asks, taken though it is no reader yet.
+_FROM_JOINER: dict[type, Callable[..., list[Effect | None]]] = {
+    Events: JoinHandshake._on_join_past, Want: JoinHandshake._on_joiner_want}
 _REMOVALS = frozenset({Membership.BAN, Membership.LEAVE})  # set by another: a ban or a kick  # what history_access may thin out
 NOT_MEMBER = "not_member"  # the log reason of a message dropped by the read filter
 
@@ -449,7 +453,7 @@ class Disseminator(Intake, AntiEntropy, JoinHandshake):
                 self.stats["unknown_topic"] += 1
                 return self._clean(self._stray_fault(peer, now_ms, Fault.UNKNOWN_TOPIC))
             # The answers of a joiner whose join's past we fetch (transport.join_handshake).
-            joining = kind is Events and self._fetching_join_past(message.topic, peer)
+            joining = kind in _FROM_JOINER and self._fetching_join_past(replica, peer)
             if kind in _GUARDED and not joining and not self._accepts(peer, replica):
                 # A private topic's message from a peer that may not read it: as if
                 # the topic were unknown here (no answer, nothing ingested). A member
@@ -464,7 +468,7 @@ class Disseminator(Intake, AntiEntropy, JoinHandshake):
                     and not self.intake_budget.take_events(
                         peer, len(message.events), now_ms):  # type: ignore[union-attr]
                 return self._clean(self._over_budget(peer, now_ms, "events"))
-            handler = JoinHandshake._on_join_past if joining else self._HANDLERS[kind]
+            handler = _FROM_JOINER[kind] if joining else self._HANDLERS[kind]
             return self._clean(handler(self, peer, replica, message, now_ms))
         finally:
             self._accountable = True
@@ -564,6 +568,8 @@ class Disseminator(Intake, AntiEntropy, JoinHandshake):
             return replica.ready or self._invitee_serves(replica.topic_id, peer)
         if self._key(peer) in readers:
             return True
+        if self._granting == (replica.topic_id, peer):
+            return True  # our join's past, to a peer fetching it (transport.join_handshake)
         # Catching up after a join: our copy of the state may not show the member
         # that took our join in as a member yet (transport.join_handshake).
         return (replica.identity.public_key not in readers
@@ -596,6 +602,7 @@ class Disseminator(Intake, AntiEntropy, JoinHandshake):
             self.stats["width_max"] = width
         if self.config.depletion:
             out += self._deplete(topic, replica, timers, now_ms, rng)
+        out += self._nudge_when_apart(replica, now_ms)
         if timers.next_sync_ms is None:  # first tick: a random phase, so nodes do not sync in step
             timers.next_sync_ms = now_ms + rng.randrange(self.config.sync_interval_ms)
         news_from, timers.news_from = timers.news_from, None

@@ -47,10 +47,10 @@ invited, and they refuse its frames. Two steps repair it:
   its state is `invite`, that it lacks its join, at most once per
   `JOIN_NUDGE_MS`. No one else hears anything: to a stranger the topic stays
   unknown, as before.
-* The joiner answers a reader of its own state, at most once per
-  `JOIN_NUDGE_MS`, with its member event from its state: the very join it
-  signed, never a new one (a second join of the same seq would be an
-  equivocation).
+* The joiner answers a reader of its own state, or a peer its state counts as
+  invited (below), at most once per `JOIN_NUDGE_MS`, with its member event
+  from its state: the very join it signed, never a new one (a second join of
+  the same seq would be an equivocation).
 * If the member lacks part of the join's past (the sponsor's last events,
   which only the sponsor and its joiners may hold), it asks the joiner for the
   missing parents of that past, and takes the answers from it though it is
@@ -60,6 +60,23 @@ invited, and they refuse its frames. Two steps repair it:
 * Once the join applies, the member serves the joiner as any reader: it
   pushes the join on and opens an exchange, which brings the rest both ways,
   the joins the joiner itself took in included.
+
+Two joins each side lacks: two members, each joined in a view without the
+other's join, each count the other as invited only, so neither sends the
+other anything and no refusal starts the repair above. So:
+
+* a joined member with no reader of its view among its connected peers tells
+  each peer its state counts as invited that it lacks its join
+  (`_nudge_when_apart`, at most once per (topic, peer) per `JOIN_NUDGE_MS`);
+* a member told so by a peer it counts as invited hands it its join too;
+* each side then fetches the other's join's past from the other, as above,
+  and answers the other's `Want`s while it does (`_on_joiner_want`): it holds
+  that peer's signed join, so no peer reads anything of the topic without a
+  join of record. Its own first `Want`, dropped if it came before its join
+  reached the other side, goes again once.
+
+An invited peer learns from this no more than from a join template: that we
+hold the topic, and the ids our join names.
 
 `JoinHandshake` is a mixin of `Disseminator`; it reads the engine's state
 listed in its class body.
@@ -107,6 +124,8 @@ class _JoinFetch:
     key: bytes
     deadline_ms: int
     waves: int = 0
+    answered: bool = False
+    asked_again: bool = False  # after a Want of the joiner's (`_on_joiner_want`)
 
 
 @dataclass
@@ -137,6 +156,8 @@ class JoinHandshake:
         def _push(self, topic: bytes, raws: list[bytes], exclude: Sequence[PeerId],
                   fanout: int) -> list[Effect]: ...
         def sync_with(self, peer: PeerId, topic: bytes, now_ms: int) -> list[Effect]: ...
+        def _on_want(self, peer: PeerId, replica: Replica, want: Want,
+                     now_ms: int) -> list[Effect | None]: ...
         def _log(self, record_type: str, now_ms: int, topic: bytes | None, *,
                  event: Event | None = None, event_id: bytes | None = None,
                  **fields: Any) -> Log | None: ...
@@ -147,6 +168,8 @@ class JoinHandshake:
         self._nudged: OrderedDict[tuple[bytes, PeerId], int] = OrderedDict()
         self._resubmitted: OrderedDict[tuple[bytes, PeerId], int] = OrderedDict()
         self._join_fetches: OrderedDict[tuple[bytes, PeerId], _JoinFetch] = OrderedDict()
+        # The (topic, joiner) whose Want is being answered as a reader's (`_may_serve`).
+        self._granting: tuple[bytes, PeerId] | None = None
 
     # ------------------------------------------------------------- the asker
 
@@ -225,23 +248,54 @@ class JoinHandshake:
     def _on_join_missing(self, peer: PeerId, replica: Replica, message: JoinMissing,
                          now_ms: int) -> list[Effect]:
         """A member lacks our join: hand it the one in our state (module docstring)."""
+        topic = replica.topic_id
         own = replica.identity.public_key
         key = self._key(peer)
-        if key is None or not replica.authorizing or not replica.may_read(key) \
+        membership = None if key is None else replica.membership_of(key)
+        if membership not in _MAY_HAVE_OUR_JOIN or not replica.authorizing \
                 or replica.membership_of(own) is not Membership.JOIN:
-            # Not a reader to us (our join is no stranger's to read), or we are not
-            # joined ourselves: nothing to resubmit.
+            # A stranger or a removed member to us (our join is not theirs to read), or
+            # we are not joined ourselves: nothing to resubmit.
             self.stats["join_missing_ignored"] += 1
             return []
-        if not _due(self._resubmitted, (replica.topic_id, peer), now_ms):
+        if not _due(self._resubmitted, (topic, peer), now_ms):
             self.stats["join_missing_ignored"] += 1
             return []
         join = replica.membership_event(own)
         if join is None:
             return []
         self.stats["joins_resubmitted"] += 1
-        sent = self._send(peer, JoinSubmit(replica.topic_id, join.raw))
+        if membership is Membership.INVITE:
+            # Joined, maybe, in a view without our join, as we are in one without its:
+            # our join is a state event, its parents ids a template would name too.
+            return [self._emit(peer, JoinSubmit(topic, join.raw))]
+        sent = self._send(peer, JoinSubmit(topic, join.raw))
         return [] if sent is None else [sent]
+
+    def _nudge_when_apart(self, replica: Replica, now_ms: int) -> list[Effect]:
+        """Joined, but no connected peer reads the topic in our view: tell those our state
+        counts as invited that we lack their joins (at most once per JOIN_NUDGE_MS each).
+
+        Each may be joined in a view without our join, as we are in one without
+        theirs; then neither sends the other anything, so no refusal says so
+        (`_nudge_joiner`). Their answer (`_on_join_missing`) starts the repair.
+        An invitee may learn that we hold the topic: it may ask any member for
+        the terms of its join (`_on_join_ask`) and learn as much.
+        """
+        readers = replica.readers()
+        if readers is None or not self._peers or replica.identity.public_key not in readers:
+            return []
+        keyed = [(peer, self._key(peer)) for peer in self._peers]
+        if any(key in readers for _, key in keyed):
+            return []
+        topic = replica.topic_id
+        out: list[Effect] = []
+        for peer, key in keyed:
+            if key is not None and replica.membership_of(key) is Membership.INVITE \
+                    and _due(self._nudged, (topic, peer), now_ms):
+                self.stats["joins_missing_told_apart"] += 1
+                out.append(self._emit(peer, JoinMissing(topic)))
+        return out
 
     # ------------------------------------------------------------- the member
 
@@ -345,14 +399,45 @@ class JoinHandshake:
         # Past the read filter: the ids are parents named by the joiner's own events.
         return [self._emit(peer, Want(topic, tuple(missing)))]
 
-    def _fetching_join_past(self, topic: bytes, peer: PeerId) -> bool:
-        return bool(self._join_fetches) and (topic, peer) in self._join_fetches
+    def _fetching_join_past(self, replica: Replica, peer: PeerId) -> bool:
+        """Do we fetch `peer`'s join's past, and is it still invited only here? (banned
+        or kicked meanwhile: the fetch ends, and its frames are a non-member's again)"""
+        key = (replica.topic_id, peer)
+        if not self._join_fetches or key not in self._join_fetches:
+            return False
+        membership = replica.membership_of(self._join_fetches[key].key)
+        if membership is not Membership.INVITE:
+            del self._join_fetches[key]
+            if membership is not Membership.JOIN:  # else its join came by another path
+                self.stats["join_fetches_abandoned"] += 1
+            return False
+        return True
+
+    def _on_joiner_want(self, peer: PeerId, replica: Replica, message: Want,
+                        now_ms: int) -> list[Effect | None]:
+        """A joiner whose join's past we fetch asks for events in turn: answered as a
+        reader's Want, since we hold its signed join (the two of us joined in views
+        without the other's join, each fetching the other's past). Our own ask of it,
+        dropped if it came before our join reached it, goes again once."""
+        topic = replica.topic_id
+        fetch = self._join_fetches[(topic, peer)]
+        self._granting = (topic, peer)
+        try:
+            out = self._on_want(peer, replica, message, now_ms)
+        finally:
+            self._granting = None
+        self.stats["joiner_wants_served"] += 1
+        if not fetch.answered and not fetch.asked_again:
+            fetch.asked_again = True
+            out += self._fetch_join_past(peer, replica, fetch.join_id, fetch.key, now_ms)
+        return out
 
     def _on_join_past(self, peer: PeerId, replica: Replica, message: Events,
                       now_ms: int) -> list[Effect]:
         """An answer of a joiner whose join's past we fetch: take it in, then ask on."""
         topic = replica.topic_id
         fetch = self._join_fetches[(topic, peer)]
+        fetch.answered = True
         out: list[Effect] = []
         fresh = self._ingest(peer, replica, message.events, SYNC, now_ms, out)
         if replica.may_read(fetch.key):
@@ -368,6 +453,11 @@ class JoinHandshake:
         for key in [k for k, f in self._join_fetches.items() if f.deadline_ms <= now_ms]:
             del self._join_fetches[key]
             self.stats["join_fetches_abandoned"] += 1
+
+
+# Whom we hand our join when told it is missing: a reader of our state, or a peer it
+# counts as invited (joined, maybe, in a view without our join; module docstring).
+_MAY_HAVE_OUR_JOIN = frozenset({Membership.JOIN, Membership.INVITE})
 
 
 def _due(last: OrderedDict[tuple[bytes, PeerId], int], key: tuple[bytes, PeerId],

@@ -4,7 +4,8 @@ Node 0 creates an invite topic and invites nodes 1 and 2. Node 3 is not
 invited: its `topic join` exits 2 with one line, fast, and it holds nothing of
 the topic. Invited, it joins and receives everything. Banned, it receives
 nothing new while the others keep receiving. A join whose sponsor is gone before
-passing it on still reaches the members. Every wait polls a condition
+passing it on still reaches the members, and two members each joined in a view
+without the other's join still meet. Every wait polls a condition
 under a named bound (deploy.cluster); nothing sleeps and hopes.
 """
 
@@ -173,3 +174,56 @@ def test_a_join_whose_sponsor_is_gone_reaches_the_members(tmp_path: Path) -> Non
             time.sleep(0.2)
         held = set(payloads(cluster, 0, topic))
         assert {f"sponsor {n}" for n in range(MESSAGES)} <= held  # fetched from the joiner
+
+
+def _wait_writer(cluster: LocalCluster, index: int, topic: str) -> None:
+    deadline = time.monotonic() + WAIT_S
+    while cluster.cli_raw(index, "publish", topic, "warm").returncode != 0:  # a writer yet?
+        assert time.monotonic() < deadline, f"node {index} never became a writer"
+        time.sleep(0.2)
+
+
+def test_two_members_each_joined_without_the_other_s_join_meet(tmp_path: Path) -> None:
+    """Node 2 joins through node 1 while nodes 0, 3 and 4 are down; node 4 through node 3
+    while nodes 0, 1 and 2 are down; then nodes 1 and 3 are gone for good. When 2 and 4
+    meet, each counts the other as invited only, so neither would send the other
+    anything. Each, with no reader connected, tells the other it lacks its join; they
+    trade joins and each join's past (transport.join_handshake)."""
+    config = tmp_path / "node.toml"
+    config.write_text(FAST_ANTI_ENTROPY)
+    with LocalCluster(tmp_path / "c", 5, extra_args=("--config", str(config))) as cluster:
+        topic = cluster.cli(0, "topic", "create", "private", "--access", "invite")["topic"]
+        ids = [node.node_id for node in cluster.nodes]
+        for i in (1, 2, 3, 4):
+            cluster.cli(0, "topic", "invite", topic, ids[i])
+        for i in (1, 3):
+            cluster.cli(0, "topic", "add-writer", topic, ids[i])
+            cluster.cli(i, "topic", "join", topic)
+        cluster.wait_joined(topic, WAIT_S, indices=[0, 1, 3])
+        for i in (2, 4):
+            wait_member_state(cluster, topic, ids[i], "invite", [0, 1, 3])
+        for i in (1, 3):
+            _wait_writer(cluster, i, topic)
+
+        for i in (0, 3, 4):
+            cluster.stop(i)
+        publish(cluster, 1, topic, "one")  # the parents of node 2's join
+        assert cluster.cli(2, "topic", "join", topic)["membership"] == "join"
+        cluster.kill(1)
+        cluster.stop(2)
+
+        cluster.start_node(3, bootstrap=[])
+        cluster.start_node(4, bootstrap=[cluster.nodes[3].address])
+        publish(cluster, 3, topic, "three")  # the parents of node 4's join
+        assert cluster.cli(4, "topic", "join", topic)["membership"] == "join"
+        cluster.kill(3)
+
+        cluster.start_node(2, bootstrap=[cluster.nodes[4].address])
+        wait_member_state(cluster, topic, ids[4], "join", [2])
+        wait_member_state(cluster, topic, ids[2], "join", [4])
+        wanted = {2: {f"three {n}" for n in range(MESSAGES)},
+                  4: {f"one {n}" for n in range(MESSAGES)}}
+        deadline = time.monotonic() + WAIT_S
+        while not all(wanted[i] <= set(payloads(cluster, i, topic)) for i in wanted):
+            assert time.monotonic() < deadline, "nodes 2 and 4 did not trade what they held"
+            time.sleep(0.2)

@@ -7,6 +7,7 @@ import random
 
 import pytest
 
+from node.core.event import event_id_of
 from node.core.identity import sign_event
 from node.replica.joining import JoinTerms, is_join_of, sign_join
 from node.state.actions import NotAuthorizedError
@@ -318,7 +319,7 @@ def test_only_an_invited_peer_is_told_its_join_is_missing_and_at_most_once_per_i
     assert first == later == [JoinMissing(mesh.topic)] and again == []
 
 
-def test_a_joiner_hands_its_join_only_to_a_reader_of_its_state():
+def test_a_joiner_hands_its_join_to_no_stranger():
     mesh, _, _ = _sponsored_then_gone()
     _cut(mesh, "j", "a", "c")
     engine = mesh.engines["j"]
@@ -347,3 +348,129 @@ def test_a_fetch_of_a_join_s_past_ends_when_the_joiner_goes_silent():
                              mesh.now_ms + JOIN_FETCH_MS + 1)
     assert engine.stats["not_member_dropped"] == 1
     assert {type(decode(e.data)) for e in late if isinstance(e, Send)} <= {JoinMissing}
+
+
+# ------------------------------------------------- two members each lacking the other's join
+
+
+def _disconnect(mesh: Mesh, name: str, *others: str) -> None:
+    for other in others:
+        mesh.links.discard(frozenset((name, other)))
+        mesh.engines[name].on_peer_down(mesh.ids[other], mesh.now_ms)
+        mesh.engines[other].on_peer_down(mesh.ids[name], mesh.now_ms)
+
+
+def _joined_apart() -> Mesh:
+    """a invited s, c, j and k; s and c joined. j joined through s and k through c, each
+    pair cut off from the rest; then s, c and a are gone. j and k are connected to each
+    other (and to z, a stranger) only: in j's view k is invited only, and j in k's."""
+    mesh = Mesh(["a", "c", "j", "k", "s", "z"])
+    for name in "scjk":
+        mesh.invite("a", name)
+    mesh.connect_all()
+    mesh.request_join("s")
+    mesh.request_join("c")
+    _disconnect(mesh, "s", "a", "c", "k", "z")
+    _disconnect(mesh, "j", "a", "c", "k", "z")
+    mesh.publish("s", b"s, cut off")
+    mesh.request_join("j")  # through s, the one peer it has
+    _disconnect(mesh, "c", "a", "z")
+    _disconnect(mesh, "k", "a", "z")
+    mesh.publish("c", b"c, cut off")
+    mesh.request_join("k")  # through c
+    _disconnect(mesh, "s", "j")
+    _disconnect(mesh, "c", "k")
+    for pair in ("jk", "jz", "kz"):
+        mesh.pump(mesh.connect(*pair))
+    j, k = mesh.replicas["j"], mesh.replicas["k"]
+    assert j.membership_of(mesh.key("j")) is k.membership_of(mesh.key("k")) is Membership.JOIN
+    assert j.membership_of(mesh.key("k")) is k.membership_of(mesh.key("j")) is Membership.INVITE
+    return mesh
+
+
+def test_two_members_each_joined_in_a_view_without_the_other_s_join_still_meet():
+    mesh = _joined_apart()
+    assert mesh.received["k"].kinds["Push"] == mesh.received["j"].kinds["Push"] == 0
+    mesh.tick()  # each has no reader connected: it tells the invited peers
+    for name, other in ("jk", "kj"):
+        assert mesh.replicas[name].membership_of(mesh.key(other)) is Membership.JOIN
+    mesh.tick(times=3)
+    assert mesh.same(["j", "k"])
+    written = mesh.publish("j", b"j writes")
+    assert mesh.replicas["k"].graph.has(written)
+    j, k = mesh.engines["j"].stats, mesh.engines["k"].stats
+    assert j["joins_missing_told_apart"] + k["joins_missing_told_apart"] >= 1
+    assert j["joiner_wants_served"] + k["joiner_wants_served"] >= 1
+    # The stranger heard nothing of it.
+    assert mesh.received["z"].kinds["JoinMissing"] == 0
+    assert mesh.received["z"].events == set() and mesh.received["z"].ids == set()
+
+
+def test_a_member_with_a_reader_connected_tells_no_invitee_unasked():
+    mesh = Mesh(["a", "b", "i"])
+    mesh.invite("a", "b")
+    mesh.invite("a", "i")
+    mesh.connect_all()
+    mesh.request_join("b")
+    mesh.tick(times=2)
+
+    def told_apart() -> int:
+        return mesh.engines["a"].stats["joins_missing_told_apart"]
+
+    assert told_apart() == 0
+    _disconnect(mesh, "a", "b")  # a has the invitee alone now: told, once per interval
+    engine, start = mesh.engines["a"], mesh.now_ms + JOIN_NUDGE_MS
+    engine.tick(start)
+    assert told_apart() == 1
+    engine.tick(start + JOIN_NUDGE_MS - 1)
+    assert told_apart() == 1
+    engine.tick(start + JOIN_NUDGE_MS)
+    assert told_apart() == 2
+    assert mesh.engines["b"].stats["joins_missing_told_apart"] == 0  # no one connected
+
+
+def test_an_invited_peer_s_asks_are_answered_only_while_we_fetch_its_join_s_past():
+    """We hand an invited peer our join when it says it lacks it; its asks for our join's
+    past are answered only once it has handed us its own signed join (whose past we
+    fetch from it): a peer reads nothing of the topic without a join of record."""
+    mesh = _joined_apart()
+    engine = mesh.engines["j"]
+    join = mesh.replicas["j"].membership_event(mesh.key("j"))
+    others = mesh.replicas["k"].membership_event(mesh.key("k"))
+    want = encode(Want(mesh.topic, join.parents))
+
+    def answered(data: bytes, now_ms: int) -> list[object]:
+        return [decode(e.data) for e in engine.on_message(mesh.ids["k"], data, now_ms)
+                if isinstance(e, Send)]
+
+    told = answered(encode(JoinMissing(mesh.topic)), mesh.now_ms)
+    assert told == [JoinSubmit(mesh.topic, join.raw)]  # our join, to an invited peer
+    assert [type(m) for m in answered(want, mesh.now_ms)] == [JoinMissing]  # no more
+    fetch = answered(encode(JoinSubmit(mesh.topic, others.raw)), mesh.now_ms)
+    assert [type(m) for m in fetch] == [Want]  # its join's past, from it
+    first = answered(want, mesh.now_ms)
+    assert [type(m) for m in first] == [Events, Want]  # and our ask again, once
+    assert {event_id_of(raw) for raw in first[0].events} == set(join.parents)
+    assert [type(m) for m in answered(want, mesh.now_ms)] == [Events]
+    # The fetch ends JOIN_FETCH_MS after our last ask without an answer; so do its asks.
+    engine.tick(mesh.now_ms + JOIN_FETCH_MS)
+    assert Events not in [type(m) for m in answered(want, mesh.now_ms + JOIN_FETCH_MS)]
+
+
+def test_a_joiner_banned_while_we_fetch_its_join_s_past_is_served_nothing():
+    """Regression (the 40-node private banned world, seed 17, with this stop's first cut of
+    the repair): a member kept answering the asks of a peer banned while it fetched that
+    peer's join's past."""
+    mesh, _, _ = _sponsored_then_gone()
+    join = mesh.replicas["j"].membership_event(mesh.key("j"))
+    engine, a = mesh.engines["a"], mesh.replicas["a"]
+    fetch = engine.on_message(mesh.ids["j"], encode(JoinSubmit(mesh.topic, join.raw)),
+                              mesh.now_ms)
+    assert [type(decode(e.data)) for e in fetch] == [Want]
+    want = encode(Want(mesh.topic, tuple(a.graph.extremities())))
+    served = engine.on_message(mesh.ids["j"], want, mesh.now_ms)
+    assert [type(decode(e.data)) for e in served if isinstance(e, Send)][:1] == [Events]
+    a.ban(mesh.key("j"), mesh.now_ms, random.Random(3))
+    after = engine.on_message(mesh.ids["j"], want, mesh.now_ms)
+    assert [e for e in after if isinstance(e, Send)] == []
+    assert engine.stats["join_fetches_abandoned"] == 1
