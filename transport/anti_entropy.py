@@ -150,6 +150,7 @@ class AntiEntropy:
         def _take_raws(self, raws: Sequence[bytes]) -> tuple[list[bytes], bool]: ...
         def _clean(self, effects: Sequence[Effect | None]) -> list[Effect]: ...
         def _key(self, peer: PeerId) -> bytes | None: ...
+        def _join_unheard(self, peer: PeerId, topic: bytes, now_ms: int) -> list[Effect]: ...
         def _blame(self, peer: PeerId, now_ms: int, topic: bytes | None, reason: str,
                    log: bool = True, fault: Fault = Fault.HARD) -> list[Effect]: ...
         def _log(self, record_type: str, now_ms: int, topic: bytes | None, *,
@@ -249,6 +250,10 @@ class AntiEntropy:
             self.stats[f"sessions_timed_out:{reason}"] += 1
             out.append(self._log(EXCHANGE_TIMEOUT, now_ms, session.topic, peer=session.peer,
                                  reason=reason))
+            if not heard and not session.streaming:
+                # Not a word from it since our offer: maybe it does not know us at all
+                # (transport.join_handshake, "A sponsor that also invited").
+                out += self._join_unheard(session.peer, session.topic, now_ms)
         return out
 
     def _alive(self, session: _Session, now_ms: int) -> bool:

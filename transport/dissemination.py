@@ -453,7 +453,8 @@ class Disseminator(Intake, AntiEntropy, JoinHandshake):
                 self.stats["unknown_topic"] += 1
                 return self._clean(self._stray_fault(peer, now_ms, Fault.UNKNOWN_TOPIC))
             # The answers of a joiner whose join's past we fetch (transport.join_handshake).
-            joining = kind in _FROM_JOINER and self._fetching_join_past(replica, peer)
+            joining = kind in _FROM_JOINER and self._fetching_join_past(replica, peer,
+                                                                         kind is Want)
             if kind in _GUARDED and not joining and not self._accepts(peer, replica):
                 # A private topic's message from a peer that may not read it: as if
                 # the topic were unknown here (no answer, nothing ingested). A member
@@ -464,6 +465,10 @@ class Disseminator(Intake, AntiEntropy, JoinHandshake):
                                               reason=NOT_MEMBER, peer=peer)]
                                    + self._stray_fault(peer, now_ms, Fault.NOT_MEMBER)
                                    + self._nudge_joiner(peer, replica, now_ms))
+            if kind in _GUARDED and message.topic not in self._served_by_others \
+                    and not joining:
+                # Its sender sends these to readers only: it holds our join.
+                self._served_by(message.topic, peer)
             if accountable and kind in _CARRIES_EVENTS and not self._solicited(peer, message) \
                     and not self.intake_budget.take_events(
                         peer, len(message.events), now_ms):  # type: ignore[union-attr]

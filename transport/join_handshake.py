@@ -78,6 +78,19 @@ other anything and no refusal starts the repair above. So:
 An invited peer learns from this no more than from a join template: that we
 hold the topic, and the ids our join names.
 
+A sponsor that also invited: if the member that invited the joiner also took
+its join in, and went before passing either on, to the others the joiner is a
+stranger, whose frames they drop without a word. So:
+
+* an exchange the joiner opened with a reader of its view that times out with
+  not a word from that peer (`_join_unheard`) makes it hand that peer its join
+  and the invite its join names (`JoinSubmit.invite`), at most once per
+  `JOIN_NUDGE_MS`;
+* a member that does not know the joiner answers only if that invite is of the
+  joiner's own key, signed, by a joined member of its state
+  (`_vouching_invite`); then it fetches the past of both from the joiner, and
+  takes its answers, but answers none of its asks until the join applies.
+
 `JoinHandshake` is a mixin of `Disseminator`; it reads the engine's state
 listed in its class body.
 """
@@ -92,7 +105,9 @@ from typing import TYPE_CHECKING, Any
 
 from node.core.event import Event, EventFormatError, decode_event
 from node.logschema import SYNC
-from node.replica.joining import JoinTerms, is_join_of, sign_join
+from node.core.identity import verify_signature
+from node.replica.joining import (JoinTerms, invite_cited_by, is_invite_of, is_join_of,
+                                 sign_join)
 from node.replica.replica import Replica
 from node.state.actions import NotAuthorizedError
 from node.replica.types import NotReadyError, StateDisabledError
@@ -123,6 +138,7 @@ class _JoinFetch:
     join_id: bytes
     key: bytes
     deadline_ms: int
+    invite_id: bytes | None = None  # an invite the joiner handed us (we did not know it)
     waves: int = 0
     answered: bool = False
     asked_again: bool = False  # after a Want of the joiner's (`_on_joiner_want`)
@@ -167,9 +183,15 @@ class JoinHandshake:
         # (topic, peer) -> when we last told it / resubmitted to it (JOIN_NUDGE_MS).
         self._nudged: OrderedDict[tuple[bytes, PeerId], int] = OrderedDict()
         self._resubmitted: OrderedDict[tuple[bytes, PeerId], int] = OrderedDict()
+        # Apart from `_resubmitted`: a join handed round on a silence (maybe lost across a
+        # partition) must not hold back the answer to a JoinMissing that follows.
+        self._handed_unheard: OrderedDict[tuple[bytes, PeerId], int] = OrderedDict()
         self._join_fetches: OrderedDict[tuple[bytes, PeerId], _JoinFetch] = OrderedDict()
         # The (topic, joiner) whose Want is being answered as a reader's (`_may_serve`).
         self._granting: tuple[bytes, PeerId] | None = None
+        # Topics of which a reader other than our sponsor sent us a frame (so it holds
+        # our join, and passes it on): no need to hand our join round (`_join_unheard`).
+        self._served_by_others: set[bytes] = set()
 
     # ------------------------------------------------------------- the asker
 
@@ -219,8 +241,20 @@ class JoinHandshake:
         for key in [k for k in self._join_fetches if k[1] == peer]:
             del self._join_fetches[key]
 
+    def _sponsor_connected(self, topic: bytes) -> bool:
+        """Is the member that took our join in (this run) still connected? Then it is
+        there to pass our join on, and a silence is no sign it never did."""
+        attempt = self._attempts.get(topic)
+        return attempt is not None and attempt.sponsor in self._peers
+
+    def _served_by(self, topic: bytes, peer: PeerId) -> None:
+        """A frame of `topic` that only a reader is sent came from `peer` (first one only)."""
+        if not self._is_sponsor(topic, peer):
+            self._served_by_others.add(topic)
+
     def _forget_join_topic(self, topic: bytes) -> None:
         self._attempts.pop(topic, None)
+        self._served_by_others.discard(topic)
         for key in [k for k in self._join_fetches if k[0] == topic]:
             del self._join_fetches[key]
 
@@ -271,6 +305,30 @@ class JoinHandshake:
             return [self._emit(peer, JoinSubmit(topic, join.raw))]
         sent = self._send(peer, JoinSubmit(topic, join.raw))
         return [] if sent is None else [sent]
+
+    def _join_unheard(self, peer: PeerId, topic: bytes, now_ms: int) -> list[Effect]:
+        """An exchange we opened with `peer` timed out with not a word from it. If it is a
+        reader of our view of a private topic we joined by an invite, our sponsor is
+        gone, and no other reader has sent us anything of the topic yet, it may not know
+        us at all: the member that invited us also took our join in, and went before
+        passing either on, so to the others we are a stranger, whose frames they drop
+        without a word. Hand it our join and that invite (at most once per
+        JOIN_NUDGE_MS); a member that knows us takes it as a resubmission."""
+        replica = self._replicas.get(topic)
+        if replica is None or not replica.authorizing or topic in self._served_by_others \
+                or self._sponsor_connected(topic):
+            return []
+        readers = replica.readers()
+        own = replica.identity.public_key
+        if readers is None or own not in readers or self._key(peer) not in readers:
+            return []
+        join = replica.membership_event(own)
+        invite = None if join is None else invite_cited_by(join, replica.graph)
+        if join is None or invite is None \
+                or not _due(self._handed_unheard, (topic, peer), now_ms):
+            return []
+        self.stats["joins_handed_unheard"] += 1
+        return [self._emit(peer, JoinSubmit(topic, join.raw, invite.raw))]
 
     def _nudge_when_apart(self, replica: Replica, now_ms: int) -> list[Effect]:
         """Joined, but no connected peer reads the topic in our view: tell those our state
@@ -339,12 +397,25 @@ class JoinHandshake:
         if not replica.authorizing or not replica.may_read(replica.identity.public_key):
             self.stats["join_submits_refused"] += 1
             return out  # we are not a member: we never offered terms
-        fresh = self._ingest(peer, replica, [message.raw], SYNC, now_ms, out)
+        raws = [message.raw]
+        invite: Event | None = None
+        if message.invite and replica.membership_of(key) is None:
+            # We do not know the joiner at all: only a member's invite of its key, in its
+            # hand, makes it more than a stranger (who hears nothing from us).
+            invite = _vouching_invite(replica, message.invite, key)
+            if invite is None:
+                self.stats["join_submits_refused"] += 1
+                out.append(self._log("rejected", now_ms, topic, reason="invite_not_valid",
+                                     peer=peer))
+                return out
+            raws.insert(0, message.invite)
+        fresh = self._ingest(peer, replica, raws, SYNC, now_ms, out)
         if not replica.may_read(key):
-            if replica.graph.is_buffered(event.id) \
-                    and replica.membership_of(key) is Membership.INVITE:
+            if replica.graph.is_buffered(event.id) and (
+                    invite is not None or replica.membership_of(key) is Membership.INVITE):
                 # Its past has not reached us (its sponsor's last events): the joiner has it.
-                out += self._fetch_join_past(peer, replica, event.id, key, now_ms)
+                out += self._fetch_join_past(peer, replica, event.id, key, now_ms,
+                                             None if invite is None else invite.id)
             else:
                 self.stats["join_submits_not_applied"] += 1
             return out
@@ -379,16 +450,18 @@ class JoinHandshake:
         return [self._emit(peer, JoinMissing(topic))]
 
     def _fetch_join_past(self, peer: PeerId, replica: Replica, join_id: bytes, key: bytes,
-                         now_ms: int) -> list[Effect]:
-        """Ask the joiner for the parents its buffered join's past waits for (one wave)."""
+                         now_ms: int, invite_id: bytes | None = None) -> list[Effect]:
+        """Ask the joiner for the parents its buffered join's past waits for (one wave);
+        and the past of the invite it handed us (`invite_id`), if any."""
         topic = replica.topic_id
         fetch = self._join_fetches.get((topic, peer))
         if fetch is None:
             if len(self._join_fetches) >= MAX_JOIN_FETCHES:
                 self._join_fetches.popitem(last=False)
-            fetch = self._join_fetches[(topic, peer)] = _JoinFetch(join_id, key, 0)
+            fetch = self._join_fetches[(topic, peer)] = _JoinFetch(join_id, key, 0, invite_id)
             self.stats["join_fetches"] += 1
-        missing = _missing_past(replica.graph, join_id)
+        missing = _missing_past(replica.graph, (join_id,) if fetch.invite_id is None
+                                else (join_id, fetch.invite_id))
         if not missing or fetch.waves >= MAX_JOIN_FETCH_WAVES:
             del self._join_fetches[(topic, peer)]
             self.stats["join_fetches_abandoned"] += 1
@@ -399,19 +472,27 @@ class JoinHandshake:
         # Past the read filter: the ids are parents named by the joiner's own events.
         return [self._emit(peer, Want(topic, tuple(missing)))]
 
-    def _fetching_join_past(self, replica: Replica, peer: PeerId) -> bool:
+    def _fetching_join_past(self, replica: Replica, peer: PeerId, asks: bool) -> bool:
         """Do we fetch `peer`'s join's past, and is it still invited only here? (banned
-        or kicked meanwhile: the fetch ends, and its frames are a non-member's again)"""
+        or kicked meanwhile: the fetch ends, and its frames are a non-member's again)
+
+        `asks`: the frame is the joiner's own ask (a `Want`), answered only if its
+        invite is of record here; on an invite of its own hand we take its answers,
+        and it reads nothing until its join applies.
+        """
         key = (replica.topic_id, peer)
         if not self._join_fetches or key not in self._join_fetches:
             return False
-        membership = replica.membership_of(self._join_fetches[key].key)
-        if membership is not Membership.INVITE:
-            del self._join_fetches[key]
-            if membership is not Membership.JOIN:  # else its join came by another path
-                self.stats["join_fetches_abandoned"] += 1
-            return False
-        return True
+        fetch = self._join_fetches[key]
+        membership = replica.membership_of(fetch.key)
+        if membership is Membership.INVITE:
+            return True
+        if membership is None and fetch.invite_id is not None:
+            return not asks
+        del self._join_fetches[key]
+        if membership is not Membership.JOIN:  # else its join came by another path
+            self.stats["join_fetches_abandoned"] += 1
+        return False
 
     def _on_joiner_want(self, peer: PeerId, replica: Replica, message: Want,
                         now_ms: int) -> list[Effect | None]:
@@ -473,12 +554,24 @@ def _due(last: OrderedDict[tuple[bytes, PeerId], int], key: tuple[bytes, PeerId]
     return True
 
 
-def _missing_past(graph: Graph, join_id: bytes) -> list[bytes]:
-    """The parents that buffered `join_id`'s past waits for: neither here, buffered nor
+def _vouching_invite(replica: Replica, raw: bytes, key: bytes) -> Event | None:
+    """The invite `raw`, if it invites `key` to this topic, is signed, and its author is a
+    member in our state: what lets us fetch a stranger's join's past from it."""
+    try:
+        invite = decode_event(raw)
+    except EventFormatError:
+        return None
+    if not is_invite_of(invite, replica.topic_id, key) or not verify_signature(invite):
+        return None
+    return invite if replica.membership_of(invite.author) is Membership.JOIN else None
+
+
+def _missing_past(graph: Graph, roots: Sequence[bytes]) -> list[bytes]:
+    """The parents that the buffered `roots`' past waits for: neither here, buffered nor
     refused before (a bounded walk down the buffered events, at most one Want's ids)."""
     missing: list[bytes] = []
-    seen = {join_id}
-    stack = [join_id]
+    seen = set(roots)
+    stack = list(roots)
     visited = 0
     while stack and visited < MAX_JOIN_PAST_WALK and len(missing) < MAX_WANT_IDS:
         event = graph.buffered_event(stack.pop())

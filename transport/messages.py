@@ -27,8 +27,9 @@ Five more carry the join handshake of a private topic
 (`transport.join_handshake`): `JoinAsk` (may I join?), `JoinTemplate` (yes:
 sign your join on these parents, auth refs and seq), `JoinRefused` (one
 reason, `not_found`, whatever the cause, so a refusal reveals nothing),
-`JoinSubmit` (my signed join) and `JoinMissing` (a member to an invitee whose
-frames it refused: I do not hold your join, submit it to me).
+`JoinSubmit` (my signed join; with the invite that let me join, if the members
+may not hold it) and `JoinMissing` (a member to an invitee whose frames it
+refused: I do not hold your join, submit it to me).
 
 Three more carry the eager/lazy tree fast path (`transport.eager_lazy`):
 `IHave` (ids of new events, announced on a lazy link), `Graft` (send me
@@ -83,6 +84,7 @@ TAG_GRAFT = 11
 TAG_PRUNE = 12
 TAG_JOIN_MISSING = 13
 TAG_REPAIR_PUSH = 14  # a Push with `repair` set
+TAG_JOIN_SUBMIT_INVITED = 15  # a JoinSubmit with `invite` set
 
 # Limits. A peer can make us allocate or loop at most this much per message.
 MAX_FRAME_BYTES = 4 * 1024 * 1024  # one message; a libp2p frame or a sim packet
@@ -249,10 +251,13 @@ class JoinRefused:
 
 @dataclass(frozen=True, slots=True)
 class JoinSubmit:
-    """The asker's signed join, for the member to receive like any event."""
+    """The asker's signed join, for the member to receive like any event; `invite`, if
+    not empty, the member-signed invite that let it join (for members that may not
+    know the joiner at all: transport.join_handshake, "A sponsor that also invited")."""
 
     topic: bytes
     raw: bytes
+    invite: bytes = b""
 
 
 @dataclass(frozen=True, slots=True)
@@ -345,7 +350,11 @@ def encode(message: Message) -> bytes:
     elif isinstance(message, JoinRefused):
         body = head + [TAG_JOIN_REFUSED, message.topic, str(JoinRefusal(message.reason))]
     elif isinstance(message, JoinSubmit):
-        body = head + [TAG_JOIN_SUBMIT, message.topic, _check_events((message.raw,))[0]]
+        if message.invite:
+            body = head + [TAG_JOIN_SUBMIT_INVITED, message.topic,
+                           *_check_events((message.raw, message.invite))]
+        else:
+            body = head + [TAG_JOIN_SUBMIT, message.topic, _check_events((message.raw,))[0]]
     elif isinstance(message, JoinMissing):
         body = head + [TAG_JOIN_MISSING, message.topic]
     elif isinstance(message, IHave):
@@ -446,7 +455,7 @@ def _bloom(value: Any) -> BloomFilter:
 _ARITY = {TAG_PUSH: 2, TAG_OFFER: 7, TAG_REPLY: 6, TAG_WANT: 2, TAG_EVENTS: 4,
           TAG_JOIN_ASK: 1, TAG_JOIN_TEMPLATE: 4, TAG_JOIN_REFUSED: 2, TAG_JOIN_SUBMIT: 2,
           TAG_IHAVE: 2, TAG_GRAFT: 2, TAG_PRUNE: 2, TAG_JOIN_MISSING: 1,
-          TAG_REPAIR_PUSH: 2}
+          TAG_REPAIR_PUSH: 2, TAG_JOIN_SUBMIT_INVITED: 3}
 _REFUSALS = {r.value: r for r in JoinRefusal}
 
 
@@ -538,12 +547,13 @@ def _decode_join(tag: int, topic: bytes, fields: list[Any]) -> Message:
         if reason is None:
             raise _fail("bad_field", "reason")
         return JoinRefused(topic, reason)
-    raw = fields[1]
-    if not isinstance(raw, bytes):
-        raise _fail("bad_field", "raw")
-    if len(raw) > MAX_EVENT_BYTES:
-        raise _fail("event_too_large", f"{len(raw)} > {MAX_EVENT_BYTES} bytes")
-    return JoinSubmit(topic, raw)
+    raws = fields[1:]
+    for raw in raws:
+        if not isinstance(raw, bytes):
+            raise _fail("bad_field", "raw")
+        if len(raw) > MAX_EVENT_BYTES:
+            raise _fail("event_too_large", f"{len(raw)} > {MAX_EVENT_BYTES} bytes")
+    return JoinSubmit(topic, *raws)
 
 
 def event_bytes(message: Message) -> int:

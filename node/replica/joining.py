@@ -28,7 +28,7 @@ from node.core.identity import Identity, sign_event
 from node.core.parents import select_parents
 from node.replica.types import NotReadyError, ReplicaConfig, TopicParams
 from node.state import actions
-from node.state.types import TYPE_MEMBER, Membership, user_id
+from node.state.types import TYPE_MEMBER, Membership, content_of, user_id
 
 if TYPE_CHECKING:
     from node.core.graph import Graph
@@ -60,6 +60,23 @@ def is_join_of(event: Event, topic: bytes, key: bytes) -> bool:
     """True if `event` is `key`'s own join of `topic` (what a join handshake may submit)."""
     return (event.topic == topic and event.author == key and event.kind == TYPE_MEMBER
             and event.state_key == user_id(key) and event.payload == join_payload(key))
+
+
+def is_invite_of(event: Event, topic: bytes, key: bytes) -> bool:
+    """True if `event` invites `key` to `topic` (another key's `m.room.member` invite)."""
+    return (event.topic == topic and event.author != key and event.kind == TYPE_MEMBER
+            and event.state_key == user_id(key)
+            and content_of(event).get("membership") == Membership.INVITE.value)
+
+
+def invite_cited_by(join: Event, graph: Graph) -> Event | None:
+    """The invite of the joiner that `join` names among its auth refs, if held in `graph`:
+    what let it join (None for a join under a public rule, or a member's re-join)."""
+    for auth_id in join.auth:
+        event = graph.get(auth_id)
+        if event is not None and is_invite_of(event, join.topic, join.author):
+            return event
+    return None
 
 
 class Joining:

@@ -227,3 +227,35 @@ def test_two_members_each_joined_without_the_other_s_join_meet(tmp_path: Path) -
         while not all(wanted[i] <= set(payloads(cluster, i, topic)) for i in wanted):
             assert time.monotonic() < deadline, "nodes 2 and 4 did not trade what they held"
             time.sleep(0.2)
+
+
+def test_a_join_whose_sponsor_also_invited_and_is_gone_reaches_the_members(
+        tmp_path: Path) -> None:
+    """Node 1 (an indexer, so it may invite) invites node 2 and takes its join in while
+    node 0, the creator, is down, then is gone for good. To node 0, back, node 2 is a
+    stranger: it drops node 2's frames without a word. Node 2's exchange with it times
+    out, and node 2 hands it its join with the invite (transport.join_handshake)."""
+    config = tmp_path / "node.toml"
+    config.write_text(FAST_ANTI_ENTROPY)
+    with LocalCluster(tmp_path / "c", 3, extra_args=("--config", str(config))) as cluster:
+        topic = cluster.cli(0, "topic", "create", "private", "--access", "invite")["topic"]
+        ids = [node.node_id for node in cluster.nodes]
+        cluster.cli(0, "topic", "invite", topic, ids[1])
+        cluster.cli(1, "topic", "join", topic)
+        cluster.cli(0, "topic", "set-role", topic, ids[1], "indexer")
+        cluster.wait_joined(topic, WAIT_S, indices=[0, 1])
+        _wait_writer(cluster, 1, topic)  # its role reached it: it may invite too
+
+        cluster.stop(0)
+        publish(cluster, 1, topic, "sponsor")  # the invite's parents: node 0 lacks them
+        cluster.cli(1, "topic", "invite", topic, ids[2])
+        assert cluster.cli(2, "topic", "join", topic)["membership"] == "join"
+        cluster.kill(1)
+
+        cluster.start_node(0, bootstrap=[cluster.nodes[2].address])
+        wait_member_state(cluster, topic, ids[2], "join", [0])
+        wanted = {f"sponsor {n}" for n in range(MESSAGES)}
+        deadline = time.monotonic() + WAIT_S
+        while not wanted <= set(payloads(cluster, 0, topic)):  # fetched from the joiner
+            assert time.monotonic() < deadline, "the creator did not get node 1's last events"
+            time.sleep(0.2)

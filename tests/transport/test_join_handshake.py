@@ -7,11 +7,11 @@ import random
 
 import pytest
 
-from node.core.event import event_id_of
+from node.core.event import event_id_of, pack_payload
 from node.core.identity import sign_event
-from node.replica.joining import JoinTerms, is_join_of, sign_join
+from node.replica.joining import JoinTerms, invite_cited_by, is_join_of, sign_join
 from node.state.actions import NotAuthorizedError
-from node.state.types import RULE_PUBLIC, TYPE_MEMBER, Membership, user_id
+from node.state.types import RULE_PUBLIC, TYPE_MEMBER, TYPE_POWER_LEVELS, Membership, user_id
 from tests.transport.mesh import Mesh
 from tests.transport.pair import identity
 from transport.dissemination_config import JOIN_FETCH_MS, JOIN_NUDGE_MS, MAX_JOIN_ASKS
@@ -197,6 +197,7 @@ def test_join_terms_refuse_an_uninvited_key_and_sign_join_matches_replica_join()
     JoinTemplate(bytes(32), (bytes([1]) * 32,), (bytes(32),), 7),
     JoinRefused(bytes(32)),
     JoinSubmit(bytes(32), b"raw event bytes"),
+    JoinSubmit(bytes(32), b"raw event bytes", b"the invite's raw bytes"),
     JoinMissing(bytes(32)),
 ])
 def test_join_messages_round_trip(message):
@@ -213,6 +214,9 @@ def test_join_messages_round_trip(message):
     [1, 9, bytes(32), b"x" * (64 * 1024 + 1)],
     [1, 6, bytes(32), b"extra"],
     [1, 13, bytes(32), b"extra"],
+    [1, 15, bytes(32), b"a join without its invite"],
+    [1, 15, bytes(32), b"join", b""],  # an empty invite: a plain JoinSubmit's own tag
+    [1, 15, bytes(32), b"join", b"x" * (64 * 1024 + 1)],
 ])
 def test_bad_join_messages_are_rejected(body):
     import msgpack
@@ -474,3 +478,92 @@ def test_a_joiner_banned_while_we_fetch_its_join_s_past_is_served_nothing():
     after = engine.on_message(mesh.ids["j"], want, mesh.now_ms)
     assert [e for e in after if isinstance(e, Send)] == []
     assert engine.stats["join_fetches_abandoned"] == 1
+
+
+# ------------------------------------------------- a sponsor that also invited, then went
+
+
+def _invited_and_sponsored_then_gone() -> tuple[Mesh, bytes]:
+    """a created the topic and invited s; s joined. s, cut off from the others, writes one
+    event, invites j and takes its join in, then goes for good: no one but s and j holds
+    the invite or the join. To a, j is a stranger. z, a stranger, is connected to a."""
+    mesh = Mesh(["a", "j", "s", "z"])
+    mesh.invite("a", "s")
+    mesh.connect_all()
+    mesh.request_join("s")
+    a = mesh.replicas["a"]
+    levels = dict(a._view().content((TYPE_POWER_LEVELS, "")) or {})
+    levels["users"] = {**levels.get("users", {}), user_id(mesh.key("s")): 50}  # may invite
+    event, _ = a.set_state(TYPE_POWER_LEVELS, "", levels, mesh.now_ms, mesh.rng)
+    mesh.pump([("a", e) for e in mesh.engines["a"].on_publish(mesh.topic, event, mesh.now_ms)])
+    _disconnect(mesh, "s", "a", "z")
+    _disconnect(mesh, "j", "a", "z")
+    only_s = mesh.publish("s", b"written by s while cut off")
+    mesh.invite("s", "j")
+    mesh.request_join("j")
+    assert mesh.replicas["j"].membership_of(mesh.key("j")) is Membership.JOIN
+    _disconnect(mesh, "s", "j")
+    mesh.pump(mesh.connect("a", "j"))
+    assert mesh.replicas["a"].membership_of(mesh.key("j")) is None
+    return mesh, only_s
+
+
+def test_a_join_whose_sponsor_also_invited_and_went_reaches_the_members():
+    mesh, only_s = _invited_and_sponsored_then_gone()
+    written = mesh.publish("j", b"j writes")  # a drops it without a word: j is a stranger
+    assert mesh.engines["a"].stats["joins_missing_told"] == 0
+    mesh.tick(times=8)  # j's exchange with a times out: j hands a its join and invite
+    a = mesh.replicas["a"]
+    assert a.membership_of(mesh.key("j")) is Membership.JOIN
+    assert a.graph.has(only_s) and a.graph.has(written)
+    assert mesh.same(["a", "j"])
+    assert mesh.engines["j"].stats["joins_handed_unheard"] >= 1
+    assert mesh.engines["a"].stats["join_fetches"] == 1
+
+
+def test_a_stranger_with_no_invite_of_its_own_hears_nothing():
+    mesh, _ = _invited_and_sponsored_then_gone()
+    j = mesh.replicas["j"]
+    invite = invite_cited_by(j.membership_event(mesh.key("j")), j.graph)
+    assert invite is not None
+    engine = mesh.engines["a"]
+    terms = JoinTerms(0, tuple(mesh.replicas["a"].graph.extremities()), (mesh.topic,))
+    zs_join = sign_join(identity("z"), mesh.topic, terms, mesh.now_ms)
+    own_invite = sign_event(identity("z"), topic=mesh.topic, seq=0, parents=terms.parents,
+                            timestamp_ms=mesh.now_ms, kind=TYPE_MEMBER,
+                            state_key=user_id(mesh.key("z")), auth=terms.auth,
+                            payload=pack_payload({"membership": "invite"}))
+    for handed in (invite.raw, own_invite.raw, b"\x93garbage"):  # j's invite; self-signed
+        sent = engine.on_message(mesh.ids["z"], encode(JoinSubmit(mesh.topic, zs_join.raw,
+                                                                   handed)), mesh.now_ms)
+        assert [e for e in sent if isinstance(e, Send)] == []
+    assert engine.stats["join_submits_refused"] == 3
+    assert mesh.received["z"].events == set() and mesh.received["z"].ids == set()
+
+
+def test_a_joiner_on_an_invite_of_its_own_hand_reads_nothing_before_its_join_applies():
+    mesh, only_s = _invited_and_sponsored_then_gone()
+    j = mesh.replicas["j"]
+    join = j.membership_event(mesh.key("j"))
+    invite = invite_cited_by(join, j.graph)
+    engine = mesh.engines["a"]
+    fetch = engine.on_message(mesh.ids["j"], encode(JoinSubmit(mesh.topic, join.raw,
+                                                               invite.raw)), mesh.now_ms)
+    assert [decode(e.data) for e in fetch] == [Want(mesh.topic, (only_s,))]
+    want = encode(Want(mesh.topic, tuple(mesh.replicas["a"].graph.extremities())))
+    asked = engine.on_message(mesh.ids["j"], want, mesh.now_ms)
+    assert [e for e in asked if isinstance(e, Send)] == []
+
+
+@pytest.mark.parametrize("case", ["sponsor gone", "served by another", "sponsor here"])
+def test_a_joiner_hands_its_join_round_only_when_its_sponsor_is_gone_and_none_served_it(case):
+    mesh, _ = _invited_and_sponsored_then_gone()
+    engine, now = mesh.engines["j"], mesh.now_ms
+    if case == "served by another":  # a sends only readers these: it holds j's join already
+        engine.on_message(mesh.ids["a"], encode(Push(mesh.topic, ())), now)
+    if case == "sponsor here":  # it is there to pass j's join on
+        engine.on_peer_up(mesh.ids["s"], now)
+    assert engine.sync_with(mesh.ids["a"], mesh.topic, now + 1)  # its offer is lost
+    engine.tick(now + 60_000)
+    assert engine.stats["sessions_timed_out"] == 1
+    assert engine.stats["joins_handed_unheard"] == (1 if case == "sponsor gone" else 0)
