@@ -607,7 +607,7 @@ class Disseminator(Intake, AntiEntropy, JoinHandshake):
             self.stats["width_max"] = width
         if self.config.depletion:
             out += self._deplete(topic, replica, timers, now_ms, rng)
-        out += self._nudge_when_apart(replica, now_ms)
+        out += self._nudge_invited(replica, now_ms)
         if timers.next_sync_ms is None:  # first tick: a random phase, so nodes do not sync in step
             timers.next_sync_ms = now_ms + rng.randrange(self.config.sync_interval_ms)
         news_from, timers.news_from = timers.news_from, None

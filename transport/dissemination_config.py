@@ -97,6 +97,13 @@ MAX_JOIN_ASKS: Final = 16  # peers one `request_join` asks (transport.join_hands
 # that takes the join in serves the rest by exchange.
 JOIN_NUDGE_MS: Final = 5_000
 MAX_JOIN_NUDGES: Final = 1_024  # (topic, peer) pairs remembered for that, oldest dropped
+# Unasked, a joined member tells each connected peer its state counts as invited only
+# that it lacks its join: at first after JOIN_NUDGE_MS, then twice as long each time, up
+# to this. Two members each joined in a view without the other's join send each other
+# nothing, so only this starts their repair; an invitee that never joins costs one
+# small frame this often.
+MAX_JOIN_NUDGE_INTERVAL_MS: Final = 60_000
+INVITED_SCAN_MS: Final = 1_000  # how often a topic's connected invitees are looked at for it
 # A resubmitted join whose past the member lacks: it asks the joiner (only it holds
 # that past for sure) for the missing parents, wave after wave, while each wave
 # brings something, for at most this long without progress, in at most this many

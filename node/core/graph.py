@@ -321,6 +321,10 @@ class Graph(GraphCommit, GraphWalks):
             out.append((position, event if cached is None else cached))
         return out
 
+    def forms_antichain(self, parents: list[bytes]) -> bool:
+        """Would `parents` (all applied here) pass the antichain check of `add`?"""
+        return antichain.check(tuple(parents), self._node) is not antichain.Verdict.NOT_ANTICHAIN
+
     def author_latest_seq(self, author: bytes) -> int | None:
         if author in self._latest_seq:
             return self._latest_seq[author]

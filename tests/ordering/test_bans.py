@@ -125,3 +125,27 @@ def test_soft_failed_events_are_kept_but_not_built_on_delivered_or_acked() -> No
     net.ack("alice")  # may confirm alice's own message
     net.now_ms += 10 * ACK_INTERVAL_MS
     assert net.ack("alice") is None  # nothing left that alice could ever vote for
+
+
+def test_a_local_event_keeps_our_chain_when_only_a_soft_failed_head_covers_it() -> None:
+    """bob's latest event has one event above it: xavier's write, made before xavier heard
+    of its ban and soft-failed at bob, who had the ban first (so never a parent there).
+    The ban itself does not cover bob's event. bob's next event names its own latest
+    one beside the ban, so bob's events stay a chain (the linearizer's writer numbering
+    assumes one), and the state it is checked in holds what bob's own events set (seed
+    11 of the 40-node private banned world: a join; regression)."""
+    net = Net(41, creator="alice", indexers=["alice"], writers=["bob", "xavier"])
+    net.sync_all()
+    latest = net.publish("bob", b"bob's latest").id
+    net.exchange("xavier", "bob")
+    ban, received = net.replicas["alice"].ban(net.key("xavier"), net.tick(), net.rng)
+    net.observe("alice", received)
+    write = net.publish("xavier", b"on bob's latest, before hearing of the ban")
+    assert latest in write.parents
+    net.exchange("bob", "alice")  # the ban first: xavier's write is soft-failed at bob
+    net.exchange("bob", "xavier")
+    bob = net.replicas["bob"]
+    assert bob.is_soft_failed(write.id) and set(bob.graph.extremities()) == {ban.id, write.id}
+    after = net.publish("bob", b"bob again")
+    assert sorted(after.parents) == sorted([ban.id, latest])
+    assert bob.counters["own_chain_kept_below_soft_failed"] == 1

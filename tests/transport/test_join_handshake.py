@@ -26,6 +26,7 @@ from transport.messages import (
     JoinTemplate,
     Events,
     MessageError,
+    Offer,
     Push,
     Want,
     decode,
@@ -47,6 +48,35 @@ def test_an_invitee_joins_through_a_member_and_receives_the_whole_topic():
     assert all(b.graph.has(i) for i in written)
     assert mesh.same(["a", "b"])
     assert mesh.engines["a"].stats["joins_accepted"] == 1
+
+
+def test_an_invitee_opens_its_own_exchange_behind_its_join_so_one_lost_offer_costs_nothing():
+    """The member opens an exchange once the join applies; the invitee opens one too,
+    behind its join on the same link. With the member's offers all lost, the invitee's
+    own exchange brings it the topic at once, not a sync interval later."""
+    mesh = Mesh(["a", "b"])
+    mesh.invite("a", "b")
+    written = [mesh.publish("a", b"m%d" % i) for i in range(5)]
+    mesh.connect_all()
+    a, b = mesh.engines["a"], mesh.engines["b"]
+    flight = [("b", e) for e in b.request_join(mesh.topic, mesh.now_ms)]
+    sent_by_b: list[type] = []
+    while flight:
+        answers = []
+        for sender, effect in flight:
+            if not isinstance(effect, Send):
+                continue
+            message = decode(effect.data)
+            if sender == "a" and isinstance(message, Offer):
+                continue  # lost
+            if sender == "b":
+                sent_by_b.append(type(message))
+            receiver = "b" if sender == "a" else "a"
+            answers += [(receiver, e) for e in mesh.engines[receiver].on_message(
+                mesh.ids[sender], effect.data, mesh.now_ms)]
+        flight = answers
+    assert sent_by_b[:3] == [JoinAsk, JoinSubmit, Offer]
+    assert all(mesh.replicas["b"].graph.has(i) for i in written)
 
 
 def test_a_joined_member_is_a_reader_of_new_events():
@@ -395,7 +425,7 @@ def _joined_apart() -> Mesh:
 def test_two_members_each_joined_in_a_view_without_the_other_s_join_still_meet():
     mesh = _joined_apart()
     assert mesh.received["k"].kinds["Push"] == mesh.received["j"].kinds["Push"] == 0
-    mesh.tick()  # each has no reader connected: it tells the invited peers
+    mesh.tick(times=JOIN_NUDGE_MS // 1_000 + 1)  # each tells the other, unasked
     for name, other in ("jk", "kj"):
         assert mesh.replicas[name].membership_of(mesh.key(other)) is Membership.JOIN
     mesh.tick(times=3)
@@ -403,34 +433,42 @@ def test_two_members_each_joined_in_a_view_without_the_other_s_join_still_meet()
     written = mesh.publish("j", b"j writes")
     assert mesh.replicas["k"].graph.has(written)
     j, k = mesh.engines["j"].stats, mesh.engines["k"].stats
-    assert j["joins_missing_told_apart"] + k["joins_missing_told_apart"] >= 1
+    assert j["joins_missing_told_unasked"] + k["joins_missing_told_unasked"] >= 1
     assert j["joiner_wants_served"] + k["joiner_wants_served"] >= 1
     # The stranger heard nothing of it.
     assert mesh.received["z"].kinds["JoinMissing"] == 0
     assert mesh.received["z"].events == set() and mesh.received["z"].ids == set()
 
 
-def test_a_member_with_a_reader_connected_tells_no_invitee_unasked():
+def test_a_member_tells_a_connected_invitee_unasked_less_and_less_often():
     mesh = Mesh(["a", "b", "i"])
     mesh.invite("a", "b")
     mesh.invite("a", "i")
     mesh.connect_all()
     mesh.request_join("b")
-    mesh.tick(times=2)
+    engine = mesh.engines["a"]
+    start = mesh.now_ms + 1
 
-    def told_apart() -> int:
-        return mesh.engines["a"].stats["joins_missing_told_apart"]
+    def told(at_ms: int) -> int:
+        engine.tick(at_ms)
+        return engine.stats["joins_missing_told_unasked"]
 
-    assert told_apart() == 0
-    _disconnect(mesh, "a", "b")  # a has the invitee alone now: told, once per interval
-    engine, start = mesh.engines["a"], mesh.now_ms + JOIN_NUDGE_MS
-    engine.tick(start)
-    assert told_apart() == 1
-    engine.tick(start + JOIN_NUDGE_MS - 1)
-    assert told_apart() == 1
-    engine.tick(start + JOIN_NUDGE_MS)
-    assert told_apart() == 2
-    assert mesh.engines["b"].stats["joins_missing_told_apart"] == 0  # no one connected
+    counts = [told(start + second * 1_000) for second in range(36)]
+    # First seen at 0 s: told once it has stayed invited JOIN_NUDGE_MS, then after twice
+    # as long each time (5, 15, 35 s).
+    assert JOIN_NUDGE_MS == 5_000
+    assert [s for s in range(1, 36) if counts[s] > counts[s - 1]] == [5, 15, 35]
+    assert mesh.engines["b"].stats["joins_missing_told_unasked"] == 0  # never ticked
+    # With no reader connected we are surely apart: told at once, then every interval.
+    _disconnect(mesh, "a", "b")
+    apart = start + 36_000
+    assert [told(apart + ms) - counts[-1] for ms in (0, JOIN_NUDGE_MS - 1_000,
+                                                     JOIN_NUDGE_MS, 2 * JOIN_NUDGE_MS)] \
+        == [1, 1, 2, 3]
+    # A reader is never told; nor is anyone once the invitee's join is in our state.
+    mesh.pump(mesh.connect("a", "b"))
+    mesh.request_join("i")
+    assert told(start + 100 * JOIN_NUDGE_MS) == counts[-1] + 3
 
 
 def test_an_invited_peer_s_asks_are_answered_only_while_we_fetch_its_join_s_past():

@@ -213,6 +213,35 @@ def test_the_banned_member_s_writes_nobody_can_complete_stay_buffered_and_are_no
         assert all(graph.buffered_event(i).author == author for i in graph.buffered_ids())
 
 
+def test_a_member_whose_join_only_a_soft_failed_write_covers_still_publishes():
+    """Regression, the world above, seed 11. Member 4's join had one event above it, a
+    write of the banned member, soft-failed here, so never a parent; the other head, a
+    member event of the creator's, was concurrent with the join. So member 4's next
+    publish named that head alone, and the state it was checked in lacked its own join:
+    "not a joined member", though its state said joined (the world crashed). Now a local
+    event keeps our latest event among its parents when the only head above it is
+    soft-failed (`Authoring._with_own_chain`)."""
+    cluster = Cluster.from_scenario(replace(WORLD_40, seed=11))
+    assert cluster.run().converged
+    assert sum(n.replica.counters["own_chain_kept_below_soft_failed"]
+               for n in cluster.members) > 0
+
+
+def test_a_member_taken_in_by_the_banned_one_meets_members_it_counts_as_invited():
+    """Regression, the world above, seed 57. Member 6 was taken in by the member later
+    banned (34), and counts it a reader, connected: so a member that told the invited
+    peers it lacks their joins only with no reader connected never told them. Its other
+    neighbours (5, 7, 16, 31) count it as invited, and it them. Now a joined member tells
+    connected invitees unasked, less and less often with a reader connected
+    (transport.join_handshake). (Since an invitee opens its own exchange behind its join,
+    this seed no longer comes to that; the engine-level test
+    `test_a_member_tells_a_connected_invitee_unasked_less_and_less_often` holds the rule.)"""
+    cluster = Cluster.from_scenario(replace(WORLD_40, seed=57))
+    assert cluster.run().converged
+    key = cluster.nodes[6].replica.identity.public_key
+    assert all(node.replica.may_read(key) for node in cluster.correct_members)
+
+
 def test_two_members_that_each_lack_the_other_s_join_still_meet():
     """Regression, the world above, seed 21. Member 33 was taken in by the member later
     banned (34); its view holds the joins 34 had seen. Its other neighbours (2, 22, 24,
@@ -228,4 +257,4 @@ def test_two_members_that_each_lack_the_other_s_join_still_meet():
     for node in cluster.correct_members:
         assert node.replica.may_read(keys[33])
     stats = [n.engine.stats for n in cluster.nodes]
-    assert sum(s["joins_missing_told_apart"] for s in stats) > 0
+    assert sum(s["joins_missing_told_unasked"] for s in stats) > 0
