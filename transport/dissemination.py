@@ -452,7 +452,8 @@ class Disseminator(Intake, AntiEntropy, JoinHandshake):
                 # The peer may serve topics we do not: a fault only beyond its allowance.
                 self.stats["unknown_topic"] += 1
                 return self._clean(self._stray_fault(peer, now_ms, Fault.UNKNOWN_TOPIC))
-            # The answers of a joiner whose join's past we fetch (transport.join_handshake).
+            # The answers (and asks) of a joiner whose join's past we fetch
+            # (transport.join_handshake).
             joining = kind in _FROM_JOINER and self._fetching_join_past(replica, peer,
                                                                          kind is Want)
             if kind in _GUARDED and not joining and not self._accepts(peer, replica):
