@@ -317,12 +317,9 @@ class JoinHandshake:
         if join is None:
             return []
         self.stats["joins_resubmitted"] += 1
-        if membership is Membership.INVITE:
-            # Joined, maybe, in a view without our join, as we are in one without its:
-            # our join is a state event, its parents ids a template would name too.
-            return [self._emit(peer, JoinSubmit(topic, join.raw))]
-        sent = self._send(peer, JoinSubmit(topic, join.raw))
-        return [] if sent is None else [sent]
+        # To an invited peer too (joined, maybe, in a view without our join, as we are in
+        # one without its): our join is a state event, its parents ids a template names.
+        return [self._emit(peer, JoinSubmit(topic, join.raw))]
 
     def _join_unheard(self, peer: PeerId, topic: bytes, now_ms: int) -> list[Effect]:
         """An exchange we opened with `peer` timed out with not a word from it. If it is a
@@ -389,19 +386,15 @@ class JoinHandshake:
 
     def _unasked_due(self, topic: bytes, peer: PeerId, now_ms: int) -> bool:
         """The backoff of `_nudge_invited` with a reader connected (noted if due)."""
-        unasked = self._unasked
-        entry = unasked.get((topic, peer))
+        entry = self._unasked.get((topic, peer))
         if entry is None:
-            unasked[(topic, peer)] = (now_ms + JOIN_NUDGE_MS, JOIN_NUDGE_MS)
-            while len(unasked) > MAX_JOIN_NUDGES:
-                unasked.popitem(last=False)
+            _note(self._unasked, (topic, peer), (now_ms + JOIN_NUDGE_MS, JOIN_NUDGE_MS))
             return False
         due_ms, interval = entry
         if now_ms < due_ms:
             return False
         interval = min(2 * interval, MAX_JOIN_NUDGE_INTERVAL_MS)
-        unasked[(topic, peer)] = (now_ms + interval, interval)
-        unasked.move_to_end((topic, peer))
+        _note(self._unasked, (topic, peer), (now_ms + interval, interval))
         return True
 
     # ------------------------------------------------------------- the member
@@ -596,11 +589,17 @@ def _due(last: OrderedDict[tuple[bytes, PeerId], int], key: tuple[bytes, PeerId]
     when = last.get(key)
     if when is not None and now_ms - when < JOIN_NUDGE_MS:
         return False
-    last[key] = now_ms
-    last.move_to_end(key)
-    while len(last) > MAX_JOIN_NUDGES:
-        last.popitem(last=False)
+    _note(last, key, now_ms)
     return True
+
+
+def _note(table: OrderedDict[tuple[bytes, PeerId], Any], key: tuple[bytes, PeerId],
+          value: Any) -> None:
+    """`table[key] = value`, as the newest entry; the oldest dropped past MAX_JOIN_NUDGES."""
+    table[key] = value
+    table.move_to_end(key)
+    while len(table) > MAX_JOIN_NUDGES:
+        table.popitem(last=False)
 
 
 def _vouching_invite(replica: Replica, raw: bytes, key: bytes) -> Event | None:

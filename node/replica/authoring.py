@@ -125,7 +125,7 @@ class Authoring:
         if kind == KIND_DUMMY:  # a dummy only merges: it may name more (node.core.parents)
             d_max = self.config.depletion.dummy_parents(d_max)
         parents = self._policy_parents(extremities, d_max, rng, kind, share)
-        if self.authorizing and len(extremities) < len(self.graph.extremities()):
+        if self.authorizing and len(extremities) < self.graph.width:
             return self._with_own_chain(parents, d_max)  # some head is soft-failed
         return parents
 
