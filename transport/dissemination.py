@@ -106,7 +106,8 @@ from transport.anti_entropy import AntiEntropy
 from transport.depletion import DepletionMode, DepletionTimer
 from transport.eager_lazy import (FRESH_LINK_MS, MAX_YOUNG_EVENTS, ORDER_EVENT_EXTRA_LINKS,
                                   TREE_WANT_AFTER_MS, TopicTree)
-from transport.dissemination_config import MAX_WITNESSED_IDS, DisseminationConfig
+from transport.dissemination_config import (MAX_REMOVAL_PAST_WALK, MAX_WITNESSED_IDS,
+                                            DisseminationConfig)
 from transport.effects import Announce, Effect, Log, PeerId, Send
 from transport.join_handshake import JoinHandshake
 from transport.misbehaviour import Fault, Scores
@@ -456,6 +457,10 @@ class Disseminator(Intake, AntiEntropy, JoinHandshake):
             # (transport.join_handshake).
             joining = kind in _FROM_JOINER and self._fetching_join_past(replica, peer,
                                                                          kind is Want)
+            if kind is Want and not joining and not self._accepts(peer, replica):
+                served = self._on_removed_want(peer, replica, message, now_ms)
+                if served is not None:  # a removed member fetching its removal's past
+                    return self._clean(served)
             if kind in _GUARDED and not joining and not self._accepts(peer, replica):
                 # A private topic's message from a peer that may not read it: as if
                 # the topic were unknown here (no answer, nothing ingested). A member
@@ -530,6 +535,48 @@ class Disseminator(Intake, AntiEntropy, JoinHandshake):
             if peer is not None:
                 self.stats["removals_told"] += 1
                 out.append(self._emit(peer, Push(replica.topic_id, (event.raw,))))
+        return out
+
+    def _removal_of(self, replica: Replica, peer: PeerId) -> Event | None:
+        """The ban or kick of `peer` in our state of a private topic, if it was removed
+        while joined."""
+        key = self._key(peer)
+        if key is None or not replica.is_private():
+            return None
+        event = replica.membership_event(key)
+        if event is None or event.author == key \
+                or content_of(event).get("membership") not in _REMOVALS \
+                or not replica.joined_before(key, event):
+            return None  # (an invitee refused, say, never read the topic: a stranger still)
+        return event
+
+    def _on_removed_want(self, peer: PeerId, replica: Replica, message: Want,
+                         now_ms: int) -> list[Effect | None] | None:
+        """A member we count as banned or kicked asks for events: those in the past of its
+        removal are answered, nothing else.
+
+        We hand it its removal (`_tell_removed`), and if it lacks some of the removal's
+        parents the removal stays buffered there: nobody served it more, so its node
+        never applied it and its app's `subscribe` never ended. It was joined in the
+        state before its removal, so it may read that past (Matrix serves a banned user
+        the room up to its ban). Its asks name ids; any other id is dropped unanswered,
+        as from a stranger, and history it may not read goes in its withheld form, as to
+        any reader (`_send`). None if `peer` was not removed or asked nothing of that past:
+        the read filter drops the ask then.
+        """
+        removal = self._removal_of(replica, peer)
+        if removal is None:
+            return None
+        past = replica.graph.in_past_of(removal.id, message.ids, MAX_REMOVAL_PAST_WALK)
+        asked = tuple(i for i in message.ids if i in past)
+        if not asked:
+            return None
+        self._granting = (replica.topic_id, peer)
+        try:
+            out = self._on_want(peer, replica, Want(message.topic, asked), now_ms)
+        finally:
+            self._granting = None
+        self.stats["removed_wants_served"] += 1
         return out
 
     def _peer_of_key(self, user: str) -> PeerId | None:

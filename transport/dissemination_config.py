@@ -113,6 +113,11 @@ MAX_JOIN_FETCH_WAVES: Final = 256
 MAX_JOIN_FETCHES: Final = 64
 # Buffered events the walk of a join's missing past visits (one Want's ids at most).
 MAX_JOIN_PAST_WALK: Final = 4_096
+# A member banned or kicked may still fetch the past of its removal, which it was
+# joined to read, so that its node can apply the removal and tell its app
+# (`Disseminator._on_removed_want`). The walk down from the removal that checks each
+# asked id visits at most this many events; ids it does not reach are not served.
+MAX_REMOVAL_PAST_WALK: Final = 4_096
 
 
 @dataclass(frozen=True, slots=True)

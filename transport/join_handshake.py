@@ -126,7 +126,7 @@ from transport.dissemination_config import (JOIN_FETCH_MS, JOIN_NUDGE_MS, MAX_JO
                                             DisseminationConfig)
 from transport.effects import Effect, Log, PeerId, Send
 from transport.messages import (MAX_WANT_IDS, Events, JoinAsk, JoinMissing, JoinRefused,
-                                JoinSubmit, JoinTemplate, Message, Want)
+                                JoinSubmit, JoinTemplate, Message, Push, Want)
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,6 +174,7 @@ class JoinHandshake:
         def _send(self, peer: PeerId, message: Message, data: bytes | None = None) -> Send | None: ...
         def _emit(self, peer: PeerId, message: Message, data: bytes | None = None) -> Send: ...
         def _key(self, peer: PeerId) -> bytes | None: ...
+        def _removal_of(self, replica: Replica, peer: PeerId) -> Event | None: ...
         def _ingest(self, peer: PeerId, replica: Replica, raws: Sequence[bytes], channel: str,
                     now_ms: int, out: list[Effect]) -> list[bytes]: ...
         def _push(self, topic: bytes, raws: list[bytes], exclude: Sequence[PeerId],
@@ -196,6 +197,9 @@ class JoinHandshake:
         # (topic, invited peer) -> (when next, interval) of our unasked JoinMissing, and
         # per topic when we next look for such peers (`_nudge_invited`).
         self._unasked: OrderedDict[tuple[bytes, PeerId], tuple[int, int]] = OrderedDict()
+        # (topic, removed peer) -> (when its removal may be handed it again, the interval).
+        self._removals_retold: OrderedDict[tuple[bytes, PeerId], tuple[int, int]] = \
+            OrderedDict()
         self._next_invited_scan: dict[bytes, int] = {}
         self._join_fetches: OrderedDict[tuple[bytes, PeerId], _JoinFetch] = OrderedDict()
         # The (topic, joiner) whose Want is being answered as a reader's (`_may_serve`).
@@ -386,16 +390,7 @@ class JoinHandshake:
 
     def _unasked_due(self, topic: bytes, peer: PeerId, now_ms: int) -> bool:
         """The backoff of `_nudge_invited` with a reader connected (noted if due)."""
-        entry = self._unasked.get((topic, peer))
-        if entry is None:
-            _note(self._unasked, (topic, peer), (now_ms + JOIN_NUDGE_MS, JOIN_NUDGE_MS))
-            return False
-        due_ms, interval = entry
-        if now_ms < due_ms:
-            return False
-        interval = min(2 * interval, MAX_JOIN_NUDGE_INTERVAL_MS)
-        _note(self._unasked, (topic, peer), (now_ms + interval, interval))
-        return True
+        return _backed_off(self._unasked, (topic, peer), now_ms, at_once=False)
 
     # ------------------------------------------------------------- the member
 
@@ -476,8 +471,10 @@ class JoinHandshake:
 
     def _nudge_joiner(self, peer: PeerId, replica: Replica, now_ms: int) -> list[Effect]:
         """We refused a frame of `peer` (`Disseminator._accepts`: so we are a reader and
-        it is not): if our state counts it as invited only, say we lack its join (its
-        sponsor never passed it on), at most once per JOIN_NUDGE_MS."""
+        it is not), at most one word per JOIN_NUDGE_MS: if our state counts it as invited
+        only, that we lack its join (its sponsor never passed it on); if as banned or
+        kicked, its removal, as `Disseminator._tell_removed` hands it (it was away then:
+        its node still counts itself a member, and keeps asking)."""
         topic = replica.topic_id
         if not self._accountable:
             return []  # a relayed frame names its origin unsigned: no word to it on that
@@ -486,10 +483,20 @@ class JoinHandshake:
         if (topic, peer) in self._join_fetches or not _due(self._nudged, (topic, peer), now_ms):
             return []
         key = self._key(peer)
-        if key is None or replica.membership_of(key) is not Membership.INVITE:
-            return []  # a stranger, or a removed member: the topic stays unknown to it
-        self.stats["joins_missing_told"] += 1
-        return [self._emit(peer, JoinMissing(topic))]
+        if key is None:
+            return []
+        if replica.membership_of(key) is Membership.INVITE:
+            self.stats["joins_missing_told"] += 1
+            return [self._emit(peer, JoinMissing(topic))]
+        removal = self._removal_of(replica, peer)
+        if removal is None:
+            return []  # a stranger: the topic stays unknown to it
+        # It may hold its removal already and still send (its node keeps syncing): told
+        # again after 5, 10, 20 ... up to 60 s, not every JOIN_NUDGE_MS.
+        if not _backed_off(self._removals_retold, (topic, peer), now_ms, at_once=True):
+            return []
+        self.stats["removals_retold"] += 1
+        return [self._emit(peer, Push(topic, (removal.raw,)))]
 
     def _fetch_join_past(self, peer: PeerId, replica: Replica, join_id: bytes, key: bytes,
                          now_ms: int, invite_id: bytes | None = None) -> list[Effect]:
@@ -590,6 +597,22 @@ def _due(last: OrderedDict[tuple[bytes, PeerId], int], key: tuple[bytes, PeerId]
     if when is not None and now_ms - when < JOIN_NUDGE_MS:
         return False
     _note(last, key, now_ms)
+    return True
+
+
+def _backed_off(table: OrderedDict[tuple[bytes, PeerId], tuple[int, int]],
+                key: tuple[bytes, PeerId], now_ms: int, at_once: bool) -> bool:
+    """True (and noted) if `key` is due: the first time if `at_once` (else JOIN_NUDGE_MS
+    later), then twice as long each time, up to MAX_JOIN_NUDGE_INTERVAL_MS."""
+    entry = table.get(key)
+    if entry is None:
+        _note(table, key, (now_ms + JOIN_NUDGE_MS, JOIN_NUDGE_MS))
+        return at_once
+    due_ms, interval = entry
+    if now_ms < due_ms:
+        return False
+    interval = min(2 * interval, MAX_JOIN_NUDGE_INTERVAL_MS)
+    _note(table, key, (now_ms + interval, interval))
     return True
 
 

@@ -48,6 +48,35 @@ class GraphWalks:
         """Strict ancestors of `ids` present here, newest (deepest) first, at most `limit`."""
         return self._walk(ids, limit, self.parents_of)
 
+    def in_past_of(self, head: bytes, ids: Iterable[bytes], max_visits: int) -> set[bytes]:
+        """Those of `ids` that are `head` or its ancestors here. The walk down from `head`
+        goes no deeper than the shallowest of `ids` and visits at most `max_visits`
+        events; what it did not reach by then is left out."""
+        wanted = {i: d for i in set(ids) if (d := self.depth(i)) is not None}
+        if head not in wanted and not self.has(head):
+            return set()
+        found = {head} & wanted.keys()
+        if not wanted:
+            return found
+        floor = min(wanted.values())
+        frontier, seen, visits = [head], {head}, 0
+        while frontier and len(found) < len(wanted) and visits < max_visits:
+            next_frontier: list[bytes] = []
+            for event_id in frontier:
+                for parent in self.parents_of(event_id) or ():
+                    if parent in seen:
+                        continue
+                    seen.add(parent)
+                    visits += 1
+                    depth = self.depth(parent)
+                    if depth is None or depth < floor:
+                        continue
+                    if parent in wanted:
+                        found.add(parent)
+                    next_frontier.append(parent)
+            frontier = next_frontier
+        return found
+
     def descendants(self, ids: Iterable[bytes], limit: int = MAX_WALK) -> list[bytes]:
         """Strict descendants of `ids` present here, breadth first, at most `limit`."""
         return self._walk(ids, limit, lambda i: tuple(self.children(i)))

@@ -36,6 +36,7 @@ from node.state.types import (
     content_of,
     user_id,
 )
+from node.state.tracker import StateResolutionError
 from node.state.view import StateView
 
 if TYPE_CHECKING:
@@ -97,6 +98,21 @@ class ReadAccess:
         if event is None:
             return None
         return _MEMBERSHIPS.get(content_of(event).get("membership"))  # type: ignore[arg-type]
+
+    def joined_before(self, key: bytes, event: Event) -> bool:
+        """Was `key` joined in the state before `event` (an event applied here)? What a
+        removed member's claim to read its removal's past rests on."""
+        if not self.authorizing:
+            return False
+        tracker = self.tracker
+        record = tracker.event_state(event.id)
+        try:
+            group = record.before if record is not None else tracker.group_before(event.parents)
+        except StateResolutionError:
+            return False  # no node can say: nothing is served on it
+        member = StateView(tracker.state(group), self.graph).event((TYPE_MEMBER, user_id(key)))
+        return member is not None and _MEMBERSHIPS.get(
+            content_of(member).get("membership")) is Membership.JOIN  # type: ignore[arg-type]
 
     def membership_event(self, key: bytes) -> Event | None:
         """`key`'s member event in the current state (its join, invite, ban, ...); None

@@ -5,7 +5,8 @@ invited: its `topic join` exits 2 with one line, fast, and it holds nothing of
 the topic. Invited, it joins and receives everything. Banned, it receives
 nothing new while the others keep receiving. A join whose sponsor is gone before
 passing it on still reaches the members, and two members each joined in a view
-without the other's join still meet. Every wait polls a condition
+without the other's join still meet. A member banned while it was away learns of
+its ban when it is back. Every wait polls a condition
 under a named bound (deploy.cluster); nothing sleeps and hopes.
 """
 
@@ -259,3 +260,33 @@ def test_a_join_whose_sponsor_also_invited_and_is_gone_reaches_the_members(
         while not wanted <= set(payloads(cluster, 0, topic)):  # fetched from the joiner
             assert time.monotonic() < deadline, "the creator did not get node 1's last events"
             time.sleep(0.2)
+
+
+def test_a_member_banned_while_away_learns_of_its_ban_when_it_is_back(tmp_path: Path) -> None:
+    """Node 2 is down while node 0 writes and then bans it: the ban names events node 2
+    never had. Back, its node still counts itself a member and asks; node 0 hands it
+    its ban, and serves it the ban's past (which it was joined to read) and nothing
+    after. So its `subscribe` ends, with status 7 (before, it waited forever)."""
+    config = tmp_path / "node.toml"
+    config.write_text(FAST_ANTI_ENTROPY)
+    with LocalCluster(tmp_path / "c", 3, extra_args=("--config", str(config))) as cluster:
+        topic = cluster.cli(0, "topic", "create", "private", "--access", "invite")["topic"]
+        ids = [node.node_id for node in cluster.nodes]
+        for i in (1, 2):
+            cluster.cli(0, "topic", "invite", topic, ids[i])
+            cluster.cli(i, "topic", "join", topic)
+        cluster.wait_joined(topic, WAIT_S, indices=[0, 1, 2])
+
+        cluster.stop(2)
+        publish(cluster, 0, topic, "while away")  # the ban's past: node 2 lacks it
+        cluster.cli(0, "topic", "ban", topic, ids[2])
+        wait_member_state(cluster, topic, ids[2], "ban", [0, 1])
+        publish(cluster, 0, topic, "after ban")
+
+        cluster.start_node(2, bootstrap=[cluster.nodes[0].address])
+        wait_member_state(cluster, topic, ids[2], "ban", [2])
+        ended = cluster.cli_raw(2, "subscribe", topic, timeout_s=WAIT_S)
+        assert ended.returncode == 7 and "banned" in ended.stderr, ended.stderr
+        held = set(payloads(cluster, 2, topic))
+        assert {f"while away {n}" for n in range(MESSAGES)} <= held  # the ban's past
+        assert not [p for p in held if p.startswith("after ban")]

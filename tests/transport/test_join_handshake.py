@@ -272,6 +272,67 @@ def test_a_banned_member_is_handed_its_own_ban_and_nothing_after_it():
     assert not b.graph.has(after) and after not in mesh.received["b"].events
 
 
+def test_a_banned_member_lacking_its_ban_s_past_fetches_that_past_and_nothing_after():
+    """Its ban names events it missed: the ban stayed buffered there and its node never
+    learnt it was banned (an app's `subscribe` never ended). It may fetch the ban's past,
+    which it was joined to read; an ask for anything else is dropped as a stranger's."""
+    mesh = Mesh(["a", "b"])
+    mesh.invite("a", "b")
+    mesh.connect_all()
+    mesh.request_join("b")
+    b = mesh.replicas["b"]
+    mesh.links.discard(frozenset(("a", "b")))  # b is away; a still counts it connected
+    missed = [mesh.publish("a", b"missed %d" % i) for i in range(3)]
+    mesh.links.add(frozenset(("a", "b")))
+    ban, _ = mesh.replicas["a"].ban(mesh.key("b"), mesh.now_ms, random.Random(2))
+    mesh.pump([("a", e) for e in mesh.engines["a"].on_publish(mesh.topic, ban, mesh.now_ms)])
+    assert b.graph.is_buffered(ban.id)  # its parents are missing there
+    after = mesh.publish("a", b"after the ban")
+    mesh.tick(times=3)
+    assert b.membership_of(mesh.key("b")) is Membership.BAN
+    assert all(b.graph.has(i) for i in missed)
+    assert mesh.engines["a"].stats["removed_wants_served"] >= 1
+    assert not b.graph.has(after) and after not in mesh.received["b"].events
+    sent = mesh.engines["a"].on_message(mesh.ids["b"], encode(Want(mesh.topic, (after,))),
+                                        mesh.now_ms)
+    assert not [e for e in sent if isinstance(e, Send)]
+
+
+def test_a_member_banned_while_away_is_handed_its_ban_when_it_next_asks():
+    """Away when it was banned, it was told nothing; back, its node still counts itself a
+    member and offers. Its frames are refused, and it is handed its ban (then, as it may
+    still send, again after 5, 10, 20 ... s, not on each frame), then fetches its past."""
+    mesh = Mesh(["a", "b"])
+    mesh.invite("a", "b")
+    mesh.connect_all()
+    mesh.request_join("b")
+    b = mesh.replicas["b"]
+    mesh.links.discard(frozenset(("a", "b")))
+    mesh.publish("a", b"missed")
+    ban, _ = mesh.replicas["a"].ban(mesh.key("b"), mesh.now_ms, random.Random(2))
+    mesh.pump([("a", e) for e in mesh.engines["a"].on_publish(mesh.topic, ban, mesh.now_ms)])
+    assert not b.graph.knows(ban.id)
+    mesh.links.add(frozenset(("a", "b")))
+    mesh.tick(times=6)
+    assert b.membership_of(mesh.key("b")) is Membership.BAN
+    a = mesh.engines["a"]
+    told = a.stats["removals_retold"]
+    assert told >= 1
+    mesh.tick(times=30)  # 30 s more of b's offers: told at most at 5, 10, 20 s after
+    assert a.stats["removals_retold"] - told <= 3
+
+
+def test_a_peer_never_removed_gets_no_past_for_a_want():
+    """An outsider that names ids of the topic is no removed member: nothing."""
+    mesh = Mesh(["a", "c"])
+    mesh.connect_all()
+    written = mesh.publish("a", b"m")
+    sent = mesh.engines["a"].on_message(mesh.ids["c"], encode(Want(mesh.topic, (written,))),
+                                        mesh.now_ms)
+    assert not [e for e in sent if isinstance(e, Send)]
+    assert mesh.engines["a"].stats["removed_wants_served"] == 0
+
+
 # ------------------------------------------------------- a join its sponsor never passed on
 
 
