@@ -457,8 +457,9 @@ class Disseminator(Intake, AntiEntropy, JoinHandshake):
             # (transport.join_handshake).
             joining = kind in _FROM_JOINER and self._fetching_join_past(replica, peer,
                                                                          kind is Want)
-            if kind is Want and not joining and not self._accepts(peer, replica):
-                served = self._on_removed_want(peer, replica, message, now_ms)
+            if kind in self._REMOVED_HANDLERS and not joining \
+                    and not self._accepts(peer, replica):
+                served = self._REMOVED_HANDLERS[kind](self, peer, replica, message, now_ms)
                 if served is not None:  # a removed member fetching its removal's past
                     return self._clean(served)
             if kind in _GUARDED and not joining and not self._accepts(peer, replica):
@@ -578,6 +579,37 @@ class Disseminator(Intake, AntiEntropy, JoinHandshake):
             self._granting = None
         self.stats["removed_wants_served"] += 1
         return out
+
+    def _on_removed_offer(self, peer: PeerId, replica: Replica, message: Offer,
+                          now_ms: int) -> list[Effect | None] | None:
+        """A member we count as banned or kicked offers its heads: what it lacks of its
+        removal's past goes to it in one push, parents first (a page at most, within its
+        answer budget), not a parent per round trip as its wants would fetch it (a member
+        away for long would take hours). The rest of the exchange is refused, as before:
+        None (the read filter drops the offer; `_nudge_joiner` hands it its removal)."""
+        removal = self._removal_of(replica, peer)
+        if removal is None:
+            return None
+        graph = replica.graph
+        limit = self.config.reply_max_events
+        lacking = graph.not_below(message.heads, limit=MAX_REMOVAL_PAST_WALK)
+        past = graph.in_past_of(removal.id, lacking, MAX_REMOVAL_PAST_WALK)
+        ids = [i for i in lacking if i in past][:limit]
+        if not ids:
+            return None
+        raws, _ = self._take(graph, ids)
+        self._granting = (replica.topic_id, peer)
+        try:
+            fitting, _ = self._within_budget(peer, replica, now_ms, raws,
+                                             Push(replica.topic_id, ()))
+            if not fitting:
+                return None
+            self.stats["removed_offers_served"] += 1
+            sent = self._spent(peer, self._send(peer, Push(replica.topic_id, tuple(fitting))),
+                               now_ms)
+        finally:
+            self._granting = None
+        return [sent] + self._nudge_joiner(peer, replica, now_ms)
 
     def _peer_of_key(self, user: str) -> PeerId | None:
         """The connected peer whose key is the user id `user` (hex), if any."""
@@ -1219,6 +1251,8 @@ class Disseminator(Intake, AntiEntropy, JoinHandshake):
                  JoinRefused: JoinHandshake._on_join_refused,
                  JoinSubmit: JoinHandshake._on_join_submit,
                  JoinMissing: JoinHandshake._on_join_missing}
+    # What a member we count as banned or kicked still has answered: its removal's past.
+    _REMOVED_HANDLERS = {Want: _on_removed_want, Offer: _on_removed_offer}
 
     # ------------------------------------------------------------- internals: output
 
@@ -1288,3 +1322,4 @@ class Disseminator(Intake, AntiEntropy, JoinHandshake):
         if None not in effects:  # the common case when logging is off: no copy
             return effects  # type: ignore[return-value]
         return [e for e in effects if e is not None]
+

@@ -322,6 +322,26 @@ def test_a_member_banned_while_away_is_handed_its_ban_when_it_next_asks():
     assert a.stats["removals_retold"] - told <= 3
 
 
+def test_a_member_banned_after_many_events_it_missed_gets_that_past_in_one_go():
+    """Its wants would fetch the ban's past a parent per round trip (50 events: 50 want
+    rounds); its offer's heads say what it lacks, and that goes in one push."""
+    mesh = Mesh(["a", "b"])
+    mesh.invite("a", "b")
+    mesh.connect_all()
+    mesh.request_join("b")
+    b = mesh.replicas["b"]
+    mesh.links.discard(frozenset(("a", "b")))
+    missed = [mesh.publish("a", b"missed %d" % i) for i in range(50)]
+    ban, _ = mesh.replicas["a"].ban(mesh.key("b"), mesh.now_ms, random.Random(2))
+    mesh.pump([("a", e) for e in mesh.engines["a"].on_publish(mesh.topic, ban, mesh.now_ms)])
+    after = mesh.publish("a", b"after the ban")
+    mesh.links.add(frozenset(("a", "b")))
+    mesh.tick(times=4)
+    assert b.membership_of(mesh.key("b")) is Membership.BAN
+    assert all(b.graph.has(i) for i in missed) and not b.graph.knows(after)
+    assert mesh.engines["a"].stats["removed_offers_served"] >= 1
+
+
 def test_a_peer_never_removed_gets_no_past_for_a_want():
     """An outsider that names ids of the topic is no removed member: nothing."""
     mesh = Mesh(["a", "c"])

@@ -133,9 +133,8 @@ def test_the_banned_member_learns_of_its_ban_though_it_lacked_the_ban_s_past():
     """Seed 3 of the 20-node private banned world with a crash: the ban reached the banned
     member before some of its parents, which nobody served it any more, so its node never
     applied it (in 14 of seeds 0-39; an app's `subscribe` would never have ended). It may
-    fetch the ban's past, and is handed its ban again if it was away: it holds its ban
-    when 37 of them end, and the other 3 were still fetching that past, a parent per
-    round trip (held 2-4 s later)."""
+    fetch the ban's past (its offers get what it lacks of it in one push), and is handed
+    its ban again if it was away: now it holds its ban when all 40 runs end."""
     cluster = Cluster.from_scenario(replace(
         PRIVATE_BANNED, seed=3, late=3, outsiders=5, crashes=1, loss=0.05,
         partition_at_ms=1_000, heal_at_ms=3_000))
