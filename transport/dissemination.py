@@ -1322,4 +1322,3 @@ class Disseminator(Intake, AntiEntropy, JoinHandshake):
         if None not in effects:  # the common case when logging is off: no copy
             return effects  # type: ignore[return-value]
         return [e for e in effects if e is not None]
-
