@@ -9,6 +9,7 @@ import pytest
 
 from node.core.event import event_id_of, pack_payload
 from node.core.identity import sign_event
+from node.replica.replica import Replica
 from node.replica.joining import JoinTerms, invite_cited_by, is_join_of, sign_join
 from node.state.actions import NotAuthorizedError
 from node.state.types import RULE_PUBLIC, TYPE_MEMBER, TYPE_POWER_LEVELS, Membership, user_id
@@ -272,16 +273,21 @@ def test_a_banned_member_is_handed_its_own_ban_and_nothing_after_it():
     assert not b.graph.has(after) and after not in mesh.received["b"].events
 
 
-def test_a_banned_member_lacking_its_ban_s_past_fetches_that_past_and_nothing_after():
-    """Its ban names events it missed: the ban stayed buffered there and its node never
-    learnt it was banned (an app's `subscribe` never ended). It may fetch the ban's past,
-    which it was joined to read; an ask for anything else is dropped as a stranger's."""
+def _joined_then_away() -> tuple[Mesh, Replica]:
+    """b joined through a, then went away; a still counts it connected."""
     mesh = Mesh(["a", "b"])
     mesh.invite("a", "b")
     mesh.connect_all()
     mesh.request_join("b")
-    b = mesh.replicas["b"]
-    mesh.links.discard(frozenset(("a", "b")))  # b is away; a still counts it connected
+    mesh.links.discard(frozenset(("a", "b")))
+    return mesh, mesh.replicas["b"]
+
+
+def test_a_banned_member_lacking_its_ban_s_past_fetches_that_past_and_nothing_after():
+    """Its ban names events it missed: the ban stayed buffered there and its node never
+    learnt it was banned (an app's `subscribe` never ended). It may fetch the ban's past,
+    which it was joined to read; an ask for anything else is dropped as a stranger's."""
+    mesh, b = _joined_then_away()
     missed = [mesh.publish("a", b"missed %d" % i) for i in range(3)]
     mesh.links.add(frozenset(("a", "b")))
     ban, _ = mesh.replicas["a"].ban(mesh.key("b"), mesh.now_ms, random.Random(2))
@@ -302,12 +308,7 @@ def test_a_member_banned_while_away_is_handed_its_ban_when_it_next_asks():
     """Away when it was banned, it was told nothing; back, its node still counts itself a
     member and offers. Its frames are refused, and it is handed its ban (then, as it may
     still send, again after 5, 10, 20 ... s, not on each frame), then fetches its past."""
-    mesh = Mesh(["a", "b"])
-    mesh.invite("a", "b")
-    mesh.connect_all()
-    mesh.request_join("b")
-    b = mesh.replicas["b"]
-    mesh.links.discard(frozenset(("a", "b")))
+    mesh, b = _joined_then_away()
     mesh.publish("a", b"missed")
     ban, _ = mesh.replicas["a"].ban(mesh.key("b"), mesh.now_ms, random.Random(2))
     mesh.pump([("a", e) for e in mesh.engines["a"].on_publish(mesh.topic, ban, mesh.now_ms)])
@@ -325,12 +326,7 @@ def test_a_member_banned_while_away_is_handed_its_ban_when_it_next_asks():
 def test_a_member_banned_after_many_events_it_missed_gets_that_past_in_one_go():
     """Its wants would fetch the ban's past a parent per round trip (50 events: 50 want
     rounds); its offer's heads say what it lacks, and that goes in one push."""
-    mesh = Mesh(["a", "b"])
-    mesh.invite("a", "b")
-    mesh.connect_all()
-    mesh.request_join("b")
-    b = mesh.replicas["b"]
-    mesh.links.discard(frozenset(("a", "b")))
+    mesh, b = _joined_then_away()
     missed = [mesh.publish("a", b"missed %d" % i) for i in range(50)]
     ban, _ = mesh.replicas["a"].ban(mesh.key("b"), mesh.now_ms, random.Random(2))
     mesh.pump([("a", e) for e in mesh.engines["a"].on_publish(mesh.topic, ban, mesh.now_ms)])
