@@ -458,7 +458,10 @@ class Disseminator(Intake, AntiEntropy, JoinHandshake):
             joining = kind in _FROM_JOINER and self._fetching_join_past(replica, peer,
                                                                          kind is Want)
             if kind in self._REMOVED_HANDLERS and not joining \
-                    and not self._accepts(peer, replica):
+                    and not self._accepts(peer, replica) \
+                    and self._offer_rate.take((peer, replica.topic_id), now_ms):
+                # (Each answer walks the removal's past: at most `offers_per_s` a peer,
+                # as for a reader's offers; beyond, its frames are dropped as before.)
                 served = self._REMOVED_HANDLERS[kind](self, peer, replica, message, now_ms)
                 if served is not None:  # a removed member fetching its removal's past
                     return self._clean(served)

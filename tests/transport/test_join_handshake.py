@@ -353,6 +353,19 @@ def test_a_member_that_holds_its_ban_offers_no_more():
     assert engine.stats["syncs_skipped_removed"] >= 1
 
 
+def test_a_removed_member_s_asks_are_answered_at_the_offer_rate():
+    """Each answer walks the removal's past: a flood of asks is answered at most
+    `offer_burst` at once, as a reader's offers are."""
+    mesh, b = _joined_then_away()
+    missed = mesh.publish("a", b"missed")
+    ban, _ = mesh.replicas["a"].ban(mesh.key("b"), mesh.now_ms, random.Random(2))
+    a = mesh.engines["a"]
+    ask = encode(Want(mesh.topic, (missed,)))
+    for _ in range(a.config.offer_burst + 50):
+        a.on_message(mesh.ids["b"], ask, mesh.now_ms)
+    assert 1 <= a.stats["removed_wants_served"] <= a.config.offer_burst
+
+
 def test_a_peer_never_removed_gets_no_past_for_a_want():
     """An outsider that names ids of the topic is no removed member: nothing."""
     mesh = Mesh(["a", "c"])
