@@ -109,8 +109,6 @@ MAX_STREAM_PEERS: Final = 3
 # How long a peer seen ahead of us stays a candidate to serve pages.
 AHEAD_FRESH_MS: Final = 30_000
 
-_REMOVED = frozenset({Membership.BAN, Membership.LEAVE})  # our own: nobody serves us
-
 
 @dataclass
 class _Session:
@@ -503,15 +501,8 @@ class AntiEntropy:
             # our offer would draw the same pages from this one. Later, not now.
             self.stats["syncs_deferred"] += 1
             return []
-        replica = self._replicas[topic]
-        if not self._may_serve(peer, replica):
+        if not self._may_serve(peer, self._replicas[topic]):
             return []  # a private topic: our heads are not for this peer
-        if replica.is_private() and replica.membership_of(
-                replica.identity.public_key) in _REMOVED:
-            # Banned or kicked here (we hold our removal): no member answers us any more,
-            # and each offer would only be refused, a fault of ours at the member.
-            self.stats["syncs_skipped_removed"] += 1
-            return []
         session = _Session(peer, topic, xid=0, active_ms=now_ms,
                            window=self.config.initial_window_depth, streaming=streaming)
         self._sessions[(peer, topic)] = session

@@ -338,21 +338,6 @@ def test_a_member_banned_after_many_events_it_missed_gets_that_past_in_one_go():
     assert mesh.engines["a"].stats["removed_offers_served"] >= 1
 
 
-def test_a_member_that_holds_its_ban_offers_no_more():
-    """Nobody answers it any more: each offer would be refused, a fault of its at the
-    member that drops it."""
-    mesh, b = _joined_then_away()
-    mesh.links.add(frozenset(("a", "b")))
-    ban, _ = mesh.replicas["a"].ban(mesh.key("b"), mesh.now_ms, random.Random(2))
-    mesh.pump([("a", e) for e in mesh.engines["a"].on_publish(mesh.topic, ban, mesh.now_ms)])
-    assert b.membership_of(mesh.key("b")) is Membership.BAN
-    engine = mesh.engines["b"]
-    sent = [decode(e.data) for _ in range(5)
-            for e in engine.tick(mesh.now_ms + 2_000 * (_ + 1)) if isinstance(e, Send)]
-    assert not [m for m in sent if isinstance(m, Offer)]
-    assert engine.stats["syncs_skipped_removed"] >= 1
-
-
 def test_a_removed_member_s_asks_are_answered_at_the_offer_rate():
     """Each answer walks the removal's past: a flood of asks is answered at most
     `offer_burst` at once, as a reader's offers are."""
