@@ -182,6 +182,14 @@ class _TopicTimers:
     depletion: DepletionTimer = field(default_factory=DepletionTimer)
 
 
+def _is_removal(event: Event) -> bool:
+    """Is `event` a ban or a kick: a member event that removes another key than its
+    author's?"""
+    return (event.kind == TYPE_MEMBER and bool(event.state_key)
+            and event.state_key != user_id(event.author)
+            and content_of(event).get("membership") in _REMOVALS)
+
+
 def _held_here(graph: Graph) -> Callable[[bytes], bool]:
     """Is an id one the tree need not fetch: applied, buffered, or refused here before?"""
     return lambda event_id: (graph.has(event_id) or graph.is_buffered(event_id)
@@ -457,15 +465,10 @@ class Disseminator(Intake, AntiEntropy, JoinHandshake):
             # (transport.join_handshake).
             joining = kind in _FROM_JOINER and self._fetching_join_past(replica, peer,
                                                                          kind is Want)
-            if kind in self._REMOVED_HANDLERS and not joining \
-                    and not self._accepts(peer, replica) \
-                    and self._offer_rate.take((peer, replica.topic_id), now_ms):
-                # (Each answer walks the removal's past: at most `offers_per_s` a peer,
-                # as for a reader's offers; beyond, its frames are dropped as before.)
-                served = self._REMOVED_HANDLERS[kind](self, peer, replica, message, now_ms)
+            if kind in _GUARDED and not joining and not self._accepts(peer, replica):
+                served = self._on_removed(peer, replica, message, now_ms)
                 if served is not None:  # a removed member fetching its removal's past
                     return self._clean(served)
-            if kind in _GUARDED and not joining and not self._accepts(peer, replica):
                 # A private topic's message from a peer that may not read it: as if
                 # the topic were unknown here (no answer, nothing ingested). A member
                 # whose join we have not seen yet sends these too: the same allowance,
@@ -530,10 +533,7 @@ class Disseminator(Intake, AntiEntropy, JoinHandshake):
         out: list[Effect] = []
         for raw in raws:
             event = replica.graph.get(event_id_of(raw))
-            if event is None or event.kind != TYPE_MEMBER or not event.state_key \
-                    or event.state_key == user_id(event.author):
-                continue
-            if content_of(event).get("membership") not in _REMOVALS:
+            if event is None or not _is_removal(event):
                 continue
             peer = self._peer_of_key(event.state_key)
             if peer is not None:
@@ -548,13 +548,25 @@ class Disseminator(Intake, AntiEntropy, JoinHandshake):
         if key is None or not replica.is_private():
             return None
         event = replica.membership_event(key)
-        if event is None or event.author == key \
-                or content_of(event).get("membership") not in _REMOVALS \
-                or not replica.joined_before(key, event):
+        if event is None or not _is_removal(event) or not replica.joined_before(key, event):
             return None  # (an invitee refused, say, never read the topic: a stranger still)
         return event
 
-    def _on_removed_want(self, peer: PeerId, replica: Replica, message: Want,
+    def _on_removed(self, peer: PeerId, replica: Replica, message: Message,
+                    now_ms: int) -> list[Effect | None] | None:
+        """A frame the read filter refused: if it is an ask or an offer of a member we
+        count as banned or kicked, its answer (`_REMOVED_HANDLERS`); else None. Each
+        answer walks the removal's past: at most `offers_per_s` a peer, as for a
+        reader's offers; beyond, its frames are dropped as before."""
+        handler = self._REMOVED_HANDLERS.get(type(message))
+        if handler is None:
+            return None
+        removal = self._removal_of(replica, peer)
+        if removal is None or not self._offer_rate.take((peer, replica.topic_id), now_ms):
+            return None
+        return handler(self, peer, replica, message, removal, now_ms)
+
+    def _on_removed_want(self, peer: PeerId, replica: Replica, message: Want, removal: Event,
                          now_ms: int) -> list[Effect | None] | None:
         """A member we count as banned or kicked asks for events: those in the past of its
         removal are answered, nothing else.
@@ -565,34 +577,25 @@ class Disseminator(Intake, AntiEntropy, JoinHandshake):
         state before its removal, so it may read that past (Matrix serves a banned user
         the room up to its ban). Its asks name ids; any other id is dropped unanswered,
         as from a stranger, and history it may not read goes in its withheld form, as to
-        any reader (`_send`). None if `peer` was not removed or asked nothing of that past:
-        the read filter drops the ask then.
+        any reader (`_send`). None if it asked nothing of that past: the read filter
+        drops the ask then.
         """
-        removal = self._removal_of(replica, peer)
-        if removal is None:
-            return None
         past = replica.graph.in_past_of(removal.id, message.ids, MAX_REMOVAL_PAST_WALK)
         asked = tuple(i for i in message.ids if i in past)
         if not asked:
             return None
-        self._granting = (replica.topic_id, peer)
-        try:
+        with self._granted(replica.topic_id, peer):
             out = self._on_want(peer, replica, Want(message.topic, asked), now_ms)
-        finally:
-            self._granting = None
         self.stats["removed_wants_served"] += 1
         return out
 
     def _on_removed_offer(self, peer: PeerId, replica: Replica, message: Offer,
-                          now_ms: int) -> list[Effect | None] | None:
+                          removal: Event, now_ms: int) -> list[Effect | None] | None:
         """A member we count as banned or kicked offers its heads: what it lacks of its
         removal's past goes to it in one push, parents first (a page at most, within its
         answer budget), not a parent per round trip as its wants would fetch it (a member
         away for long would take hours). The rest of the exchange is refused, as before:
         None (the read filter drops the offer; `_nudge_joiner` hands it its removal)."""
-        removal = self._removal_of(replica, peer)
-        if removal is None:
-            return None
         graph = replica.graph
         limit = self.config.reply_max_events
         lacking = graph.not_below(message.heads, limit=MAX_REMOVAL_PAST_WALK)
@@ -601,18 +604,13 @@ class Disseminator(Intake, AntiEntropy, JoinHandshake):
         if not ids:
             return None
         raws, _ = self._take(graph, ids)
-        self._granting = (replica.topic_id, peer)
-        try:
-            fitting, _ = self._within_budget(peer, replica, now_ms, raws,
-                                             Push(replica.topic_id, ()))
-            if not fitting:
-                return None
-            self.stats["removed_offers_served"] += 1
-            sent = self._spent(peer, self._send(peer, Push(replica.topic_id, tuple(fitting))),
-                               now_ms)
-        finally:
-            self._granting = None
-        return [sent] + self._nudge_joiner(peer, replica, now_ms)
+        fitting, _ = self._within_budget(peer, replica, now_ms, raws, Push(replica.topic_id, ()))
+        if not fitting:
+            return None
+        self.stats["removed_offers_served"] += 1
+        with self._granted(replica.topic_id, peer):
+            sent = self._send(peer, Push(replica.topic_id, tuple(fitting)))
+        return [self._spent(peer, sent, now_ms)] + self._nudge_joiner(peer, replica, now_ms)
 
     def _peer_of_key(self, user: str) -> PeerId | None:
         """The connected peer whose key is the user id `user` (hex), if any."""

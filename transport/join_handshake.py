@@ -105,7 +105,8 @@ from __future__ import annotations
 
 import random
 from collections import Counter, OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -202,7 +203,7 @@ class JoinHandshake:
             OrderedDict()
         self._next_invited_scan: dict[bytes, int] = {}
         self._join_fetches: OrderedDict[tuple[bytes, PeerId], _JoinFetch] = OrderedDict()
-        # The (topic, joiner) whose Want is being answered as a reader's (`_may_serve`).
+        # The (topic, peer) whose Want is being answered as a reader's (`_granted`).
         self._granting: tuple[bytes, PeerId] | None = None
         # Topics of which a reader other than our sponsor sent us a frame (so it holds
         # our join, and passes it on): no need to hand our join round (`_join_unheard`).
@@ -551,16 +552,24 @@ class JoinHandshake:
         dropped if it came before our join reached it, goes again once."""
         topic = replica.topic_id
         fetch = self._join_fetches[(topic, peer)]
-        self._granting = (topic, peer)
-        try:
+        with self._granted(topic, peer):
             out = self._on_want(peer, replica, message, now_ms)
-        finally:
-            self._granting = None
         self.stats["joiner_wants_served"] += 1
         if not fetch.answered and not fetch.asked_again:
             fetch.asked_again = True
             out += self._fetch_join_past(peer, replica, fetch.join_id, fetch.key, now_ms)
         return out
+
+    @contextmanager
+    def _granted(self, topic: bytes, peer: PeerId) -> Iterator[None]:
+        """While inside, `peer` is served `topic` as a reader (`Disseminator._may_serve`):
+        a joiner whose join's past we fetch, or a removed member asking for its
+        removal's past."""
+        self._granting = (topic, peer)
+        try:
+            yield
+        finally:
+            self._granting = None
 
     def _on_join_past(self, peer: PeerId, replica: Replica, message: Events,
                       now_ms: int) -> list[Effect]:

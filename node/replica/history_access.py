@@ -43,7 +43,6 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from node.core.event import Event, EventFormatError, decode_event, event_id_of
-from node.state.tracker import StateResolutionError
 from node.state.types import HISTORY_JOINED, HISTORY_KEY
 from node.state.view import StateView
 
@@ -72,6 +71,7 @@ class HistoryAccess:
         @property
         def tracker(self) -> StateTracker: ...
         def readers(self) -> frozenset[bytes] | None: ...
+        def group_before(self, event: Event) -> int | None: ...
 
     def limits_history(self) -> bool:
         """True if some payload of this topic may be withheld from one of its readers.
@@ -147,12 +147,10 @@ class HistoryAccess:
 
     def _history_readers(self, event: Event) -> frozenset[bytes] | None:
         """Keys joined in the state before `event` if its history is `joined`, else _EVERYONE."""
-        tracker = self.tracker
-        record = tracker.event_state(event.id)
-        try:
-            group = record.before if record is not None else tracker.group_before(event.parents)
-        except StateResolutionError:
+        group = self.group_before(event)
+        if group is None:
             return frozenset()  # no node can say who reads it: nobody does
+        tracker = self.tracker
         cache = self._history_readers_cache
         if group in cache:
             cache.move_to_end(group)

@@ -104,15 +104,24 @@ class ReadAccess:
         removed member's claim to read its removal's past rests on."""
         if not self.authorizing:
             return False
+        group = self.group_before(event)
+        if group is None:
+            return False  # no node can say: nothing is served on it
+        view = StateView(self.tracker.state(group), self.graph)
+        member = view.event((TYPE_MEMBER, user_id(key)))
+        return member is not None and _MEMBERSHIPS.get(
+            content_of(member).get("membership")) is Membership.JOIN  # type: ignore[arg-type]
+
+    def group_before(self, event: Event) -> int | None:
+        """The state group before `event` (applied here, or its parents' merge); None if
+        its parents' states cannot be resolved. What each read rule that looks at an
+        event's own time asks (`joined_before`, `HistoryAccess._history_readers`)."""
         tracker = self.tracker
         record = tracker.event_state(event.id)
         try:
-            group = record.before if record is not None else tracker.group_before(event.parents)
+            return record.before if record is not None else tracker.group_before(event.parents)
         except StateResolutionError:
-            return False  # no node can say: nothing is served on it
-        member = StateView(tracker.state(group), self.graph).event((TYPE_MEMBER, user_id(key)))
-        return member is not None and _MEMBERSHIPS.get(
-            content_of(member).get("membership")) is Membership.JOIN  # type: ignore[arg-type]
+            return None
 
     def membership_event(self, key: bytes) -> Event | None:
         """`key`'s member event in the current state (its join, invite, ban, ...); None
